@@ -7,7 +7,16 @@ import torch
 
 from kiln import models
 
-EXPECTED_NAMES = ["mlp", "resnet18", "resnet50", "mobilenet_v2", "bert", "gpt2", "vit_b16", "inception"]
+EXPECTED_NAMES = [
+    "mlp",
+    "resnet18",
+    "resnet50",
+    "mobilenet_v2",
+    "bert",
+    "gpt2",
+    "vit_b16",
+    "inception",
+]
 
 # Output shapes of the quick variants.
 QUICK_OUTPUT_SHAPES = {
@@ -22,7 +31,9 @@ QUICK_OUTPUT_SHAPES = {
 }
 
 
-def _run(name: str, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
+def _run(
+    name: str, seed: int = 0
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...], torch.Tensor]:
     model, inputs = models.build(name, quick=True, seed=seed)
     with torch.no_grad():
         out = model(*inputs)
@@ -66,7 +77,7 @@ def test_quick_forward(name: str) -> None:
 def test_deterministic_and_seed_dependent(name: str) -> None:
     _, inputs_a, out_a = _run(name, seed=0)
     _, inputs_b, out_b = _run(name, seed=0)
-    for a, b in zip(inputs_a, inputs_b):
+    for a, b in zip(inputs_a, inputs_b, strict=True):
         assert torch.equal(a, b)
     assert torch.equal(out_a, out_b)
     _, _, out_c = _run(name, seed=1)

@@ -90,7 +90,7 @@ class Op(enum.Enum):
     SOFTMAX = ("softmax", G.NORMALIZATION)
     LOG_SOFTMAX = ("log_softmax", G.NORMALIZATION)
     LAYER_NORM = ("layer_norm", G.NORMALIZATION)  # outputs: y, mean, rstd
-    BATCH_NORM = ("batch_norm", G.NORMALIZATION)  # inference form; outputs: y, mean, rstd
+    BATCH_NORM = ("batch_norm", G.NORMALIZATION)  # inference form, normalized output only
     # movement
     VIEW = ("view", G.MOVEMENT | G.VIEW)
     PERMUTE = ("permute", G.MOVEMENT | G.VIEW)

@@ -35,6 +35,7 @@ class AtenCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     returns_list: bool = False  # the ATen op returns Tensor[] (split)
+    select: int | None = None  # the kiln op is this one output of the ATen op
 
 
 def _x(i: int) -> Operand:
@@ -125,7 +126,8 @@ LOWERINGS: dict[Op, Lowering] = {
     Op.LAYER_NORM: lambda a, n: AtenCall(aten.native_layer_norm.default,
                                          (X, list(a.normalized_shape), Y, Z, a.eps)),
     Op.BATCH_NORM: lambda a, n: AtenCall(aten._native_batch_norm_legit_no_training.default,
-                                         (X, Y, Z, Operand(3), Operand(4), 0.1, a.eps)),
+                                         (X, Y, Z, Operand(3), Operand(4), 0.1, a.eps),
+                                         select=0),
     Op.VIEW: lambda a, n: AtenCall(aten.view.default, (X, list(a.shape))),
     Op.EXPAND: lambda a, n: AtenCall(aten.expand.default, (X, list(a.shape))),
     Op.PERMUTE: lambda a, n: AtenCall(aten.permute.default, (X, list(a.dims))),
@@ -136,7 +138,9 @@ LOWERINGS: dict[Op, Lowering] = {
     Op.SPLIT: lambda a, n: AtenCall(aten.split_with_sizes.default, (X, list(a.sizes), a.dim),
                                     returns_list=True),
     Op.CAT: lambda a, n: AtenCall(aten.cat.default, ([Operand(i) for i in range(n)], a.dim)),
-    Op.CLONE: _unary(aten.clone.default),
+    # a contiguous copy: whatever the source's strides, a later view of it always works
+    Op.CLONE: lambda a, n: AtenCall(aten.clone.default, (X,),
+                                    {"memory_format": torch.contiguous_format}),
     Op.PAD: lambda a, n: AtenCall(aten.constant_pad_nd.default, (X, list(a.pad), a.value)),
     Op.MM: _binary(aten.mm.default),
     Op.BMM: _binary(aten.bmm.default),
@@ -169,8 +173,15 @@ def _listify(template: Any) -> Any:
 
 # Overloads that take a Python number at one position; ATen computes them differently from
 # the Tensor form (pow(x, 2) squares; pow(x, 0.5) takes a square root).
+# Comparisons accept a Python number only in their Scalar overloads.
 SCALAR_FORMS: dict[Op, dict[int, Any]] = {
     Op.POW: {1: aten.pow.Tensor_Scalar, 0: aten.pow.Scalar},
+    Op.EQ: {1: aten.eq.Scalar},
+    Op.NE: {1: aten.ne.Scalar},
+    Op.LT: {1: aten.lt.Scalar},
+    Op.LE: {1: aten.le.Scalar},
+    Op.GT: {1: aten.gt.Scalar},
+    Op.GE: {1: aten.ge.Scalar},
 }
 
 
@@ -184,7 +195,7 @@ def lower_to_aten(op: Op, attrs: Any, num_inputs: int,
     call = lowering(attrs, num_inputs)
     for position, target in SCALAR_FORMS.get(op, {}).items():
         if position in scalar_operands:
-            return AtenCall(target, call.args, call.kwargs, call.returns_list)
+            return AtenCall(target, call.args, call.kwargs, call.returns_list, call.select)
     return call
 
 
@@ -211,6 +222,8 @@ def bind(template: Any, operands: Any, device: Any) -> Any:
 def run_call(call: AtenCall, operands: Any, device: Any) -> tuple[Any, ...]:
     """Run one lowered op; always returns a tuple of outputs."""
     result = call.target(*bind(call.args, operands, device), **bind(call.kwargs, operands, device))
+    if call.select is not None:
+        return (result[call.select],)
     if isinstance(result, (tuple, list)):
         return tuple(result)
     return (result,)

@@ -57,7 +57,9 @@ def get(name: str) -> ModelSpec:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(names())}") from None
 
 
-def build(name: str, quick: bool = False, seed: int = 0) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+def build(
+    name: str, quick: bool = False, seed: int = 0
+) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
     """Build model ``name`` and example inputs, deterministically from ``seed``.
 
     The global torch RNG is seeded once, before both the weights and the inputs are drawn.

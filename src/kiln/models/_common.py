@@ -36,7 +36,7 @@ def init_cnn_(model: nn.Module, calib_input: torch.Tensor) -> None:
 
 @torch.no_grad()
 def calibrate_batchnorm_(model: nn.Module, calib_input: torch.Tensor) -> None:
-    """Set BN running stats to the exact batch statistics of ``calib_input``; leaves model in eval."""
+    """Set BN running stats to the batch statistics of ``calib_input``; leaves model in eval."""
     bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     momenta = [bn.momentum for bn in bns]
     for bn in bns:
@@ -44,6 +44,6 @@ def calibrate_batchnorm_(model: nn.Module, calib_input: torch.Tensor) -> None:
         bn.momentum = None  # cumulative average: one batch -> stats == batch stats
     model.train()
     model(calib_input)
-    for bn, momentum in zip(bns, momenta):
+    for bn, momentum in zip(bns, momenta, strict=True):
         bn.momentum = momentum
     model.eval()

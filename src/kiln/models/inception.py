@@ -24,7 +24,9 @@ Width = Callable[[int], int]  # maps a reference (full-size) channel count to th
 class ConvBN(nn.Module):
     """Conv(bias=False) + BatchNorm(eps=1e-3) + ReLU, as torchvision's BasicConv2d."""
 
-    def __init__(self, cin: int, cout: int, kernel_size: Pad, stride: int = 1, padding: Pad = 0) -> None:
+    def __init__(
+        self, cin: int, cout: int, kernel_size: Pad, stride: int = 1, padding: Pad = 0
+    ) -> None:
         super().__init__()
         self.conv = nn.Conv2d(cin, cout, kernel_size, stride=stride, padding=padding, bias=False)
         self.bn = nn.BatchNorm2d(cout, eps=1e-3)
@@ -55,7 +57,9 @@ def block_a(cin: int, pool_features: int, w: Width) -> tuple[nn.Module, int]:
     block = Concat(
         ConvBN(cin, c64, 1),
         nn.Sequential(ConvBN(cin, c48, 1), ConvBN(c48, c64, 5, padding=2)),
-        nn.Sequential(ConvBN(cin, c64, 1), ConvBN(c64, c96, 3, padding=1), ConvBN(c96, c96, 3, padding=1)),
+        nn.Sequential(
+            ConvBN(cin, c64, 1), ConvBN(c64, c96, 3, padding=1), ConvBN(c96, c96, 3, padding=1)
+        ),
         _pool_branch(cin, cp),
     )
     return block, c64 + c64 + c96 + cp
@@ -66,7 +70,9 @@ def block_b(cin: int, w: Width) -> tuple[nn.Module, int]:
     c64, c96, c384 = w(64), w(96), w(384)
     block = Concat(
         ConvBN(cin, c384, 3, stride=2),
-        nn.Sequential(ConvBN(cin, c64, 1), ConvBN(c64, c96, 3, padding=1), ConvBN(c96, c96, 3, stride=2)),
+        nn.Sequential(
+            ConvBN(cin, c64, 1), ConvBN(c64, c96, 3, padding=1), ConvBN(c96, c96, 3, stride=2)
+        ),
         nn.MaxPool2d(3, stride=2),
     )
     return block, c384 + c96 + cin
@@ -86,7 +92,11 @@ def block_c(cin: int, c7: int, w: Width) -> tuple[nn.Module, int]:
         ConvBN(cin, c192, 1),
         nn.Sequential(ConvBN(cin, c7, 1), conv_1x7(c7, c7), conv_7x1(c7, c192)),
         nn.Sequential(
-            ConvBN(cin, c7, 1), conv_7x1(c7, c7), conv_1x7(c7, c7), conv_7x1(c7, c7), conv_1x7(c7, c192)
+            ConvBN(cin, c7, 1),
+            conv_7x1(c7, c7),
+            conv_1x7(c7, c7),
+            conv_7x1(c7, c7),
+            conv_1x7(c7, c192),
         ),
         _pool_branch(cin, c192),
     )
@@ -174,7 +184,9 @@ def build(quick: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     if quick:
         # 1/8 width, one block of each kind; 75x75 is the smallest input the valid-padded
         # stem and the two grid reductions accept.
-        model = InceptionV3(lambda c: max(4, c // 8), pool_features=(32,), c7=(128,), num_e=1, num_classes=10)
+        model = InceptionV3(
+            lambda c: max(4, c // 8), pool_features=(32,), c7=(128,), num_e=1, num_classes=10
+        )
         size, calib_batch = 75, 8
     else:
         model = InceptionV3()

@@ -31,7 +31,9 @@ QUICK_CONFIG: tuple[tuple[int, int, int, int], ...] = (
 
 
 class ConvBNReLU6(nn.Sequential):
-    def __init__(self, cin: int, cout: int, kernel_size: int = 3, stride: int = 1, groups: int = 1) -> None:
+    def __init__(
+        self, cin: int, cout: int, kernel_size: int = 3, stride: int = 1, groups: int = 1
+    ) -> None:
         padding = (kernel_size - 1) // 2
         super().__init__(
             nn.Conv2d(cin, cout, kernel_size, stride, padding, groups=groups, bias=False),

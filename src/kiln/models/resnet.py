@@ -116,7 +116,10 @@ class ResNet(nn.Module):
 
 
 def _build(
-    block: type[BasicBlock] | type[Bottleneck], layers: Sequence[int], quick_layers: Sequence[int], quick: bool
+    block: type[BasicBlock] | type[Bottleneck],
+    layers: Sequence[int],
+    quick_layers: Sequence[int],
+    quick: bool,
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     if quick:
         # Same stem/blocks, narrow and shallow; 32x32 still reaches 1x1 at layer4.

@@ -13,7 +13,9 @@ import torch
 from torch import nn
 
 DESCRIPTION_BERT = "BERT-base encoder, 12 layers, hidden 768, 12 heads, seq 128, batch 1"
-DESCRIPTION_GPT2 = "GPT-2 small decoder, 12 layers, hidden 768, 12 heads, seq 128, batch 1 (LM logits)"
+DESCRIPTION_GPT2 = (
+    "GPT-2 small decoder, 12 layers, hidden 768, 12 heads, seq 128, batch 1 (LM logits)"
+)
 DESCRIPTION_VIT = "ViT-B/16, 12 layers, hidden 768, 12 heads, 3x224x224, batch 1"
 
 
@@ -93,7 +95,9 @@ class Block(nn.Module):
 class Bert(nn.Module):
     """BERT encoder: returns the last hidden states (B, T, dim)."""
 
-    def __init__(self, vocab: int, max_len: int, dim: int, layers: int, heads: int, mlp_dim: int) -> None:
+    def __init__(
+        self, vocab: int, max_len: int, dim: int, layers: int, heads: int, mlp_dim: int
+    ) -> None:
         super().__init__()
         self.tok_emb = nn.Embedding(vocab, dim)
         self.pos_emb = nn.Embedding(max_len, dim)
@@ -119,8 +123,16 @@ class GPT2(nn.Module):
         self.register_buffer("position_ids", torch.arange(max_len).unsqueeze(0), persistent=False)
         self.blocks = nn.Sequential(
             *[
-                Block(dim, heads, 4 * dim, pre_norm=True, eps=1e-5, gelu_approximate="tanh",
-                      causal=True, max_len=max_len)
+                Block(
+                    dim,
+                    heads,
+                    4 * dim,
+                    pre_norm=True,
+                    eps=1e-5,
+                    gelu_approximate="tanh",
+                    causal=True,
+                    max_len=max_len,
+                )
                 for _ in range(layers)
             ]
         )
@@ -135,10 +147,17 @@ class GPT2(nn.Module):
 
 
 class ViT(nn.Module):
-    """Vision Transformer: conv patch embedding, cls token, learned positions; returns class logits."""
+    """ViT: conv patch embedding, cls token, learned positions; returns class logits."""
 
     def __init__(
-        self, image_size: int, patch: int, dim: int, layers: int, heads: int, mlp_dim: int, num_classes: int
+        self,
+        image_size: int,
+        patch: int,
+        dim: int,
+        layers: int,
+        heads: int,
+        mlp_dim: int,
+        num_classes: int,
     ) -> None:
         super().__init__()
         num_patches = (image_size // patch) ** 2
@@ -201,7 +220,10 @@ def build_vit_b16(quick: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     if quick:
         size, model = 32, ViT(32, patch=8, dim=64, layers=2, heads=4, mlp_dim=256, num_classes=10)
     else:
-        size, model = 224, ViT(224, patch=16, dim=768, layers=12, heads=12, mlp_dim=3072, num_classes=1000)
+        size, model = (
+            224,
+            ViT(224, patch=16, dim=768, layers=12, heads=12, mlp_dim=3072, num_classes=1000),
+        )
     _init(model)
     images = torch.randn(1, 3, size, size)
     return model.eval(), (images,)

@@ -1,0 +1,416 @@
+"""ATen op -> kiln op: one converter per ATen overload that kiln models.
+
+A converter receives the importer context and the call's arguments (fx nodes already mapped
+to kiln Values, Python numbers left as they are) and returns the kiln value(s), or None when
+this particular call is outside what the kiln op means (say ``add`` with ``alpha=2``); the
+importer then keeps the call as an opaque CALL node, so nothing is ever mis-translated.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+
+from kiln.ir import attrs as A
+from kiln.ir.graph import Value
+from kiln.ir.ops import Op
+from kiln.ir.types import DType, TensorType
+
+aten = torch.ops.aten
+
+
+class Context(Protocol):
+    """What a converter may use; implemented by the importer."""
+
+    out_types: tuple[TensorType, ...]  # the captured output types of the call
+    target: Any  # the ATen overload being converted
+    device: torch.device
+
+    def operand(self, x: Value | bool | int | float) -> Value: ...
+    def emit(self, op: Op, *inputs: Value, attrs: A.Attrs = A.NO_ATTRS) -> tuple[Value, ...]: ...
+
+
+# A converter may leave an output None when the op's graph never reads it.
+Converter = Callable[..., "tuple[Value | None, ...] | None"]
+CONVERTERS: dict[Any, Converter] = {}
+
+
+def converts(*targets: Any) -> Callable[[Converter], Converter]:
+    def register(fn: Converter) -> Converter:
+        for target in targets:
+            CONVERTERS[target] = fn
+        return fn
+
+    return register
+
+
+def _dim(d: int, rank: int) -> int:
+    return d + rank if d < 0 else d
+
+
+def _rank(x: Value) -> int:
+    return x.type.rank
+
+
+def _pair(v: Any, n: int = 2) -> tuple[int, ...]:
+    if isinstance(v, int):
+        return (v,) * n
+    v = tuple(v)
+    return v * n if len(v) == 1 else v
+
+
+# -- elementwise -------------------------------------------------------------------------------
+
+_UNARY = {
+    aten.abs.default: Op.ABS, aten.neg.default: Op.NEG, aten.exp.default: Op.EXP,
+    aten.log.default: Op.LOG, aten.sqrt.default: Op.SQRT, aten.rsqrt.default: Op.RSQRT,
+    aten.reciprocal.default: Op.RECIPROCAL, aten.sin.default: Op.SIN, aten.cos.default: Op.COS,
+    aten.tanh.default: Op.TANH, aten.sigmoid.default: Op.SIGMOID, aten.erf.default: Op.ERF,
+    aten.relu.default: Op.RELU, aten.floor.default: Op.FLOOR, aten.ceil.default: Op.CEIL,
+    aten.logical_not.default: Op.LOGICAL_NOT,
+}
+for _target, _op in _UNARY.items():
+    CONVERTERS[_target] = (lambda op: lambda ctx, x: ctx.emit(op, x))(_op)
+
+_BINARY = {
+    aten.add: Op.ADD, aten.sub: Op.SUB, aten.mul: Op.MUL, aten.div: Op.DIV,
+    aten.eq: Op.EQ, aten.ne: Op.NE, aten.lt: Op.LT, aten.le: Op.LE, aten.gt: Op.GT,
+    aten.ge: Op.GE,
+}
+
+
+def _binary(op: Op) -> Converter:
+    def convert(ctx: Context, a: Any, b: Any, alpha: Any = 1) -> tuple[Value, ...] | None:
+        if alpha != 1 or isinstance(alpha, float):
+            return None  # a + alpha*b rounds once in ATen; no kiln op means that
+        if not isinstance(a, Value):
+            return None  # scalar first operand: ATen has no such overload but rsub
+        attrs = A.DivAttrs(None) if op is Op.DIV else A.NO_ATTRS
+        return ctx.emit(op, a, ctx.operand(b), attrs=attrs)
+
+    return convert
+
+
+for _packet, _op in _BINARY.items():
+    for _overload in ("Tensor", "Scalar"):
+        CONVERTERS[getattr(_packet, _overload)] = _binary(_op)
+
+
+@converts(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(ctx: Context, a: Any, b: Any, *, rounding_mode: str | None) -> Any:
+    return ctx.emit(Op.DIV, a, ctx.operand(b), attrs=A.DivAttrs(rounding_mode))
+
+
+@converts(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor)
+def _pow(ctx: Context, a: Any, b: Any) -> Any:
+    return ctx.emit(Op.POW, a, ctx.operand(b))
+
+
+@converts(aten.maximum.default, aten.minimum.default, aten.logical_and.default,
+          aten.logical_or.default)
+def _tensor_binary(ctx: Context, a: Value, b: Value) -> Any:
+    op = {"maximum": Op.MAXIMUM, "minimum": Op.MINIMUM, "logical_and": Op.LOGICAL_AND,
+          "logical_or": Op.LOGICAL_OR}[ctx.target._opname]  # type: ignore[attr-defined]
+    return ctx.emit(op, a, b)
+
+
+@converts(aten.where.self)
+def _where(ctx: Context, cond: Value, a: Value, b: Value) -> Any:
+    return ctx.emit(Op.WHERE, cond, a, b)
+
+
+@converts(aten.gelu.default)
+def _gelu(ctx: Context, x: Value, approximate: str = "none") -> Any:
+    return ctx.emit(Op.GELU, x, attrs=A.GeluAttrs(approximate))
+
+
+@converts(aten.leaky_relu.default)
+def _leaky_relu(ctx: Context, x: Value, negative_slope: float = 0.01) -> Any:
+    return ctx.emit(Op.LEAKY_RELU, x, attrs=A.LeakyReluAttrs(negative_slope))
+
+
+@converts(aten.hardtanh.default)
+def _hardtanh(ctx: Context, x: Value, min_val: Any = -1.0, max_val: Any = 1.0) -> Any:
+    return ctx.emit(Op.CLAMP, x, attrs=A.ClampAttrs(min_val, max_val))
+
+
+@converts(aten.clamp.default)
+def _clamp(ctx: Context, x: Value, min: Any = None, max: Any = None) -> Any:  # noqa: A002
+    return ctx.emit(Op.CLAMP, x, attrs=A.ClampAttrs(min, max))
+
+
+@converts(aten.clamp_min.default)
+def _clamp_min(ctx: Context, x: Value, min: Any) -> Any:  # noqa: A002
+    return ctx.emit(Op.CLAMP, x, attrs=A.ClampAttrs(min, None))
+
+
+@converts(aten.clamp_max.default)
+def _clamp_max(ctx: Context, x: Value, max: Any) -> Any:  # noqa: A002
+    return ctx.emit(Op.CLAMP, x, attrs=A.ClampAttrs(None, max))
+
+
+@converts(aten._to_copy.default)
+def _to_copy(ctx: Context, x: Value, *, dtype: Any = None, layout: Any = None,
+             device: Any = None, pin_memory: Any = None, non_blocking: bool = False,
+             memory_format: Any = None) -> Any:
+    if layout not in (None, torch.strided) or pin_memory or memory_format not in (
+            None, torch.preserve_format):
+        return None
+    if device is not None and torch.device(device) != ctx.device:
+        return None
+    if dtype is None or dtype == x.type.dtype.torch:
+        return ctx.emit(Op.CLONE, x)
+    return ctx.emit(Op.CAST, x, attrs=A.CastAttrs(DType.from_torch(dtype)))
+
+
+@converts(aten.clone.default)
+def _clone(ctx: Context, x: Value, *, memory_format: Any = None) -> Any:
+    if memory_format not in (None, torch.preserve_format, torch.contiguous_format):
+        return None
+    return ctx.emit(Op.CLONE, x)
+
+
+@converts(aten.alias.default, aten.detach.default)
+def _identity(ctx: Context, x: Value) -> Any:
+    return (x,)
+
+
+# -- reductions and normalizations -------------------------------------------------------------
+
+def _dims(x: Value, dim: Any) -> tuple[int, ...] | None:
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return None
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    return tuple(sorted({_dim(d, max(_rank(x), 1)) for d in dims}))
+
+
+def _reduce(op: Op) -> Converter:
+    def convert(ctx: Context, x: Value, dim: Any = None, keepdim: bool = False, *,
+                dtype: Any = None) -> Any:
+        if dtype is not None:
+            return None
+        return ctx.emit(op, x, attrs=A.ReduceAttrs(_dims(x, dim), keepdim))
+
+    return convert
+
+
+for _target, _op in {aten.sum.dim_IntList: Op.SUM, aten.sum.default: Op.SUM,
+                     aten.mean.dim: Op.MEAN, aten.mean.default: Op.MEAN,
+                     aten.amax.default: Op.AMAX, aten.amin.default: Op.AMIN}.items():
+    CONVERTERS[_target] = _reduce(_op)
+
+
+@converts(aten.argmax.default, aten.argmin.default)
+def _argreduce(ctx: Context, x: Value, dim: int | None = None, keepdim: bool = False) -> Any:
+    op = Op.ARGMAX if ctx.target is aten.argmax.default else Op.ARGMIN  # type: ignore[attr-defined]
+    d = None if dim is None else _dim(dim, max(_rank(x), 1))
+    return ctx.emit(op, x, attrs=A.ArgReduceAttrs(d, keepdim))
+
+
+@converts(aten.var.correction)
+def _var(ctx: Context, x: Value, dim: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> Any:
+    return ctx.emit(Op.VAR, x, attrs=A.VarAttrs(_dims(x, dim),
+                                                1 if correction is None else correction, keepdim))
+
+
+@converts(aten._softmax.default, aten._log_softmax.default)
+def _softmax(ctx: Context, x: Value, dim: int, half_to_float: bool) -> Any:
+    if half_to_float:
+        return None
+    op = Op.SOFTMAX if ctx.target is aten._softmax.default else Op.LOG_SOFTMAX  # type: ignore
+    return ctx.emit(op, x, attrs=A.SoftmaxAttrs(_dim(dim, max(_rank(x), 1))))
+
+
+@converts(aten.native_layer_norm.default)
+def _layer_norm(ctx: Context, x: Value, shape: Any, weight: Any, bias: Any, eps: float) -> Any:
+    if weight is None or bias is None:
+        return None
+    return ctx.emit(Op.LAYER_NORM, x, weight, bias,
+                    attrs=A.LayerNormAttrs(tuple(shape), float(eps)))
+
+
+@converts(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(ctx: Context, x: Value, weight: Any, bias: Any, mean: Value, var: Value,
+                momentum: float, eps: float) -> Any:
+    if weight is None or bias is None:
+        return None
+    y = ctx.emit(Op.BATCH_NORM, x, weight, bias, mean, var, attrs=A.BatchNormAttrs(float(eps)))
+    return (y[0], None, None)  # the saved statistics are empty in inference
+
+
+# -- movement ----------------------------------------------------------------------------------
+
+@converts(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(ctx: Context, x: Value, shape: Any) -> Any:
+    return ctx.emit(Op.VIEW, x, attrs=A.ShapeAttrs(ctx.out_types[0].shape))
+
+
+@converts(aten.expand.default)
+def _expand(ctx: Context, x: Value, shape: Any, *, implicit: bool = False) -> Any:
+    return ctx.emit(Op.EXPAND, x, attrs=A.ShapeAttrs(ctx.out_types[0].shape))
+
+
+@converts(aten.permute.default)
+def _permute(ctx: Context, x: Value, dims: Any) -> Any:
+    return ctx.emit(Op.PERMUTE, x,
+                    attrs=A.PermuteAttrs(tuple(_dim(d, _rank(x)) for d in dims)))
+
+
+@converts(aten.t.default, aten.transpose.int)
+def _transpose(ctx: Context, x: Value, d0: int = 0, d1: int = 1) -> Any:
+    rank = _rank(x)
+    if rank < 2:
+        return (x,)
+    dims = list(range(rank))
+    a, b = _dim(d0, rank), _dim(d1, rank)
+    dims[a], dims[b] = dims[b], dims[a]
+    return ctx.emit(Op.PERMUTE, x, attrs=A.PermuteAttrs(tuple(dims)))
+
+
+@converts(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default)
+def _squeeze(ctx: Context, x: Value, dim: Any = None) -> Any:
+    shape = x.type.shape
+    if dim is None:
+        dims = tuple(i for i, s in enumerate(shape) if s == 1)
+    else:
+        wanted = [dim] if isinstance(dim, int) else list(dim)
+        dims = tuple(sorted({_dim(d, max(len(shape), 1)) for d in wanted}))
+        dims = tuple(d for d in dims if d < len(shape) and shape[d] == 1)
+    return ctx.emit(Op.SQUEEZE, x, attrs=A.SqueezeAttrs(dims))
+
+
+@converts(aten.unsqueeze.default)
+def _unsqueeze(ctx: Context, x: Value, dim: int) -> Any:
+    return ctx.emit(Op.UNSQUEEZE, x, attrs=A.DimAttrs(_dim(dim, _rank(x) + 1)))
+
+
+@converts(aten.slice.Tensor)
+def _slice(ctx: Context, x: Value, dim: int = 0, start: Any = None, end: Any = None,
+           step: int = 1) -> Any:
+    d = _dim(dim, _rank(x))
+    size = x.type.shape[d]
+    begin, stop, _ = slice(start, end, step).indices(size)
+    stop = max(stop, begin)
+    return ctx.emit(Op.SLICE, x, attrs=A.SliceAttrs(d, begin, stop, step))
+
+
+@converts(aten.select.int)
+def _select(ctx: Context, x: Value, dim: int, index: int) -> Any:
+    d = _dim(dim, _rank(x))
+    return ctx.emit(Op.SELECT, x, attrs=A.SelectAttrs(d, index % x.type.shape[d]))
+
+
+@converts(aten.split_with_sizes.default, aten.split.Tensor)
+def _split(ctx: Context, x: Value, sizes: Any, dim: int = 0) -> Any:
+    d = _dim(dim, _rank(x))
+    pieces = tuple(t.shape[d] for t in ctx.out_types)
+    return ctx.emit(Op.SPLIT, x, attrs=A.SplitAttrs(pieces, d))
+
+
+@converts(aten.cat.default)
+def _cat(ctx: Context, tensors: list[Value], dim: int = 0) -> Any:
+    rank = max(_rank(t) for t in tensors)
+    return ctx.emit(Op.CAT, *tensors, attrs=A.DimAttrs(_dim(dim, rank)))
+
+
+@converts(aten.constant_pad_nd.default)
+def _pad(ctx: Context, x: Value, pad: Any, value: Any = 0) -> Any:
+    return ctx.emit(Op.PAD, x, attrs=A.PadAttrs(tuple(pad), value))
+
+
+# -- contractions, pooling, lookup ----------------------------------------------------------------
+
+@converts(aten.mm.default)
+def _mm(ctx: Context, a: Value, b: Value) -> Any:
+    return ctx.emit(Op.MM, a, b)
+
+
+@converts(aten.bmm.default)
+def _bmm(ctx: Context, a: Value, b: Value) -> Any:
+    return ctx.emit(Op.BMM, a, b)
+
+
+@converts(aten.addmm.default)
+def _addmm(ctx: Context, bias: Value, a: Value, b: Value, *, beta: Any = 1,
+           alpha: Any = 1) -> Any:
+    return ctx.emit(Op.ADDMM, bias, a, b, attrs=A.AddmmAttrs(beta, alpha))
+
+
+@converts(aten.convolution.default)
+def _convolution(ctx: Context, x: Value, w: Value, b: Value | None, stride: Any, padding: Any,
+                 dilation: Any, transposed: bool, output_padding: Any, groups: int) -> Any:
+    n = _rank(x) - 2
+    attrs = A.ConvAttrs(_pair(stride, n), _pair(padding, n), _pair(dilation, n),
+                        bool(transposed), _pair(output_padding, n), int(groups))
+    operands = (x, w) if b is None else (x, w, b)
+    return ctx.emit(Op.CONVOLUTION, *operands, attrs=attrs)
+
+
+@converts(aten.embedding.default)
+def _embedding(ctx: Context, weight: Value, indices: Value, padding_idx: int = -1,
+               scale_grad_by_freq: bool = False, sparse: bool = False) -> Any:
+    return ctx.emit(Op.EMBEDDING, weight, indices)
+
+
+@converts(aten.max_pool2d_with_indices.default)
+def _max_pool2d(ctx: Context, x: Value, kernel: Any, stride: Any = (), padding: Any = 0,
+                dilation: Any = 1, ceil_mode: bool = False) -> Any:
+    kernel = _pair(kernel)
+    attrs = A.MaxPoolAttrs(kernel, _pair(stride) if stride else kernel, _pair(padding),
+                           _pair(dilation), bool(ceil_mode))
+    return ctx.emit(Op.MAX_POOL2D, x, attrs=attrs)
+
+
+@converts(aten.avg_pool2d.default)
+def _avg_pool2d(ctx: Context, x: Value, kernel: Any, stride: Any = (), padding: Any = 0,
+                ceil_mode: bool = False, count_include_pad: bool = True,
+                divisor_override: Any = None) -> Any:
+    kernel = _pair(kernel)
+    attrs = A.AvgPoolAttrs(kernel, _pair(stride) if stride else kernel, _pair(padding),
+                           bool(ceil_mode), bool(count_include_pad), divisor_override)
+    return ctx.emit(Op.AVG_POOL2D, x, attrs=attrs)
+
+
+@converts(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(ctx: Context, x: Value, output_size: Any) -> Any:
+    return ctx.emit(Op.ADAPTIVE_AVG_POOL2D, x, attrs=A.AdaptivePoolAttrs(_pair(output_size)))
+
+
+# -- creation ----------------------------------------------------------------------------------
+
+def _creation_ok(ctx: Context, layout: Any, device: Any, pin_memory: Any) -> bool:
+    return (layout in (None, torch.strided) and not pin_memory
+            and (device is None or torch.device(device) == ctx.device))
+
+
+@converts(aten.full.default)
+def _full(ctx: Context, size: Any, fill_value: Any, *, dtype: Any = None, layout: Any = None,
+          device: Any = None, pin_memory: Any = None) -> Any:
+    if not _creation_ok(ctx, layout, device, pin_memory):
+        return None
+    out = ctx.out_types[0]
+    return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, fill_value, out.dtype))
+
+
+@converts(aten.scalar_tensor.default)
+def _scalar_tensor(ctx: Context, value: Any, *, dtype: Any = None, layout: Any = None,
+                   device: Any = None, pin_memory: Any = None) -> Any:
+    if not _creation_ok(ctx, layout, device, pin_memory):
+        return None
+    return ctx.emit(Op.FULL, attrs=A.FullAttrs((), value, ctx.out_types[0].dtype))
+
+
+@converts(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx: Context, *bounds: Any, dtype: Any = None, layout: Any = None,
+            device: Any = None, pin_memory: Any = None) -> Any:
+    if not _creation_ok(ctx, layout, device, pin_memory):
+        return None
+    start, end, step = (0, bounds[0], 1) if len(bounds) == 1 else (
+        bounds[0], bounds[1], bounds[2] if len(bounds) > 2 else 1)
+    if end is None or end == sys.maxsize:
+        return None
+    return ctx.emit(Op.ARANGE, attrs=A.ArangeAttrs(start, end, step, ctx.out_types[0].dtype))

@@ -1,0 +1,115 @@
+"""Compile one ATen-level fx graph: import it, run the engine, or fall back to running it as is.
+
+Shapes: a graph captured with symbolic shapes is specialized per concrete input signature
+(retraced at the shapes of the call, compiled once, cached); static graphs compile at once.
+Weights: inputs listed in ``frozen`` become constants; if the caller changes one in place
+(an optimizer step, ``load_state_dict``) its version counter moves and the graph recompiles
+with the new values, so results never go stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from kiln.engine import CompiledGraph, compile_graph
+from kiln.frontend.importer import UnsupportedGraph, import_fx
+from kiln.options import Options
+from kiln.report import CompileReport
+
+log = logging.getLogger("kiln")
+
+Frozen = Mapping[int, tuple[str, torch.Tensor]]
+
+
+def is_static(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        for v in vals:
+            if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(
+                    not isinstance(d, int) for d in v.shape)):
+                return False
+    return True
+
+
+class FxGraphRunner:
+    """The boxed callable handed back to AOTAutograd (or to kiln.compile's caller)."""
+
+    _boxed_call = True
+
+    def __init__(self, gm: torch.fx.GraphModule, frozen: Frozen, options: Options,
+                 report: CompileReport, device: torch.device) -> None:
+        self.gm = gm
+        self.frozen = dict(frozen)
+        self.options = options
+        self.report = report
+        self.device = device
+        self._versions = [(i, t, t._version) for i, (_, t) in self.frozen.items()]
+        self._static = is_static(gm)
+        self._by_signature: dict[tuple[Any, ...], CompiledGraph | None] = {}
+        self._single: CompiledGraph | None = None
+        if self._static:
+            self._single = self._compile(gm)
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        for i, tensor, version in self._versions:
+            if tensor._version != version:
+                self._refreeze()
+                break
+        compiled = self._single if self._static else self._specialized(args)
+        if compiled is None:  # kiln could not compile this graph: run the captured ATen
+            return list(self.gm(*args))
+        return compiled(args)
+
+    def _specialized(self, args: list[Any]) -> CompiledGraph | None:
+        key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                    for a in args)
+        if key not in self._by_signature:
+            traced = make_fx(self.gm, tracing_mode="fake")(*args)
+            self._by_signature[key] = self._compile(traced)
+        return self._by_signature[key]
+
+    def _refreeze(self) -> None:
+        log.info("kiln: a frozen weight changed in place; recompiling with the new values")
+        self._versions = [(i, t, t._version) for i, t, _ in self._versions]
+        self._by_signature.clear()
+        if self._static:
+            self._single = self._compile(self.gm)
+
+    def _compile(self, gm: torch.fx.GraphModule) -> CompiledGraph | None:
+        start = time.perf_counter()
+        try:
+            with unset_fake_temporarily():  # AOTAutograd may call us inside its fake mode
+                imported = import_fx(gm, self.frozen, self.device)
+        except UnsupportedGraph as err:
+            if self.options.strict:
+                raise
+            message = f"kiln cannot compile a graph ({err}); that graph runs eagerly"
+            log.warning(message)
+            self.report.fallbacks.append(message)
+            return None
+        with unset_fake_temporarily():
+            compiled = compile_graph(imported.graph, self.options, imported.tensor_positions,
+                                     imported.opaque, started=start)
+        if imported.opaque:
+            log.info("kiln: ATen ops run as they are: %s", ", ".join(sorted(set(imported.opaque))))
+        self.report.graphs.append(compiled.report)
+        return compiled
+
+
+def frozen_from_sources(names: Sequence[str | None],
+                        tensors: Sequence[Any]) -> dict[int, tuple[str, torch.Tensor]]:
+    """Frozen inputs: positions whose source name says parameter or buffer."""
+    frozen = {}
+    for i, (name, tensor) in enumerate(zip(names, tensors)):
+        if name is not None and isinstance(tensor, torch.Tensor):
+            frozen[i] = (name, tensor)
+    return frozen

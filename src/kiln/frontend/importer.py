@@ -1,0 +1,202 @@
+"""Import an ATen-level fx graph (functional, static shapes) into a kiln Graph.
+
+Every ATen call becomes the kiln op its converter chooses, or an opaque CALL node that runs
+the original op. A converter's result is checked against the types the capture recorded, so
+a converter mistake falls back to CALL instead of computing something else.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from kiln.frontend.aten import CONVERTERS
+from kiln.ir import attrs as A
+from kiln.ir.builder import GraphBuilder
+from kiln.ir.graph import Graph, Value
+from kiln.ir.infer import InferenceError
+from kiln.ir.ops import Op
+from kiln.ir.types import TensorType, UnsupportedDType
+
+log = logging.getLogger("kiln")
+
+
+class UnsupportedGraph(Exception):
+    """The fx graph has something kiln's IR cannot hold; the caller runs it eagerly."""
+
+    def __init__(self, node: torch.fx.Node | None, reason: str) -> None:
+        where = f" at node '{node.name}' ({_describe(node)})" if node is not None else ""
+        super().__init__(f"{reason}{where}")
+        self.node = node
+        self.reason = reason
+
+
+@dataclass
+class ImportedGraph:
+    graph: Graph
+    tensor_positions: tuple[int, ...]  # which call arguments feed graph inputs, in order
+    opaque: list[str] = field(default_factory=list)  # ATen ops kept as CALL nodes
+
+
+def import_fx(gm: torch.fx.GraphModule, frozen: Mapping[int, tuple[str, torch.Tensor]],
+              device: torch.device | str = "cpu") -> ImportedGraph:
+    """``frozen`` maps a placeholder position to the (name, tensor) of a weight to inline."""
+    importer = _Importer(GraphBuilder(device))
+    return importer.run(gm, frozen)
+
+
+class _Importer:
+    def __init__(self, builder: GraphBuilder) -> None:
+        self.b = builder
+        self.device = builder.device
+        self.env: dict[torch.fx.Node, Any] = {}
+        self.opaque: list[str] = []
+        # set per converted call, read by converters through the Context protocol
+        self.out_types: tuple[TensorType, ...] = ()
+        self.target: Any = None
+
+    # -- Context protocol used by converters ---------------------------------------------------
+    def operand(self, x: Any) -> Value:
+        return x if isinstance(x, Value) else self.b.scalar(x)
+
+    def emit(self, op: Op, *inputs: Value, attrs: A.Attrs = A.NO_ATTRS) -> tuple[Value, ...]:
+        return self.b.node(op, *inputs, attrs=attrs, name=self.name).outputs
+
+    # -- the walk ------------------------------------------------------------------------------
+    def run(self, gm: torch.fx.GraphModule,
+            frozen: Mapping[int, tuple[str, torch.Tensor]]) -> ImportedGraph:
+        positions = []
+        outputs: Sequence[Value] = ()
+        placeholder_index = 0
+        for node in gm.graph.nodes:
+            self.name = node.name
+            if node.op == "placeholder":
+                i, placeholder_index = placeholder_index, placeholder_index + 1
+                if i in frozen:
+                    name, tensor = frozen[i]
+                    self.env[node] = self._typed(node, lambda: self.b.constant(name, tensor))
+                elif isinstance(node.meta.get("val"), torch.Tensor):
+                    val_type = self._type_of(node, node.meta["val"])
+                    self.env[node] = self.b.input(node.name, val_type)
+                    positions.append(i)
+                else:
+                    self.env[node] = None  # a size or flag argument, already specialized
+            elif node.op == "call_function":
+                self.env[node] = self._call(node)
+            elif node.op == "get_attr":
+                tensor = getattr(gm, node.target)
+                self.env[node] = self._typed(node, lambda: self.b.constant(node.target, tensor))
+            elif node.op == "output":
+                outputs = self._outputs(node)
+            else:
+                raise UnsupportedGraph(node, f"fx node kind '{node.op}' is not supported")
+        return ImportedGraph(self.b.build(*outputs), tuple(positions), self.opaque)
+
+    def _typed(self, node: torch.fx.Node, make: Any) -> Value:
+        try:
+            return make()
+        except (UnsupportedDType, TypeError) as err:
+            raise UnsupportedGraph(node, str(err)) from None
+
+    def _outputs(self, node: torch.fx.Node) -> list[Value]:
+        flat, _ = torch.utils._pytree.tree_flatten(node.args[0])
+        values = []
+        for item in flat:
+            value = self.env.get(item) if isinstance(item, torch.fx.Node) else item
+            if not isinstance(value, Value):
+                raise UnsupportedGraph(node, f"graph output {item!r} is not a tensor")
+            values.append(value)
+        return values
+
+    def _call(self, node: torch.fx.Node) -> Any:
+        if node.target is operator.getitem:
+            source, index = node.args
+            parts = self.env[source]
+            if not isinstance(parts, tuple):
+                raise UnsupportedGraph(node, "getitem on a value that is not a tuple")
+            return parts[index]
+        if not isinstance(node.target, torch._ops.OpOverload):
+            raise UnsupportedGraph(node, f"call of {node.target!r} is not an ATen op")
+        self.out_types = self._out_types(node)
+        self.target = node.target
+        args = torch.fx.node.map_arg(node.args, self.env.__getitem__)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self.env.__getitem__)
+        converter = CONVERTERS.get(node.target)
+        if converter is not None:
+            result = self._try_convert(converter, node, args, kwargs)
+            if result is not None:
+                return result[0] if _single(node) else result
+        return self._opaque(node, args, kwargs)
+
+    def _try_convert(self, converter: Any, node: torch.fx.Node, args: Any,
+                     kwargs: Any) -> tuple[Value, ...] | None:
+        mark = len(self.b.nodes)
+        try:
+            result = converter(self, *args, **kwargs)
+        except (InferenceError, TypeError, ValueError, IndexError) as err:
+            log.debug("kiln: converter for %s failed on %s: %s", node.target, node.name, err)
+            result = None
+        if result is not None and self._agrees(node, tuple(result)):
+            return tuple(result)
+        if result is not None:
+            log.debug("kiln: converter for %s gave %s, capture says %s; kept as a call",
+                      node.target, [str(v.type) for v in result], self.out_types)
+        del self.b.nodes[mark:]  # drop whatever the failed attempt built
+        return None
+
+    def _agrees(self, node: torch.fx.Node, result: tuple[Value | None, ...]) -> bool:
+        """Same output types as captured; outputs left None must be unread."""
+        if len(result) != len(self.out_types):
+            return False
+        read = {u.args[1] for u in node.users if u.target is operator.getitem}
+        return all((v is None and i not in read) or (v is not None and v.type == t)
+                   for i, (v, t) in enumerate(zip(result, self.out_types)))
+
+    def _opaque(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+        operands: list[Value] = []
+
+        def template(x: Any) -> Any:
+            if isinstance(x, Value):
+                operands.append(x)
+                return A.Operand(len(operands) - 1)
+            if isinstance(x, (list, tuple)):
+                return tuple(template(v) for v in x)
+            return x
+
+        attrs = A.CallAttrs(node.target, template(tuple(args)),
+                            tuple((k, template(v)) for k, v in kwargs.items()))
+        self.opaque.append(str(node.target))
+        built = self.b.node(Op.CALL, *operands, attrs=attrs, types=self.out_types,
+                            name=node.name)
+        return built.out() if _single(node) else built.outputs
+
+    def _out_types(self, node: torch.fx.Node) -> tuple[TensorType, ...]:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        return tuple(self._type_of(node, v) for v in vals)
+
+    def _type_of(self, node: torch.fx.Node, val: Any) -> TensorType:
+        if not isinstance(val, torch.Tensor):
+            raise UnsupportedGraph(node, f"result {val!r} is not a tensor")
+        if any(not isinstance(d, int) for d in val.shape):
+            raise UnsupportedGraph(node, "symbolic shapes must be specialized before import")
+        if val.device != self.device:
+            raise UnsupportedGraph(node, f"tensor on {val.device}, graph on {self.device}")
+        try:
+            return TensorType.of(val)
+        except UnsupportedDType as err:
+            raise UnsupportedGraph(node, str(err)) from None
+
+
+def _single(node: torch.fx.Node) -> bool:
+    return not isinstance(node.meta.get("val"), (list, tuple))
+
+
+def _describe(node: torch.fx.Node) -> str:
+    return str(node.target) if node.op == "call_function" else node.op

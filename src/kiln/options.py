@@ -1,0 +1,53 @@
+"""The one Options object. Environment variables are read here and nowhere else."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Options:
+    """How kiln compiles; pass it to `kiln.compile` or as ``torch.compile(options={...})``."""
+
+    opt_level: int = 2  # 0: capture + cleanup only; higher levels add optimizations
+    debug: bool = False  # verify the graph after every pass (slower compiles)
+    memory_plan: bool = True  # run intermediates in statically planned, reused buffers
+    fast_math: bool = False  # allow rewrites that hold for real numbers only
+    strict: bool = False  # raise instead of falling back to eager when kiln cannot compile
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 3:
+            raise ValueError(f"Options.opt_level must be 0, 1, 2 or 3, got {self.opt_level!r}")
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise TypeError(f"Options.{f.name} must be True or False, got {value!r}")
+
+    @staticmethod
+    def from_mapping(values: Mapping[str, Any] | None) -> Options:
+        """Options from a dict (the ``options=`` of torch.compile); unknown keys are errors."""
+        if not values:
+            return Options.from_env()
+        known = {f.name for f in dataclasses.fields(Options)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown kiln option(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
+        return dataclasses.replace(Options.from_env(), **values)
+
+    @staticmethod
+    def from_env(environ: Mapping[str, str] | None = None) -> Options:
+        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG and KILN_STRICT."""
+        env = os.environ if environ is None else environ
+        changes: dict[str, Any] = {}
+        if "KILN_OPT_LEVEL" in env:
+            changes["opt_level"] = int(env["KILN_OPT_LEVEL"])
+        for name in ("debug", "strict"):
+            key = f"KILN_{name.upper()}"
+            if key in env:
+                changes[name] = env[key].strip().lower() in ("1", "true", "yes", "on")
+        return Options(**changes)

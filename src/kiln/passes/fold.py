@@ -1,0 +1,74 @@
+"""Constant folding: compute at compile time what depends only on weights and literals.
+
+    before                                          after
+    %w = constant {name='fc.weight'} : f32[4, 16]   %w_t = constant {name='fold.permute'}
+    %t = permute(%w) {dims=(1, 0)} : f32[16, 4]         : f32[16, 4]
+    %y = mm(%x, %t) : f32[8, 4]                     %y = mm(%x, %w_t) : f32[8, 4]
+
+Whole subgraphs fold, since a folded node is itself a constant for its users. Folded tensors
+are stored contiguous (a weight's transpose becomes a transposed copy the GEMM reads
+directly). Random ops are never folded, and nothing is folded whose result would be much
+larger than what it is computed from (an expand of a bias to a full activation stays an expand).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir.graph import Graph, Node, Value, make_constant, transform
+from kiln.ir.interp import evaluate_node
+from kiln.ir.ops import Op, OpGroup
+from kiln.options import Options
+
+_MAX_GROWTH_BYTES = 1 << 16  # a folded result may exceed its sources by this much
+
+
+def _foldable(node: Node, inputs: tuple[Value, ...]) -> bool:
+    if node.op.is_a(OpGroup.SOURCE):
+        return False
+    if node.op is Op.CALL:
+        target = node.attrs.target  # type: ignore[attr-defined]
+        if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
+            return False
+    if not all(v.node.op in (Op.CONSTANT, Op.SCALAR) for v in inputs):
+        return False
+    if not any(v.node.op is Op.CONSTANT for v in inputs) and not node.op.is_a(OpGroup.CREATION):
+        return False  # numbers only: ATen has no op on two Python numbers
+    source_bytes = sum(v.type.nbytes for v in inputs if v.node.op is Op.CONSTANT)
+    result_bytes = sum(t.nbytes for t in node.types)
+    return result_bytes <= source_bytes + _MAX_GROWTH_BYTES
+
+
+def fold_constants(graph: Graph, options: Options | None = None) -> Graph:
+    constants = dict(graph.constants)
+
+    def operand(value: Value) -> object:
+        if value.node.op is Op.SCALAR:
+            return value.node.attrs.value  # type: ignore[attr-defined]
+        return constants[value.node.attrs.name]  # type: ignore[attr-defined]
+
+    def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if not _foldable(node, inputs):
+            return None
+        with torch.no_grad():
+            results = evaluate_node(node, [operand(v) for v in inputs], graph)
+        folded = []
+        for i, result in enumerate(results):
+            name = _fresh(constants, f"fold.{node.name}" + (f".{i}" if len(results) > 1 else ""))
+            constants[name] = result.contiguous()
+            folded.append(make_constant(name, constants[name], label=node.name).out())
+        return folded
+
+    result = transform(graph, rewrite)
+    if result is graph:
+        return graph
+    used = {n.attrs.name for n in result.nodes if n.op is Op.CONSTANT}  # type: ignore[attr-defined]
+    return result.replace(constants={k: v for k, v in constants.items() if k in used})
+
+
+def _fresh(taken: dict[str, object], name: str) -> str:
+    candidate, k = name, 0
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    return candidate

@@ -1,0 +1,5 @@
+"""What kiln did to a model, for people: passes, counts, memory, time, fallbacks."""
+
+from kiln.report.compile_report import CompileReport, GraphReport
+
+__all__ = ["CompileReport", "GraphReport"]

@@ -1,0 +1,74 @@
+"""The compile report: one GraphReport per compiled graph, summed in a CompileReport."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kiln.passes.pipeline import PassRecord
+
+
+@dataclass(frozen=True)
+class GraphReport:
+    nodes_before: int  # body nodes right after capture
+    nodes_after: int  # body nodes that run
+    passes: tuple[PassRecord, ...]
+    ops: dict[str, int]  # final graph, by kiln op name
+    opaque_ops: tuple[str, ...]  # ATen ops kept as calls of the original op
+    planned_peak_bytes: int  # the memory arena
+    intermediate_bytes: int  # all intermediates added up, as if none were reused
+    compile_seconds: float
+
+
+@dataclass
+class CompileReport:
+    graphs: list[GraphReport] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)  # pieces that run eagerly, and why
+
+    def op_counts(self) -> dict[str, int]:
+        """Ops of the final graph(s), keyed by kiln op name, most frequent first."""
+        counts: dict[str, int] = {}
+        for g in self.graphs:
+            for op, n in g.ops.items():
+                counts[op] = counts.get(op, 0) + n
+        return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    @property
+    def nodes_before(self) -> int:
+        return sum(g.nodes_before for g in self.graphs)
+
+    @property
+    def nodes_after(self) -> int:
+        return sum(g.nodes_after for g in self.graphs)
+
+    @property
+    def planned_peak_bytes(self) -> int:
+        return max((g.planned_peak_bytes for g in self.graphs), default=0)
+
+    @property
+    def intermediate_bytes(self) -> int:
+        return max((g.intermediate_bytes for g in self.graphs), default=0)
+
+    @property
+    def compile_seconds(self) -> float:
+        return sum(g.compile_seconds for g in self.graphs)
+
+    def __str__(self) -> str:
+        lines = [f"kiln compile report: {len(self.graphs)} graph(s), "
+                 f"{self.compile_seconds * 1e3:.1f} ms"]
+        for i, g in enumerate(self.graphs):
+            lines.append(f"graph {i}: {g.nodes_before} -> {g.nodes_after} nodes, "
+                         f"memory plan {_mib(g.planned_peak_bytes)} arena for "
+                         f"{_mib(g.intermediate_bytes)} of intermediates")
+            for p in g.passes:
+                lines.append(f"  {p.name:<12} {p.nodes_before:>6} -> {p.nodes_after:<6} "
+                             f"{p.seconds * 1e3:8.2f} ms")
+            if g.opaque_ops:
+                lines.append(f"  run as original ATen ops: {', '.join(sorted(set(g.opaque_ops)))}")
+        ops = ", ".join(f"{k}: {v}" for k, v in self.op_counts().items())
+        lines.append(f"ops: {ops}")
+        lines += [f"fallback: {f}" for f in self.fallbacks]
+        return "\n".join(lines)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"

@@ -1,0 +1,130 @@
+"""Static memory planning: give intermediates offsets in one reused arena.
+
+A value is *planned* when an op writes it through an efficient ``out=`` ATen variant and it
+never escapes the graph (it is not an output, nor viewed by one). Each planned value lives
+from the node that defines it to the last node that reads it or any view of it; two values
+whose lifetimes overlap never share bytes. Offsets come from greedy-by-size placement (large
+tensors first, each at the lowest offset free over its lifetime), as TFLite's arena planner
+does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op, OpGroup
+
+ALIGNMENT = 64  # bytes; keeps every buffer aligned for vector loads
+
+aten = torch.ops.aten
+
+# ops whose out= variant is a native kernel (not a generated "compute, then copy" wrapper)
+OUT_VARIANTS: dict[Op, object] = {
+    Op.ADD: aten.add.out, Op.SUB: aten.sub.out, Op.MUL: aten.mul.out,
+    Op.EXP: aten.exp.out, Op.TANH: aten.tanh.out, Op.SIGMOID: aten.sigmoid.out,
+    Op.GELU: aten.gelu.out, Op.RSQRT: aten.rsqrt.out, Op.CLAMP: aten.clamp.out,
+    Op.MM: aten.mm.out, Op.BMM: aten.bmm.out, Op.ADDMM: aten.addmm.out,
+    Op.SOFTMAX: aten._softmax.out, Op.CAT: aten.cat.out, Op.WHERE: aten.where.self_out,
+    Op.SUM: aten.sum.IntList_out, Op.MEAN: aten.mean.out,
+}
+
+
+@dataclass(frozen=True)
+class Lifetime:
+    first: int  # index of the defining node in the body
+    last: int  # index of the last node that reads it (or a view of it)
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    offsets: dict[Value, int]  # byte offset in the arena of every planned value
+    arena_bytes: int  # planned peak: the arena's size
+    intermediate_bytes: int  # every intermediate's bytes added up (no reuse at all)
+    planned_bytes: int  # bytes of the planned values added up (before reuse)
+
+    @property
+    def reuse_ratio(self) -> float:
+        return self.planned_bytes / self.arena_bytes if self.arena_bytes else 1.0
+
+
+def plannable(node: Node) -> bool:
+    """Does the runtime write this node's result into a planned buffer?"""
+    if node.op not in OUT_VARIANTS or len(node.types) != 1 or node.types[0].nbytes == 0:
+        return False
+    if node.op is Op.SUM and node.attrs.dims is None:  # type: ignore[attr-defined]
+        return False
+    # Python numbers as operands need the functional overloads
+    return all(v.node.op is not Op.SCALAR for v in node.inputs)
+
+
+def aliases(node: Node) -> Sequence[Value]:
+    """Operands whose storage the node's results may share."""
+    if node.op.is_a(OpGroup.VIEW):
+        return node.inputs[:1]
+    if node.op is Op.CALL:
+        schema = node.attrs.target._schema  # type: ignore[attr-defined]
+        if any(r.alias_info is not None for r in schema.returns):
+            return node.inputs
+    return ()
+
+
+def lifetimes(graph: Graph) -> dict[Value, Lifetime]:
+    """Lifetime of every body node's outputs; a view keeps its source alive."""
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    last: dict[Value, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.inputs:
+            last[v] = i
+    for i in range(len(graph.nodes) - 1, -1, -1):  # users come later: walk backwards
+        node = graph.nodes[i]
+        end = max((last.get(out, i) for out in node.outputs), default=i)
+        for source in aliases(node):
+            last[source] = max(last.get(source, 0), end)
+    return {out: Lifetime(index[n], max(last.get(out, index[n]), index[n]))
+            for n in graph.nodes for out in n.outputs}
+
+
+def escaping(graph: Graph) -> set[Value]:
+    """Values the caller can reach: outputs and everything an output is a view of."""
+    escaped: set[Value] = set()
+    stack = list(graph.outputs)
+    while stack:
+        value = stack.pop()
+        if value not in escaped:
+            escaped.add(value)
+            stack.extend(aliases(value.node))
+    return escaped
+
+
+def plan_memory(graph: Graph) -> MemoryPlan:
+    spans = lifetimes(graph)
+    escaped = escaping(graph)
+    intermediates = [out for n in graph.nodes if not n.op.is_a(OpGroup.SOURCE)
+                     and not n.op.is_a(OpGroup.VIEW) for out in n.outputs if out not in escaped]
+    planned = [n.out() for n in graph.nodes if plannable(n) and n.out() not in escaped]
+    planned.sort(key=lambda v: (-v.type.nbytes, spans[v].first))
+    placed: list[tuple[int, int, Lifetime]] = []  # (offset, size, lifetime)
+    offsets: dict[Value, int] = {}
+    for value in planned:
+        size = _aligned(value.type.nbytes)
+        span = spans[value]
+        busy = sorted((off, off + sz) for off, sz, other in placed
+                      if other.first <= span.last and span.first <= other.last)
+        offset = 0
+        for start, end in busy:
+            if offset + size <= start:
+                break
+            offset = max(offset, end)
+        offsets[value] = offset
+        placed.append((offset, size, span))
+    arena = max((off + sz for off, sz, _ in placed), default=0)
+    return MemoryPlan(offsets, arena, sum(v.type.nbytes for v in intermediates),
+                      sum(v.type.nbytes for v in planned))
+
+
+def _aligned(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
