@@ -414,3 +414,10 @@ def _arange(ctx: Context, *bounds: Any, dtype: Any = None, layout: Any = None,
     if end is None or end == sys.maxsize:
         return None
     return ctx.emit(Op.ARANGE, attrs=A.ArangeAttrs(start, end, step, ctx.out_types[0].dtype))
+
+
+@converts(aten.bitwise_not.default)
+def _bitwise_not(ctx: Context, x: Value) -> Any:
+    if x.type.dtype is not DType.BOOL:
+        return None  # on integers it flips bits: no kiln op means that
+    return ctx.emit(Op.LOGICAL_NOT, x)

@@ -20,13 +20,14 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from kiln.engine import CompiledGraph, compile_graph
-from kiln.frontend.importer import UnsupportedGraph, import_fx
+from kiln.frontend.importer import UnsupportedGraph, fill_outputs, import_fx
 from kiln.options import Options
 from kiln.report import CompileReport
 
 log = logging.getLogger("kiln")
 
 Frozen = Mapping[int, tuple[str, torch.Tensor]]
+_Compiled = tuple[CompiledGraph, tuple[Any, ...]]  # the graph and its output template
 
 
 def is_static(gm: torch.fx.GraphModule) -> bool:
@@ -54,8 +55,8 @@ class FxGraphRunner:
         self.device = device
         self._versions = [(i, t, t._version) for i, (_, t) in self.frozen.items()]
         self._static = is_static(gm)
-        self._by_signature: dict[tuple[Any, ...], CompiledGraph | None] = {}
-        self._single: CompiledGraph | None = None
+        self._by_signature: dict[tuple[Any, ...], _Compiled | None] = {}
+        self._single: _Compiled | None = None
         if self._static:
             self._single = self._compile(gm)
 
@@ -67,9 +68,10 @@ class FxGraphRunner:
         compiled = self._single if self._static else self._specialized(args)
         if compiled is None:  # kiln could not compile this graph: run the captured ATen
             return list(self.gm(*args))
-        return compiled(args)
+        graph, template = compiled
+        return fill_outputs(template, graph(args))
 
-    def _specialized(self, args: list[Any]) -> CompiledGraph | None:
+    def _specialized(self, args: list[Any]) -> _Compiled | None:
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
                     for a in args)
         if key not in self._by_signature:
@@ -84,7 +86,7 @@ class FxGraphRunner:
         if self._static:
             self._single = self._compile(self.gm)
 
-    def _compile(self, gm: torch.fx.GraphModule) -> CompiledGraph | None:
+    def _compile(self, gm: torch.fx.GraphModule) -> _Compiled | None:
         start = time.perf_counter()
         try:
             with unset_fake_temporarily():  # AOTAutograd may call us inside its fake mode
@@ -102,7 +104,7 @@ class FxGraphRunner:
         if imported.opaque:
             log.info("kiln: ATen ops run as they are: %s", ", ".join(sorted(set(imported.opaque))))
         self.report.graphs.append(compiled.report)
-        return compiled
+        return compiled, imported.output_template
 
 
 def frozen_from_sources(names: Sequence[str | None],

@@ -42,6 +42,18 @@ class ImportedGraph:
     graph: Graph
     tensor_positions: tuple[int, ...]  # which call arguments feed graph inputs, in order
     opaque: list[str] = field(default_factory=list)  # ATen ops kept as CALL nodes
+    # The fx outputs in order: an int is the index of a graph output, a Literal a value that
+    # is not a tensor (None for a gradient nobody asked for, a saved size in training graphs)
+    output_template: tuple[int | Literal, ...] = ()
+
+
+@dataclass(frozen=True)
+class Literal:
+    value: Any
+
+
+def fill_outputs(template: Sequence[int | Literal], results: Sequence[Any]) -> list[Any]:
+    return [results[t] if isinstance(t, int) else t.value for t in template]
 
 
 def import_fx(gm: torch.fx.GraphModule, frozen: Mapping[int, tuple[str, torch.Tensor]],
@@ -72,7 +84,8 @@ class _Importer:
     def run(self, gm: torch.fx.GraphModule,
             frozen: Mapping[int, tuple[str, torch.Tensor]]) -> ImportedGraph:
         positions = []
-        outputs: Sequence[Value] = ()
+        outputs: list[Value] = []
+        template: list[int | Literal] = []
         placeholder_index = 0
         for node in gm.graph.nodes:
             self.name = node.name
@@ -93,10 +106,11 @@ class _Importer:
                 tensor = getattr(gm, node.target)
                 self.env[node] = self._typed(node, lambda: self.b.constant(node.target, tensor))
             elif node.op == "output":
-                outputs = self._outputs(node)
+                outputs, template = self._outputs(node)
             else:
                 raise UnsupportedGraph(node, f"fx node kind '{node.op}' is not supported")
-        return ImportedGraph(self.b.build(*outputs), tuple(positions), self.opaque)
+        return ImportedGraph(self.b.build(*outputs), tuple(positions), self.opaque,
+                             tuple(template))
 
     def _typed(self, node: torch.fx.Node, make: Any) -> Value:
         try:
@@ -104,15 +118,20 @@ class _Importer:
         except (UnsupportedDType, TypeError) as err:
             raise UnsupportedGraph(node, str(err)) from None
 
-    def _outputs(self, node: torch.fx.Node) -> list[Value]:
+    def _outputs(self, node: torch.fx.Node) -> tuple[list[Value], list[int | Literal]]:
         flat, _ = torch.utils._pytree.tree_flatten(node.args[0])
-        values = []
+        values: list[Value] = []
+        template: list[int | Literal] = []
         for item in flat:
             value = self.env.get(item) if isinstance(item, torch.fx.Node) else item
-            if not isinstance(value, Value):
+            if isinstance(value, Value):
+                template.append(len(values))
+                values.append(value)
+            elif value is None or isinstance(value, (bool, int, float)):
+                template.append(Literal(value))
+            else:
                 raise UnsupportedGraph(node, f"graph output {item!r} is not a tensor")
-            values.append(value)
-        return values
+        return values, template
 
     def _call(self, node: torch.fx.Node) -> Any:
         if node.target is operator.getitem:

@@ -1,0 +1,359 @@
+"""Benchmark runner: eager PyTorch, kiln and peers side by side, in one process.
+
+    results = run_bench(["mlp"], quick=True, peers=["inductor"])
+    json.dumps([r.to_dict() for r in results])   # kiln.cli.markdown_table(results) for people
+
+Contenders run interleaved in rounds (eager, kiln-O2, inductor, eager, kiln-O2, ...), so machine
+noise hits all of them alike; latency is the median per-call time, and speedup is
+eager median / contender median. Nothing here prints: progress goes to a callback.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any
+
+import torch
+
+import kiln
+from kiln import models
+from kiln.report import CompileReport
+
+EAGER = "eager"
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How long to measure: at least ``min_rounds``, then until each contender has run
+    ``target_s`` seconds, stopping at ``max_rounds`` or after ``cap_s`` seconds per model."""
+
+    warmup: int = 3
+    min_rounds: int = 5
+    target_s: float = 1.5
+    cap_s: float = 30.0
+    max_rounds: int = 10_000
+
+    @staticmethod
+    def for_size(quick: bool) -> TimingConfig:
+        return TimingConfig(1, 3, 0.1, 3.0) if quick else TimingConfig()
+
+
+@dataclass
+class KilnStats:
+    nodes_before: int
+    nodes_after: int
+    planned_peak_bytes: int
+    intermediate_bytes: int
+    engine_seconds: float  # time inside kiln's engine, capture excluded
+    fallbacks: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ContenderResult:
+    name: str  # "eager", "kiln-O2", "inductor", "ort"
+    median_ms: float | None = None
+    min_ms: float | None = None
+    runs: int = 0
+    speedup: float | None = None  # eager median / this median
+    max_abs_err: float | None = None  # against eager
+    rel_err: float | None = None  # ||out - eager|| / ||eager||, all outputs together
+    compile_s: float | None = None  # wall time to a runnable callable (first call included)
+    note: str = ""  # why it was skipped, if it was
+    error: str | None = None  # what failed, if something did
+    kiln: KilnStats | None = None
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> ContenderResult:
+        stats = data.get("kiln")
+        fields = {**data, "kiln": KilnStats(**stats) if stats is not None else None}
+        return ContenderResult(**fields)
+
+
+@dataclass
+class BenchResult:
+    model: str
+    quick: bool
+    threads: int
+    inputs: list[str] = field(default_factory=list)  # e.g. "float32[1, 3, 224, 224]"
+    rounds: int = 0
+    contenders: list[ContenderResult] = field(default_factory=list)
+    error: str | None = None  # the model itself could not be built or run eagerly
+
+    def contender(self, name: str) -> ContenderResult | None:
+        return next((c for c in self.contenders if c.name == name), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> BenchResult:
+        contenders = [ContenderResult.from_dict(c) for c in data.get("contenders", [])]
+        return BenchResult(**{**data, "contenders": contenders})
+
+
+@dataclass(frozen=True)
+class Progress:
+    """One step of the run; ``fraction`` is of the whole run, 0 to 1."""
+
+    model: str
+    index: int  # of the model, from 0
+    count: int  # models in the run
+    step: str  # "build", "compile kiln-O2", "timing", "done"
+    fraction: float
+
+
+ProgressFn = Callable[[Progress], None]
+
+
+class PeerUnavailable(Exception):
+    """The peer cannot run on this machine (not installed, no compiler); a note, not an error."""
+
+
+# -- peers: name -> function that turns (model, inputs) into a callable --------------------------
+
+
+def _inductor(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
+    cpu = all(x.device.type == "cpu" for x in inputs)
+    compilers = (os.environ.get("CXX", "g++"), "g++", "c++", "clang++")
+    if cpu and not any(shutil.which(c) for c in compilers):
+        raise PeerUnavailable("no C++ compiler found (Inductor on CPU needs one)")
+    compiled = torch.compile(model)
+    compiled(*inputs)  # torch.compile is lazy: compile now, inside the caller's timer
+    return compiled
+
+
+def _ort(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
+    try:
+        import onnxruntime
+    except ImportError:
+        raise PeerUnavailable("not installed") from None
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = torch.get_num_threads()  # same threads as the others
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "model.onnx")
+        torch.onnx.export(model, inputs, path)
+        session = onnxruntime.InferenceSession(path, options,
+                                               providers=["CPUExecutionProvider"])
+    input_names = [i.name for i in session.get_inputs()]
+
+    def run(*args: torch.Tensor) -> list[torch.Tensor]:
+        feeds = {n: a.numpy() for n, a in zip(input_names, args, strict=True)}
+        return [torch.from_numpy(o) for o in session.run(None, feeds)]
+
+    return run
+
+
+PEERS: dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Callable[..., Any]]] = {
+    "inductor": _inductor,  # torch.compile, default backend
+    "ort": _ort,  # onnxruntime on a torch.onnx.export of the model
+}
+
+
+def kiln_name(opt_level: int) -> str:
+    return f"kiln-O{opt_level}"
+
+
+def is_kiln(contender: str) -> bool:
+    return contender.startswith("kiln-O")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
+              peers: Sequence[str] = (), opt_levels: Sequence[int] = (2,),
+              threads: int | None = None, seed: int = 0, timing: TimingConfig | None = None,
+              progress: ProgressFn | None = None) -> list[BenchResult]:
+    """Benchmark each model (all built-in ones by default); one failure never stops the run."""
+    names = list(model_names) if model_names is not None else models.names()
+    timing = timing or TimingConfig.for_size(quick)
+    old_threads = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        results = []
+        for index, name in enumerate(names):
+            def report(step: str, done: float, index: int = index, name: str = name) -> None:
+                if progress is not None:
+                    progress(Progress(name, index, len(names), step, (index + done) / len(names)))
+
+            results.append(bench_model(name, quick=quick, peers=peers, opt_levels=opt_levels,
+                                       seed=seed, timing=timing, report=report))
+        return results
+    finally:
+        torch.set_num_threads(old_threads)
+
+
+@dataclass
+class _Runner:
+    result: ContenderResult
+    fn: Callable[..., Any]
+    times: list[float] = field(default_factory=list)
+
+
+def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
+                opt_levels: Sequence[int] = (2,), seed: int = 0,
+                timing: TimingConfig | None = None,
+                report: Callable[[str, float], None] | None = None) -> BenchResult:
+    """Benchmark one model; errors land in the result instead of propagating."""
+    timing = timing or TimingConfig.for_size(quick)
+    step = report or (lambda _step, _done: None)
+    result = BenchResult(name, quick, torch.get_num_threads())
+    try:
+        step("build", 0.0)
+        model, inputs = models.build(name, quick=quick, seed=seed)
+        result.inputs = [f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" for x in inputs]
+        with torch.no_grad():
+            reference = model(*inputs)
+    except Exception as err:  # noqa: BLE001 - a broken model is a row, not a crash
+        result.error = describe_error(err)
+        step("done", 1.0)
+        return result
+    torch._dynamo.reset()  # a fresh Dynamo cache per model, so no recompile limits carry over
+    runners = [_Runner(ContenderResult(EAGER), model)]
+    candidates = [(kiln_name(level), _kiln_compiler(level)) for level in opt_levels]
+    candidates += [(peer, PEERS.get(peer)) for peer in peers]
+    for i, (contender, make) in enumerate(candidates):
+        step(f"compile {contender}", 0.6 * i / len(candidates))
+        if make is None:
+            result.contenders.append(ContenderResult(
+                contender, error=f"unknown peer; known peers: {', '.join(PEERS)}"))
+            continue
+        runner = _compile(contender, make, model, inputs)
+        result.contenders.append(runner.result)
+        if runner.result.error is None and not runner.result.note:
+            runners.append(runner)
+    step("timing", 0.6)
+    result.contenders.insert(0, runners[0].result)
+    for runner in runners:
+        _warm_up(runner, inputs, reference, timing.warmup)
+    live = [r for r in runners if r.result.error is None]
+    result.rounds = _time_rounds(live, inputs, timing)
+    _summarize(runners, result)
+    step("done", 1.0)
+    return result
+
+
+def _kiln_compiler(level: int) -> Callable[..., Any]:
+    def make(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
+        return kiln.compile(model, inputs, options=kiln.Options(opt_level=level))
+
+    return make
+
+
+def _compile(name: str, make: Callable[..., Any], model: torch.nn.Module,
+             inputs: tuple[torch.Tensor, ...]) -> _Runner:
+    result = ContenderResult(name)
+    fn: Callable[..., Any] = model
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            fn = make(model, inputs)
+        result.compile_s = time.perf_counter() - start
+    except PeerUnavailable as err:
+        result.note = str(err)
+    except Exception as err:  # noqa: BLE001 - one failing contender must not end the run
+        result.error = f"compile failed: {describe_error(err)}"
+    report = getattr(fn, "report", None)
+    if isinstance(report, CompileReport):
+        result.kiln = KilnStats(report.nodes_before, report.nodes_after,
+                                report.planned_peak_bytes, report.intermediate_bytes,
+                                report.compile_seconds, list(report.fallbacks))
+    return _Runner(result, fn)
+
+
+def _warm_up(runner: _Runner, inputs: tuple[torch.Tensor, ...], reference: Any,
+             count: int) -> None:
+    """Run ``count`` untimed calls; the first one's output is checked against eager."""
+    try:
+        with torch.no_grad():
+            # compare before the next call: an output may share memory a later call reuses
+            out = runner.fn(*inputs)
+            runner.result.max_abs_err, runner.result.rel_err = compare(out, reference)
+            del out
+            for _ in range(count - 1):
+                runner.fn(*inputs)
+    except Exception as err:  # noqa: BLE001
+        runner.result.error = f"run failed: {describe_error(err)}"
+
+
+def _time_rounds(runners: list[_Runner], inputs: tuple[torch.Tensor, ...],
+                 timing: TimingConfig) -> int:
+    """Call every runner once per round until the timing budget says stop; returns rounds."""
+    started = time.perf_counter()
+    rounds = 0
+    gc.collect()
+    gc.disable()  # a collection in one contender's call would be noise only it pays for
+    try:
+        with torch.no_grad():
+            while runners and rounds < timing.max_rounds:
+                for runner in list(runners):
+                    try:
+                        t0 = time.perf_counter()
+                        runner.fn(*inputs)
+                        runner.times.append(time.perf_counter() - t0)
+                    except Exception as err:  # noqa: BLE001
+                        runner.result.error = f"run failed: {describe_error(err)}"
+                        runners.remove(runner)
+                rounds += 1
+                if rounds < timing.min_rounds:
+                    continue
+                spent = min((sum(r.times) for r in runners), default=math.inf)
+                if spent >= timing.target_s or time.perf_counter() - started >= timing.cap_s:
+                    break
+    finally:
+        gc.enable()
+    return rounds
+
+
+def _summarize(runners: list[_Runner], result: BenchResult) -> None:
+    for runner in runners:
+        if runner.times and runner.result.error is None:
+            runner.result.median_ms = median(runner.times) * 1e3
+            runner.result.min_ms = min(runner.times) * 1e3
+            runner.result.runs = len(runner.times)
+    eager = result.contenders[0].median_ms
+    for contender in result.contenders:
+        if eager is not None and contender.median_ms:
+            contender.speedup = eager / contender.median_ms
+    if result.contenders[0].error is not None:
+        result.error = result.contenders[0].error
+
+
+def compare(out: Any, reference: Any) -> tuple[float, float]:
+    """(max abs error, relative L2 error) of ``out`` against ``reference``, all outputs together.
+
+    Outputs are compared leaf by leaf after flattening, so a list from ORT matches a tensor
+    or tuple from PyTorch.
+    """
+    got = [t for t in torch.utils._pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+    want = [t for t in torch.utils._pytree.tree_leaves(reference) if isinstance(t, torch.Tensor)]
+    if len(got) != len(want):
+        raise ValueError(f"{len(got)} output tensor(s), eager gives {len(want)}")
+    max_abs, diff_sq, ref_sq = 0.0, 0.0, 0.0
+    for a, b in zip(got, want, strict=True):
+        if a.shape != b.shape:
+            raise ValueError(f"output shape {list(a.shape)}, eager gives {list(b.shape)}")
+        diff = a.detach().double().cpu() - b.detach().double().cpu()
+        if diff.numel():
+            max_abs = max(max_abs, diff.abs().max().item())
+        diff_sq += diff.square().sum().item()
+        ref_sq += b.detach().double().square().sum().item()
+    if diff_sq == 0.0:
+        return max_abs, 0.0
+    return max_abs, math.sqrt(diff_sq / ref_sq) if ref_sq > 0 else math.inf
+
+
+def describe_error(err: BaseException) -> str:
+    """``Type: first line of the message``: enough for a table note, no traceback."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__

@@ -1,0 +1,276 @@
+"""The ``kiln`` command line.
+
+    kiln bench --models mlp,resnet18 --quick --peers inductor --json out.json
+    kiln explain resnet18 --quick --after fold
+    kiln --version
+
+User mistakes (unknown model, pass or peer) print one line to stderr and exit 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import TextIO
+
+import torch
+
+import kiln
+from kiln import bench, models
+from kiln.bench import BenchResult
+from kiln.ir import Graph, print_graph
+from kiln.passes.pipeline import PIPELINE, run_pipeline
+
+USAGE_ERROR = 2
+
+
+class UsageError(Exception):
+    """A mistake in the command line; reported without a traceback, exit code 2."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version and argparse's own errors
+        return exit_.code if isinstance(exit_.code, int) else USAGE_ERROR
+    # torch's pytree warns about its own deprecated LeafSpec inside torch.export; not ours to fix
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*", category=FutureWarning)
+    try:
+        return args.run(args)
+    except UsageError as err:
+        print(f"kiln: error: {err}", file=sys.stderr)
+        return USAGE_ERROR
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kiln", description=kiln.__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kiln {kiln.__version__}")
+    commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
+
+    b = commands.add_parser("bench", help="eager vs kiln (vs peers): latency, error, memory")
+    b.add_argument("--models", nargs="+", action="extend", metavar="NAME",
+                   help=f"comma- or space-separated (default: all of {', '.join(models.names())})")
+    b.add_argument("--quick", action="store_true", help="small variants, short timing")
+    b.add_argument("--peers", nargs="+", action="extend", metavar="PEER",
+                   help=f"also time these: {', '.join(bench.PEERS)}")
+    b.add_argument("--opt-level", nargs="+", action="extend", type=int, choices=range(4),
+                   metavar="N", dest="opt_levels", help="kiln opt level(s) (default: 2)")
+    b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
+    b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
+    b.set_defaults(run=_bench)
+
+    e = commands.add_parser("explain", help="the IR after capture and after each pass")
+    e.add_argument("model", metavar="MODEL", help=f"one of {', '.join(models.names())}")
+    e.add_argument("--quick", action="store_true", help="the small variant")
+    e.add_argument("--after", metavar="PASS",
+                   help=f"only the IR after PASS ({', '.join(p.name for p in PIPELINE)})")
+    e.add_argument("--counts-only", action="store_true", help="op counts, no IR")
+    e.add_argument("--opt-level", type=int, default=2, choices=range(4), metavar="N",
+                   help="which passes run (default: 2)")
+    e.set_defaults(run=_explain)
+    return parser
+
+
+# -- kiln bench ------------------------------------------------------------------------------------
+
+
+def _bench(args: argparse.Namespace) -> int:
+    names = _split(args.models) or models.names()
+    for name in names:
+        _check_model(name)
+    peers = _split(args.peers)
+    unknown = [p for p in peers if p not in bench.PEERS]
+    if unknown:
+        raise UsageError(f"unknown peer {unknown[0]!r}; known peers: {', '.join(bench.PEERS)}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    opt_levels = list(dict.fromkeys(args.opt_levels or [2]))
+    bar = ProgressBar(sys.stderr)
+    try:
+        results = bench.run_bench(names, quick=args.quick, peers=peers, opt_levels=opt_levels,
+                                  threads=args.threads, progress=bar.update)
+    finally:
+        bar.close()
+    print(markdown_table(results))
+    if args.json:
+        document = {
+            "kiln": kiln.__version__, "torch": torch.__version__, "quick": args.quick,
+            "threads": args.threads or torch.get_num_threads(), "opt_levels": opt_levels,
+            "peers": peers, "results": [r.to_dict() for r in results],
+        }
+        try:
+            with open(args.json, "w") as f:
+                json.dump(document, f, indent=2)
+        except OSError as err:
+            print(f"kiln: error: cannot write {args.json}: {err.strerror}", file=sys.stderr)
+            return 1
+    # a model or kiln itself failing is a failed run; a peer that could not run is not
+    failed = any(r.error is not None or any(c.error for c in r.contenders if bench.is_kiln(c.name))
+                 for r in results)
+    return 1 if failed else 0
+
+
+def _split(values: Sequence[str] | None) -> list[str]:
+    """``["a,b", "c"]`` -> ``["a", "b", "c"]``, duplicates dropped, order kept."""
+    parts = (p.strip() for v in values or [] for p in v.split(","))
+    return list(dict.fromkeys(p for p in parts if p))
+
+
+def markdown_table(results: Sequence[BenchResult]) -> str:
+    """One row per model and kiln opt level; each peer gets a latency and a speedup column;
+    notes (skips, errors, fallbacks) follow the table."""
+    peers = list(dict.fromkeys(c.name for r in results for c in r.contenders[1:]
+                               if not bench.is_kiln(c.name)))
+    header = ["model", "eager ms", "kiln ms", "speedup"]
+    for peer in peers:
+        header += [f"{peer} ms", f"{peer} speedup"]
+    header += ["max abs err", "rel err", "compile s", "nodes before→after",
+               "planned / intermediates MiB"]
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    for r in results:
+        if r.error is not None:
+            rows.append([r.model, "error"] + [""] * (len(header) - 2))
+            notes.append(f"{r.model}: {r.error}")
+            continue
+        rows += _rows(r, peers)
+        for c in r.contenders[1:]:
+            if c.error is not None or c.note:
+                notes.append(f"{r.model}, {c.name}: {c.error or c.note}")
+            notes += [f"{r.model}, {c.name}: {f}" for f in (c.kiln.fallbacks if c.kiln else [])]
+    lines = _align([header, *rows])
+    return "\n".join(lines + ([""] + [f"* {n}" for n in notes] if notes else []))
+
+
+def _rows(r: BenchResult, peers: Sequence[str]) -> list[list[str]]:
+    kilns = [c for c in r.contenders if bench.is_kiln(c.name)]
+    rows = []
+    for k in kilns:
+        label = r.model if len(kilns) == 1 else f"{r.model} {k.name.removeprefix('kiln')}"
+        row = [label, _ms(r.contenders[0].median_ms), _ms(k.median_ms), _x(k.speedup)]
+        for peer in peers:
+            p = r.contender(peer)
+            row += [_ms(p.median_ms), _x(p.speedup)] if p else ["", ""]
+        row += [_num(k.max_abs_err, ".1e"), _num(k.rel_err, ".1e"), _num(k.compile_s, ".2f")]
+        stats = k.kiln
+        row += [f"{stats.nodes_before}→{stats.nodes_after}",
+                f"{_mib(stats.planned_peak_bytes)} / {_mib(stats.intermediate_bytes)}"
+                ] if stats else ["", ""]
+        rows.append(row)
+    return rows
+
+
+def _align(table: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) + " |"
+             for row in table]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return lines
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _ms(x: float | None) -> str:
+    return _num(x, ".3f")
+
+
+def _x(x: float | None) -> str:
+    return "—" if x is None else f"{x:.2f}x"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f}"
+
+
+def _check_model(name: str) -> None:
+    try:
+        models.get(name)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+
+
+class ProgressBar:
+    """A one-line text bar, redrawn in place on a terminal and one line per step elsewhere."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.drawn = 0  # characters of the last in-place line, to blank it out
+
+    def update(self, event: bench.Progress) -> None:
+        filled = round(event.fraction * self.WIDTH)
+        line = (f"[{'#' * filled}{'.' * (self.WIDTH - filled)}] {event.fraction:4.0%} "
+                f"{event.index + 1}/{event.count} {event.model}: {event.step}")
+        if self.tty:
+            self.stream.write("\r" + line.ljust(self.drawn))
+            self.drawn = len(line)
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty and self.drawn:
+            self.stream.write("\r" + " " * self.drawn + "\r")
+            self.stream.flush()
+
+
+# -- kiln explain ----------------------------------------------------------------------------------
+
+
+def _explain(args: argparse.Namespace) -> int:
+    _check_model(args.model)
+    options = kiln.Options(opt_level=args.opt_level)
+    enabled = [p.name for p in PIPELINE if options.opt_level >= p.min_level]
+    if args.after is not None and args.after not in enabled:
+        known = ", ".join(p.name for p in PIPELINE)
+        if any(p.name == args.after for p in PIPELINE):
+            raise UsageError(f"pass {args.after!r} does not run at opt level {args.opt_level}; "
+                             f"passes that do: {', '.join(enabled)}")
+        raise UsageError(f"unknown pass {args.after!r}; known passes: {known}")
+    model, inputs = models.build(args.model, quick=args.quick)
+    try:
+        graph = capture(model, inputs)
+    except Exception as err:  # noqa: BLE001 - say what failed, without a traceback
+        print(f"kiln: error: cannot capture {args.model}: {bench.describe_error(err)}",
+              file=sys.stderr)
+        return 1
+    _, records, snapshots = run_pipeline(graph, options, keep_snapshots=True)
+    if args.after is None:
+        _show(f"captured: {len(graph.nodes)} nodes", graph, args.counts_only)
+    for record, snapshot in zip(records, snapshots, strict=True):
+        if args.after in (None, record.name):
+            title = f"after {record.name}: {record.nodes_before} -> {record.nodes_after} nodes"
+            _show(title, snapshot, args.counts_only)
+    return 0
+
+
+def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
+    """The kiln Graph that kiln.compile would optimize: torch.export, frozen weights, import."""
+    from kiln.frontend.export import _freeze
+    from kiln.frontend.importer import import_fx
+
+    with torch.no_grad():
+        program = torch.export.export(model, inputs).run_decompositions()
+    frozen, _ = _freeze(program)
+    return import_fx(program.graph_module, frozen).graph
+
+
+def _show(title: str, graph: Graph, counts_only: bool) -> None:
+    counts = graph.op_counts()
+    print(f"== {title} ==")
+    print(f"ops ({sum(counts.values())}, constants and scalars not counted): "
+          + ", ".join(f"{op}: {n}" for op, n in counts.items()))
+    if not counts_only:
+        print(print_graph(graph))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""torch.compile(backend="kiln"): entry point, options, freezing, shapes, training, fallbacks."""
+
+import logging
+
+import pytest
+import torch
+import torch.nn as nn
+
+from kiln.frontend.dynamo import kiln_backend, weight_name
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4)).eval()
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_backend_is_found_by_name_through_the_entry_point():
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("kiln") is kiln_backend
+
+
+def test_options_are_passed_through_torch_compile():
+    model = _mlp()
+    x = torch.randn(3, 8)
+    fast = torch.compile(model, backend="kiln", options={"opt_level": 0, "debug": True})
+    with torch.no_grad():
+        assert _rel(fast(x), model(x)) < 1e-6
+
+
+def test_unknown_option_is_a_clear_error():
+    fast = torch.compile(_mlp(), backend="kiln", options={"opt_levle": 1})
+    with pytest.raises(Exception, match="opt_levle"):
+        fast(torch.randn(2, 8))
+
+
+def test_weight_names_come_from_the_module_path():
+    src = "L['self']._modules['layer1']._modules['0']._parameters['weight']"
+    assert weight_name(src) == "layer1.0.weight"
+    assert weight_name("L['x']") is None
+
+
+def test_new_shapes_stay_correct():
+    model = _mlp()
+    fast = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        for batch in (2, 3, 5, 2, 9):
+            x = torch.randn(batch, 8)
+            assert _rel(fast(x), model(x)) < 1e-6
+
+
+def test_weight_changed_in_place_is_picked_up():
+    model = _mlp()
+    fast = torch.compile(model, backend="kiln")
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        before = fast(x)
+        model[0].weight.mul_(2.0)
+        after = fast(x)
+        assert _rel(after, model(x)) < 1e-6
+        assert not torch.allclose(before, after)
+
+
+def test_training_graphs_compile_and_give_eager_gradients():
+    model = _mlp()
+    x = torch.randn(4, 8)
+    torch.compile(model, backend="kiln")(x).sum().backward()
+    compiled_grad = model[0].weight.grad.clone()
+    model.zero_grad()
+    model(x).sum().backward()
+    assert torch.allclose(compiled_grad, model[0].weight.grad, rtol=1e-5, atol=1e-6)
+
+
+def test_op_kiln_does_not_model_runs_as_itself():
+    def f(x):
+        return torch.cumsum(x, 0).flip(0) * 2 + torch.special.i0(x)
+
+    x = torch.randn(6, 3)
+    assert torch.allclose(torch.compile(f, backend="kiln")(x), f(x))
+
+
+def test_complex_input_falls_back_with_one_warning(caplog):
+    def f(z):
+        return (z * z).real + 1
+
+    z = torch.randn(4, dtype=torch.complex64)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        out = torch.compile(f, backend="kiln")(z)
+    assert torch.equal(out, f(z))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "complex64" in warnings[0].getMessage() and "node" in warnings[0].getMessage()
+
+
+def test_non_tensor_arguments_work():
+    def f(x, scale: float, flag: bool):
+        return x * scale if flag else x - scale
+
+    x = torch.randn(5)
+    fast = torch.compile(f, backend="kiln")
+    assert torch.allclose(fast(x, 2.5, True), f(x, 2.5, True))
+    assert torch.allclose(fast(x, 2.5, False), f(x, 2.5, False))
+
+
+def test_graph_break_still_correct():
+    def f(x):
+        y = torch.relu(x) + 1
+        print("graph break")  # Dynamo splits the function here
+        return y * torch.sigmoid(x)
+
+    x = torch.randn(7)
+    assert torch.allclose(torch.compile(f, backend="kiln")(x), f(x))
+
+
+def test_in_place_update_of_an_input_is_kept():
+    def f(x, acc):
+        acc.add_(x)
+        return acc * 2
+
+    x, acc, acc_ref = torch.randn(3), torch.zeros(3), torch.zeros(3)
+    out = torch.compile(f, backend="kiln")(x, acc)
+    ref = f(x, acc_ref)
+    assert torch.equal(out, ref) and torch.equal(acc, acc_ref)
+
+
+def test_outputs_are_not_overwritten_by_the_next_call():
+    model = _mlp()
+    fast = torch.compile(model, backend="kiln")
+    with torch.no_grad():
+        x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
+        y1 = fast(x1)
+        kept = y1.clone()
+        fast(x2)
+        assert torch.equal(y1, kept)

@@ -1,0 +1,88 @@
+"""kiln.compile: ahead-of-time compile, report, and clear errors for wrong calls."""
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+
+
+class Branchy(nn.Module):
+    """Data-dependent control flow: torch.export refuses it, Dynamo splits it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if y.sum() > 0:
+            return torch.relu(y)
+        return y * 2
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()
+
+
+def test_compile_matches_eager_and_reports():
+    model, x = _model(), torch.randn(3, 8)
+    compiled = kiln.compile(model, (x,), options=kiln.Options(debug=True))
+    with torch.no_grad():
+        assert torch.allclose(compiled(x), model(x), rtol=1e-5, atol=1e-6)
+    report = compiled.report
+    assert len(report.graphs) == 1
+    assert report.op_counts() == {"addmm": 2, "relu": 1}
+    assert report.nodes_before >= report.nodes_after > 0
+    assert [p.name for p in report.graphs[0].passes] == ["dce", "cse", "fold", "dce.final"]
+    assert 0 < report.planned_peak_bytes <= report.intermediate_bytes
+    assert "kiln compile report" in str(report)
+
+
+def test_a_single_tensor_is_accepted_as_example_inputs():
+    model, x = _model(), torch.randn(2, 8)
+    with torch.no_grad():
+        assert torch.allclose(kiln.compile(model, x)(x), model(x), atol=1e-6)
+
+
+def test_wrong_number_of_inputs_says_what_was_expected():
+    model, x = _model(), torch.randn(3, 8)
+    compiled = kiln.compile(model, (x,))
+    with pytest.raises(TypeError, match=r"takes 1 tensor argument.*float32\[3, 8\].*2 given"):
+        compiled(x, x)
+
+
+def test_wrong_shape_says_expected_and_given():
+    model, x = _model(), torch.randn(3, 8)
+    compiled = kiln.compile(model, (x,))
+    with pytest.raises(ValueError, match=r"expected float32\[3, 8\], got float32\[5, 8\]"):
+        compiled(torch.randn(5, 8))
+
+
+def test_wrong_dtype_is_rejected():
+    model, x = _model(), torch.randn(3, 8)
+    compiled = kiln.compile(model, (x,))
+    with pytest.raises(ValueError, match="float64"):
+        compiled(x.double())
+
+
+def test_non_tensor_example_input_is_a_clear_error():
+    with pytest.raises(TypeError, match="example input 1 is a int"):
+        kiln.compile(_model(), (torch.randn(2, 8), 3))
+
+
+def test_model_export_cannot_capture_falls_back_to_dynamo(caplog):
+    torch._dynamo.reset()
+    model, x = Branchy().eval(), torch.randn(2, 4)
+    compiled = kiln.compile(model, (x,))
+    assert any("torch.export could not capture" in f for f in compiled.report.fallbacks)
+    with torch.no_grad():
+        for sample in (x, -x):
+            assert torch.allclose(compiled(sample), model(sample), atol=1e-6)
+    assert compiled.report.graphs, "the pieces Dynamo captured are compiled by kiln"
+
+
+def test_strict_mode_raises_instead_of_falling_back():
+    with pytest.raises(Exception):  # noqa: B017 - torch.export's own error type
+        kiln.compile(Branchy().eval(), (torch.randn(2, 4),), kiln.Options(strict=True))

@@ -1,0 +1,96 @@
+"""Tests for the benchmark runner, on the quick MLP with a short timing budget."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from kiln import bench
+from kiln.bench import BenchResult, PeerUnavailable, TimingConfig
+from kiln.cli import markdown_table
+
+FAST = TimingConfig(warmup=1, min_rounds=3, target_s=0.02, cap_s=1.0)
+Run = tuple[BenchResult, list[bench.Progress]]
+
+
+def _raise(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    raise RuntimeError("peer exploded")
+
+
+def _unavailable(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    raise PeerUnavailable("not installed")
+
+
+@pytest.fixture(scope="module")
+def mlp_result() -> Run:
+    events: list[bench.Progress] = []
+    peers = {**bench.PEERS, "boom": _raise, "absent": _unavailable}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(bench, "PEERS", peers)
+        (result,) = bench.run_bench(["mlp"], quick=True, peers=["boom", "absent", "nope"],
+                                    opt_levels=[0, 2], timing=FAST, progress=events.append)
+    return result, events
+
+
+def test_contenders_are_timed_and_accurate(mlp_result: Run) -> None:
+    result, _ = mlp_result
+    assert result.error is None and result.model == "mlp" and result.quick
+    assert result.rounds >= FAST.min_rounds
+    eager = result.contender("eager")
+    assert eager is not None and eager.speedup == 1.0
+    for name in ("kiln-O0", "kiln-O2"):
+        k = result.contender(name)
+        assert k is not None and k.error is None, k
+        assert k.median_ms > 0 and k.min_ms <= k.median_ms and k.runs == result.rounds
+        assert math.isclose(k.speedup, eager.median_ms / k.median_ms)
+        assert k.rel_err < 1e-5 and k.max_abs_err < 1e-4
+        assert k.compile_s > 0
+        assert k.kiln is not None and k.kiln.nodes_before >= k.kiln.nodes_after > 0
+        assert k.kiln.intermediate_bytes > 0 and k.kiln.fallbacks == []
+
+
+def test_failing_peers_are_reported_not_raised(mlp_result: Run) -> None:
+    result, _ = mlp_result
+    boom, absent, nope = (result.contender(n) for n in ("boom", "absent", "nope"))
+    assert "peer exploded" in boom.error and boom.median_ms is None
+    assert absent.note == "not installed" and absent.error is None and absent.median_ms is None
+    assert "unknown peer" in nope.error and "inductor" in nope.error
+
+
+def test_json_round_trip(mlp_result: Run) -> None:
+    result, _ = mlp_result
+    text = json.dumps(result.to_dict())
+    assert BenchResult.from_dict(json.loads(text)) == result
+
+
+def test_progress_reaches_the_end(mlp_result: Run) -> None:
+    _, events = mlp_result
+    fractions = [e.fraction for e in events]
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0
+    assert [e.step for e in events][:1] == ["build"] and events[-1].step == "done"
+
+
+def test_table_has_one_row_per_opt_level_and_notes(mlp_result: Run) -> None:
+    result, _ = mlp_result
+    table = markdown_table([result])
+    assert "| mlp -O0 " in table and "| mlp -O2 " in table
+    assert "* mlp, boom: compile failed: RuntimeError: peer exploded" in table
+    assert "* mlp, absent: not installed" in table
+
+
+def test_unknown_model_is_a_result_with_an_error() -> None:
+    (result,) = bench.run_bench(["no_such_model"], quick=True, timing=FAST)
+    assert "unknown model" in result.error and "mlp" in result.error
+    assert "| no_such_model | error " in markdown_table([result])
+
+
+def test_compare_flattens_outputs() -> None:
+    ref = (torch.tensor([3.0, 4.0]), torch.tensor([0.0]))
+    assert bench.compare([torch.tensor([3.0, 4.0]), torch.tensor([0.0])], ref) == (0.0, 0.0)
+    max_abs, rel = bench.compare((torch.tensor([3.0, 4.5]), torch.tensor([0.0])), ref)
+    assert max_abs == 0.5 and math.isclose(rel, 0.5 / 5.0)
+    with pytest.raises(ValueError):
+        bench.compare(torch.zeros(3), ref)

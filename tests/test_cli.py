@@ -1,0 +1,73 @@
+"""Tests for the ``kiln`` command line, through ``main(argv)`` on quick models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import kiln
+from kiln.cli import main
+from kiln.passes.pipeline import PIPELINE
+
+
+def test_bench_prints_table_and_writes_json(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench.json"
+    assert main(["bench", "--models", "mlp", "--quick", "--json", str(out)]) == 0
+    captured = capsys.readouterr()
+    lines = captured.out.splitlines()
+    assert lines[0].startswith("| model ") and "| speedup " in lines[0]
+    assert any(line.startswith("| mlp ") for line in lines)
+    assert "mlp: done" in captured.err  # the progress bar
+    document = json.loads(out.read_text())
+    assert document["quick"] is True and document["opt_levels"] == [2]
+    (result,) = document["results"]
+    assert result["model"] == "mlp"
+    assert [c["name"] for c in result["contenders"]] == ["eager", "kiln-O2"]
+
+
+@pytest.mark.parametrize("argv, known", [
+    (["bench", "--models", "mlp,no_such_model", "--quick"], "resnet18"),
+    (["bench", "--models", "mlp", "--peers", "tvm"], "inductor"),
+    (["explain", "no_such_model"], "resnet18"),
+    (["explain", "mlp", "--quick", "--after", "no_such_pass"], "dce.final"),
+])
+def test_user_mistakes_exit_2_naming_the_known_ones(argv: list[str], known: str,
+                                                    capsys) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("kiln: error: unknown ") and known in captured.err
+    assert "Traceback" not in captured.err and captured.out == ""
+
+
+def test_explain_prints_captured_ir_and_every_pass(capsys) -> None:
+    assert main(["explain", "mlp", "--quick"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("== captured: ") and "graph(" in out and "addmm" in out
+    for p in PIPELINE:
+        assert f"== after {p.name}: " in out
+    assert out.count("graph(") == len(PIPELINE) + 1
+
+
+def test_explain_after_one_pass(capsys) -> None:
+    assert main(["explain", "mlp", "--quick", "--after", "fold"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("== after fold: ") and out.count("== ") == 1
+    assert "graph(" in out and "permute(" not in out  # folding precomputed the transposes
+
+
+def test_explain_counts_only(capsys) -> None:
+    assert main(["explain", "mlp", "--quick", "--counts-only"]) == 0
+    out = capsys.readouterr().out
+    assert "graph(" not in out and "ops (" in out and "relu: 2" in out
+
+
+def test_version(capsys) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"kiln {kiln.__version__}"
+
+
+def test_no_command_is_a_usage_error(capsys) -> None:
+    assert main([]) == 2
+    assert "usage: kiln" in capsys.readouterr().err

@@ -1,0 +1,24 @@
+"""The README's example is part of the suite: if it breaks, the README is wrong."""
+
+import re
+from pathlib import Path
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def test_readme_example_runs(capsys):
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    assert blocks, "README.md has no python example"
+    exec(compile(blocks[0], "README.md", "exec"), {})  # noqa: S102 - our own README
+    printed = capsys.readouterr().out
+    assert "kiln compile report" in printed
+    assert "convolution" in printed
+
+
+def test_readme_setup_commands_use_the_constraints():
+    text = README.read_text()
+    commands = [line for line in text.splitlines() if line.startswith("python3 -m venv")]
+    assert len(commands) == 2
+    assert all("-c constraints.txt" in c for c in commands)
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert commands[1] in ci, ".ci/run must run exactly the README's test command"
