@@ -96,7 +96,8 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
     with torch.no_grad():
         program = torch.export.export(model, inputs).run_decompositions()
     frozen, user_positions = _freeze(program)
-    if any(spec.kind is not OutputKind.USER_OUTPUT for spec in program.graph_signature.output_specs):
+    outputs = program.graph_signature.output_specs
+    if any(spec.kind is not OutputKind.USER_OUTPUT for spec in outputs):
         raise NotImplementedError("the model mutates its buffers or inputs")
     device = inputs[0].device if inputs else torch.device("cpu")
     runner = FxGraphRunner(program.graph_module, frozen, options, report, device)

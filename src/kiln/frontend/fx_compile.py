@@ -61,7 +61,7 @@ class FxGraphRunner:
             self._single = self._compile(gm)
 
     def __call__(self, args: list[Any]) -> list[Any]:
-        for i, tensor, version in self._versions:
+        for _, tensor, version in self._versions:
             if tensor._version != version:
                 self._refreeze()
                 break

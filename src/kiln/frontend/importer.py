@@ -93,7 +93,7 @@ class _Importer:
                 i, placeholder_index = placeholder_index, placeholder_index + 1
                 if i in frozen:
                     name, tensor = frozen[i]
-                    self.env[node] = self._typed(node, lambda: self.b.constant(name, tensor))
+                    self.env[node] = self._typed(node, self.b.constant, name, tensor)
                 elif isinstance(node.meta.get("val"), torch.Tensor):
                     val_type = self._type_of(node, node.meta["val"])
                     self.env[node] = self.b.input(node.name, val_type)
@@ -104,7 +104,7 @@ class _Importer:
                 self.env[node] = self._call(node)
             elif node.op == "get_attr":
                 tensor = getattr(gm, node.target)
-                self.env[node] = self._typed(node, lambda: self.b.constant(node.target, tensor))
+                self.env[node] = self._typed(node, self.b.constant, node.target, tensor)
             elif node.op == "output":
                 outputs, template = self._outputs(node)
             else:
@@ -112,9 +112,9 @@ class _Importer:
         return ImportedGraph(self.b.build(*outputs), tuple(positions), self.opaque,
                              tuple(template))
 
-    def _typed(self, node: torch.fx.Node, make: Any) -> Value:
+    def _typed(self, node: torch.fx.Node, make: Any, *args: Any) -> Value:
         try:
-            return make()
+            return make(*args)
         except (UnsupportedDType, TypeError) as err:
             raise UnsupportedGraph(node, str(err)) from None
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.ir.attrs import NO_ATTRS, Attrs, ConstantAttrs, InputAttrs, Number, ScalarAttrs
+from kiln.ir.attrs import Attrs, ConstantAttrs, InputAttrs, Number, ScalarAttrs
 from kiln.ir.ops import Op
 from kiln.ir.types import DType, TensorType
 

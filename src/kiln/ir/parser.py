@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import torch
 
-from kiln.ir.attrs import ConstantAttrs, InputAttrs, NoAttrs, attrs_class_of
+from kiln.ir.attrs import InputAttrs, NoAttrs, attrs_class_of
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.literal import parse_keywords
 from kiln.ir.ops import Op

@@ -4,7 +4,8 @@
       %w = constant {name='fc.weight'} : f32[4, 16]
       %t = permute(%w) {dims=(1, 0)} : f32[16, 4]
       %y = mm(%x, %t) : f32[8, 4]
-      %ln = layer_norm(%y, %g, %b) {normalized_shape=(4,), eps=1e-05} : (f32[8, 4], f32[8, 1], f32[8, 1])
+      %ln = layer_norm(%y, %g, %b) {normalized_shape=(4,), eps=1e-05}
+          : (f32[8, 4], f32[8, 1], f32[8, 1])     (one line in the real text)
       return %y, %ln#1
     }
 

@@ -26,7 +26,6 @@ from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 
-
 _SOURCES = (Op.SCALAR, Op.CONSTANT, Op.INPUT)
 
 
@@ -58,7 +57,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None,
     planned = list(plan.offsets) if plan else []
     slot = {v: i for i, v in enumerate(planned)}
     arena = Arena(graph, plan, planned) if plan and planned else None
-    lines = [f"def kiln_graph(args):"]
+    lines = ["def kiln_graph(args):"]
     if graph.inputs:
         unpack = ", ".join(names[n] for n in graph.inputs)
         fetch = ", ".join(f"args[{p}]" for p in input_positions)
