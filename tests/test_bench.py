@@ -94,3 +94,11 @@ def test_compare_flattens_outputs() -> None:
     assert max_abs == 0.5 and math.isclose(rel, 0.5 / 5.0)
     with pytest.raises(ValueError):
         bench.compare(torch.zeros(3), ref)
+
+
+def test_inductor_without_a_compiler_is_skipped_with_a_note(monkeypatch) -> None:
+    monkeypatch.setattr(bench.shutil, "which", lambda _name: None)
+    (result,) = bench.run_bench(["mlp"], quick=True, peers=["inductor"], timing=FAST)
+    inductor = result.contender("inductor")
+    assert "no C++ compiler" in inductor.note and inductor.error is None
+    assert result.contender("kiln-O2").median_ms > 0

@@ -140,7 +140,7 @@ def _ort(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[.
     options.intra_op_num_threads = torch.get_num_threads()  # same threads as the others
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "model.onnx")
-        torch.onnx.export(model, inputs, path)
+        torch.onnx.export(model, inputs, path, verbose=False)  # its progress would hit stdout
         session = onnxruntime.InferenceSession(path, options,
                                                providers=["CPUExecutionProvider"])
     input_names = [i.name for i in session.get_inputs()]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
@@ -44,6 +45,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as err:
         print(f"kiln: error: {err}", file=sys.stderr)
         return USAGE_ERROR
+    except KeyboardInterrupt:
+        print("kiln: interrupted", file=sys.stderr)
+        return 130  # the shell's code for SIGINT
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,6 +92,9 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"unknown peer {unknown[0]!r}; known peers: {', '.join(bench.PEERS)}")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
+    # find out now, not after minutes of benchmarking, that the JSON cannot be written
+    if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+        raise UsageError(f"--json {args.json}: no such directory")
     opt_levels = list(dict.fromkeys(args.opt_levels or [2]))
     bar = ProgressBar(sys.stderr)
     try:

@@ -40,10 +40,10 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     plan = plan_memory(optimized) if options.memory_plan else None
     run, source = build_executor(optimized, plan, input_positions)
     report = GraphReport(
-        nodes_before=sum(graph.op_counts().values()),
-        nodes_after=sum(optimized.op_counts().values()), passes=tuple(records),
+        nodes_before=graph.num_ops(), nodes_after=optimized.num_ops(), passes=tuple(records),
         ops=optimized.op_counts(), opaque_ops=tuple(opaque_ops),
         planned_peak_bytes=plan.arena_bytes if plan else 0,
         intermediate_bytes=plan.intermediate_bytes if plan else 0,
+        planned_bytes=plan.planned_bytes if plan else 0,
         compile_seconds=time.perf_counter() - start)
     return CompiledGraph(optimized, graph, plan, source, report, run)

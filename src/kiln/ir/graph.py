@@ -112,6 +112,10 @@ class Graph:
         assert isinstance(node.attrs, ConstantAttrs)
         return self.constants[node.attrs.name]
 
+    def num_ops(self) -> int:
+        """Body nodes that compute something (weights and numbers not counted)."""
+        return sum(1 for n in self.nodes if n.op not in (Op.CONSTANT, Op.SCALAR))
+
     def op_counts(self) -> dict[str, int]:
         """How many body nodes of each op, sources excluded, by kiln op name."""
         counts: dict[str, int] = {}

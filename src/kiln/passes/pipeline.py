@@ -24,6 +24,8 @@ PIPELINE: tuple[Pass, ...] = (
 
 @dataclass(frozen=True)
 class PassRecord:
+    """One pass's run; node counts leave out weights and numbers (Graph.num_ops)."""
+
     name: str
     nodes_before: int
     nodes_after: int
@@ -39,9 +41,9 @@ def run_pipeline(graph: Graph, options: Options, passes: Sequence[Pass] = PIPELI
         if options.opt_level < p.min_level:
             continue
         start = time.perf_counter()
-        before = len(graph.nodes)
+        before = graph.num_ops()
         graph = p(graph, options)
-        records.append(PassRecord(p.name, before, len(graph.nodes), time.perf_counter() - start))
+        records.append(PassRecord(p.name, before, graph.num_ops(), time.perf_counter() - start))
         if options.debug:
             verify(graph)
         if keep_snapshots:

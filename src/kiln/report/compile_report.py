@@ -16,6 +16,7 @@ class GraphReport:
     opaque_ops: tuple[str, ...]  # ATen ops kept as calls of the original op
     planned_peak_bytes: int  # the memory arena
     intermediate_bytes: int  # all intermediates added up, as if none were reused
+    planned_bytes: int  # the planned intermediates added up: the arena holds these, reused
     compile_seconds: float
 
 
