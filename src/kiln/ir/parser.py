@@ -51,9 +51,12 @@ def parse_graph(text: str, constants: Mapping[str, torch.Tensor] | None = None) 
         inputs.append(node)
     nodes: list[Node] = []
     outputs: list[Value] | None = None
-    for line_no, line in lines[1:]:
+    for position, (line_no, line) in enumerate(lines[1:], start=1):
         stripped = line.strip()
         if stripped == "}":
+            if position + 1 < len(lines):
+                extra_no, extra = lines[position + 1]
+                raise ParseError(extra_no, extra, "nothing may follow the closing '}'")
             break
         if outputs is not None:
             raise ParseError(line_no, line, "nothing may follow 'return' but '}'")
@@ -141,10 +144,10 @@ def _parse_type(text: str, line_no: int, line: str) -> TensorType:
 
 def _take_group(text: str, open_: str, close: str, line_no: int, line: str) -> tuple[str, str]:
     """Split ``(inner) rest`` at the matching bracket, ignoring brackets inside strings."""
-    depth, quote = 0, ""
+    depth, quote, escaped = 0, "", False
     for i, ch in enumerate(text):
         if quote:
-            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+            quote, escaped = _in_string(ch, quote, escaped)
         elif ch in "'\"":
             quote = ch
         elif ch in "([{":
@@ -160,10 +163,10 @@ def _take_group(text: str, open_: str, close: str, line_no: int, line: str) -> t
 
 def _split_top(text: str) -> list[str]:
     """Split at commas that are not nested in brackets or strings."""
-    parts, depth, quote, start = [], 0, "", 0
+    parts, depth, quote, start, escaped = [], 0, "", 0, False
     for i, ch in enumerate(text):
         if quote:
-            quote = "" if ch == quote and text[i - 1] != "\\" else quote
+            quote, escaped = _in_string(ch, quote, escaped)
         elif ch in "'\"":
             quote = ch
         elif ch in "([{":
@@ -175,3 +178,12 @@ def _split_top(text: str) -> list[str]:
             start = i + 1
     parts.append(text[start:])
     return [p for p in parts if p.strip()]
+
+
+def _in_string(ch: str, quote: str, escaped: bool) -> tuple[str, bool]:
+    """One character inside a string literal: the quote still open, and whether ch escapes."""
+    if escaped:
+        return quote, False
+    if ch == "\\":
+        return quote, True
+    return ("" if ch == quote else quote), False

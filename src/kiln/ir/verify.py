@@ -36,7 +36,7 @@ def verify(graph: Graph, *, check_types: bool = True) -> None:
         defined.add(node)
 
     for node in graph.nodes:
-        where = f"node %{names[node]} ({format_node(node, names)})"
+        where = f"node %{names[node]} ({_describe(node, names)})"
         for value in node.inputs:
             if value.node not in defined:
                 problems.append(f"{where}: operand %{value.node.name} is not defined before it")
@@ -54,6 +54,13 @@ def verify(graph: Graph, *, check_types: bool = True) -> None:
             problems.append(f"output {i}: {value.node.name} has no output {value.index}")
     if problems:
         raise VerificationError(problems)
+
+
+def _describe(node: Node, names: dict[Node, str]) -> str:
+    try:
+        return format_node(node, names)
+    except TypeError as err:  # an attribute with no text form is itself a problem
+        return f"{node.op.text} with unprintable attributes: {err}"
 
 
 def _uses_bad(node: Node, defined: set[Node]) -> bool:
@@ -86,8 +93,8 @@ def _check_node(node: Node, graph: Graph, where: str, check_types: bool) -> list
     if node.op is Op.CALL:
         # meta kernels may size unused outputs differently (batch norm's saved statistics
         # are empty in inference); capture recorded what the real kernel returns
-        inferred = tuple(TensorType(t.shape if len(t.shape) != len(d.shape) else d.shape,
-                                    t.dtype) for t, d in zip(inferred, node.types))
+        inferred = tuple(d if d.numel == 0 and t.dtype == d.dtype else t
+                         for t, d in zip(inferred, node.types))
     if inferred != node.types:
         shown = ", ".join(map(str, inferred))
         return [f"{where}: declared type does not match the op's result ({shown})"]

@@ -32,4 +32,8 @@ def eliminate_dead_code(graph: Graph, options: Options | None = None) -> Graph:
                 live.add(node)
                 stack.extend(v.node for v in node.inputs)
     kept = [n for n in graph.nodes if n in live]
-    return graph if len(kept) == len(graph.nodes) else graph.replace(nodes=kept)
+    if len(kept) == len(graph.nodes):
+        return graph
+    used = {n.attrs.name for n in kept if n.op is Op.CONSTANT}  # type: ignore[attr-defined]
+    return graph.replace(nodes=kept,
+                         constants={k: v for k, v in graph.constants.items() if k in used})

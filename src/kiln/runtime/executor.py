@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from kiln.ir.graph import Graph, Node, Value, unique_names
+from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
@@ -51,8 +51,9 @@ class Arena:
 def build_executor(graph: Graph, plan: MemoryPlan | None,
                    input_positions: Sequence[int]) -> tuple[Callable[[list[Any]], list[Any]], str]:
     """A function of the boxed call arguments returning the graph outputs, and its source."""
-    names = {node: f"v_{name}".replace(".", "_") for node, name in
-             unique_names(graph.all_nodes()).items()}
+    # v<position>_<label>: the position keeps names distinct whatever the labels are
+    names = {node: f"v{i}_{''.join(c if c.isalnum() else '_' for c in node.name)}"
+             for i, node in enumerate(graph.all_nodes())}
     env: dict[str, Any] = {}
     planned = list(plan.offsets) if plan else []
     slot = {v: i for i, v in enumerate(planned)}
@@ -72,7 +73,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None,
         if node.op is Op.SCALAR:
             return _literal(env, node.attrs.value)  # type: ignore[attr-defined]
         if len(node.types) > 1:
-            return f"{names[node]}_{value.index}"
+            return f"{names[node]}__{value.index}"
         return names[node]
 
     spans = lifetimes(graph)

@@ -44,7 +44,7 @@ class MemoryPlan:
     offsets: dict[Value, int]  # byte offset in the arena of every planned value
     arena_bytes: int  # planned peak: the arena's size
     intermediate_bytes: int  # every intermediate's bytes added up (no reuse at all)
-    planned_bytes: int  # bytes of the planned values added up (before reuse)
+    planned_bytes: int  # bytes of the planned values added up, aligned, before reuse
 
     @property
     def reuse_ratio(self) -> float:
@@ -55,8 +55,8 @@ def plannable(node: Node) -> bool:
     """Does the runtime write this node's result into a planned buffer?"""
     if node.op not in OUT_VARIANTS or len(node.types) != 1 or node.types[0].nbytes == 0:
         return False
-    if node.op is Op.SUM and node.attrs.dims is None:  # type: ignore[attr-defined]
-        return False
+    if node.op in (Op.SUM, Op.MEAN) and node.attrs.dims is None:  # type: ignore[attr-defined]
+        return False  # the all-dimensions forms have no out= overload
     # Python numbers as operands need the functional overloads
     return all(v.node.op is not Op.SCALAR for v in node.inputs)
 
@@ -123,7 +123,7 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         placed.append((offset, size, span))
     arena = max((off + sz for off, sz, _ in placed), default=0)
     return MemoryPlan(offsets, arena, sum(v.type.nbytes for v in intermediates),
-                      sum(v.type.nbytes for v in planned))
+                      sum(_aligned(v.type.nbytes) for v in planned))
 
 
 def _aligned(n: int) -> int:

@@ -1,0 +1,36 @@
+"""Fixtures for the pass tests: the quick zoo models, each captured once per session."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+
+def _load_support() -> ModuleType:
+    """Import tests/ir/kiln_test_support.py once, under one name, for every test folder.
+
+    Test modules then use it with a plain ``import kiln_test_support``, and the zoo capture
+    cache in it is shared by tests/ir, tests/passes and tests/runtime.
+    """
+    name = "kiln_test_support"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parent.parent / "ir" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+SUPPORT = _load_support()
+
+
+@pytest.fixture(params=SUPPORT.NAMES)
+def zoo_case(request: pytest.FixtureRequest):  # -> kiln_test_support.ZooCase
+    """One quick zoo model with its captured graph and eager outputs."""
+    return SUPPORT.capture(request.param)
