@@ -1,4 +1,4 @@
-"""Fixtures for the IR tests: the quick zoo models, each captured once per session."""
+"""Shared fixtures: the quick zoo models, each captured once per session."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import pytest
 
 
 def _load_support() -> ModuleType:
-    """Import tests/ir/kiln_test_support.py once, under one name, for every test folder.
+    """Import tests/kiln_test_support.py once, under one name, for every test folder.
 
     Test modules then use it with a plain ``import kiln_test_support``, and the zoo capture
     cache in it is shared by tests/ir, tests/passes and tests/runtime.
     """
     name = "kiln_test_support"
     if name not in sys.modules:
-        path = Path(__file__).resolve().parent.parent / "ir" / f"{name}.py"
+        path = Path(__file__).resolve().parent / f"{name}.py"
         spec = importlib.util.spec_from_file_location(name, path)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
