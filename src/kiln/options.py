@@ -18,6 +18,11 @@ class Options:
     memory_plan: bool = True  # run intermediates in statically planned, reused buffers
     fast_math: bool = False  # allow rewrites that hold for real numbers only
     strict: bool = False  # raise instead of falling back to eager when kiln cannot compile
+    generated_kernels: bool = False  # fuse elementwise/reduction chains into generated C kernels
+    generated_gemm: bool = False  # also generate GEMMs (used only where it measures faster)
+    c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
+    c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
+    kernel_cache_dir: str = ""  # where compiled kernels are kept; "" means ~/.cache/kiln
 
     def __post_init__(self) -> None:
         if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 3:
@@ -26,6 +31,12 @@ class Options:
             value = getattr(self, f.name)
             if f.type == "bool" and not isinstance(value, bool):
                 raise TypeError(f"Options.{f.name} must be True or False, got {value!r}")
+            if f.type == "str" and not isinstance(value, str):
+                raise TypeError(f"Options.{f.name} must be a string, got {value!r}")
+        if isinstance(self.c_flags, list):
+            object.__setattr__(self, "c_flags", tuple(self.c_flags))
+        if not all(isinstance(flag, str) for flag in self.c_flags):
+            raise TypeError(f"Options.c_flags must be a sequence of strings, got {self.c_flags!r}")
 
     @staticmethod
     def from_mapping(values: Mapping[str, Any] | None) -> Options:
@@ -41,7 +52,7 @@ class Options:
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Options:
-        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG and KILN_STRICT."""
+        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_CACHE_DIR, CC."""
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         if "KILN_OPT_LEVEL" in env:
@@ -50,4 +61,8 @@ class Options:
             key = f"KILN_{name.upper()}"
             if key in env:
                 changes[name] = env[key].strip().lower() in ("1", "true", "yes", "on")
+        if env.get("KILN_CACHE_DIR"):
+            changes["kernel_cache_dir"] = env["KILN_CACHE_DIR"]
+        if env.get("CC"):
+            changes["c_compiler"] = env["CC"]
         return Options(**changes)
