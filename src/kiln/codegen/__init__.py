@@ -1,0 +1,1 @@
+"""Code generation: C/OpenMP kernels from loop-nest programs, compiled through a disk cache."""

@@ -1,0 +1,353 @@
+"""Compile C source to a shared library, through an on-disk cache, and load it with ctypes.
+
+    lib = build(source, "softmax_128x768", options)
+    if isinstance(lib, CompilerUnavailable):
+        ...                       # fall back to a library call
+    fn = lib.function("kernel")   # a ctypes function
+
+The cache entry for one kernel is three files in ``<cache dir>/<key[:2]>/``::
+
+    <key>.c                     the source, kept for inspection (also when it fails to compile)
+    <key>.<digest[:16]>.so      the library, named by the sha256 of its own bytes
+    <key>.json                  manifest: library file name, its sha256 and size, compiler, flags
+
+``key`` is the sha256 of the source, the flags, the compiler's identity and (with
+``-march=native``) the host CPU. Every file is written to a temporary name in the same folder
+and moved into place with ``os.replace``, so a reader sees either no entry or a whole one, and
+several processes compiling the same kernel at once all end up with a valid library. A library
+is loaded only after its bytes hash to the digest in the manifest; anything else (missing,
+truncated, corrupt, unparsable manifest) is rebuilt, never loaded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from kiln.options import Options
+
+__all__ = [
+    "BuiltLibrary",
+    "CompileError",
+    "CompilerUnavailable",
+    "Toolchain",
+    "build",
+    "cache_dir",
+    "cache_key",
+    "toolchain",
+]
+
+_CANDIDATES = ("cc", "gcc", "clang")
+_OPENMP_FLAGS = ("-fopenmp", "-qopenmp", "-openmp")
+_PROBE_SOURCE = """\
+#include <omp.h>
+int kiln_probe(void) {
+    int n = 0;
+    #pragma omp parallel reduction(+:n)
+    n += 1;
+    return n + omp_get_max_threads() * 0;
+}
+"""
+_PLAIN_PROBE_SOURCE = "int kiln_probe(void) { return 1; }\n"
+
+
+class CompileError(RuntimeError):
+    """The compiler rejected a kernel; the source stays on disk at ``source_path``."""
+
+    def __init__(self, name: str, message: str, source_path: Path, command: list[str]) -> None:
+        self.name = name
+        self.message = message
+        self.source_path = source_path
+        self.command = command
+        super().__init__(
+            f"kiln: C compiler failed on kernel {name!r} (source kept at {source_path})\n"
+            f"command: {' '.join(command)}\n{message.strip()}"
+        )
+
+
+@dataclass(frozen=True)
+class CompilerUnavailable:
+    """No usable C compiler: the caller falls back to a library call for this kernel."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A working compiler: its path, identity and the flags that work with it."""
+
+    compiler: str  # absolute path
+    version: str  # first line of ``--version`` plus the resolved path
+    flags: tuple[str, ...]  # Options.c_flags, minus OpenMP if the compiler lacks it
+    openmp: bool
+    host: str  # CPU identity folded into cache keys when flags say -march=native
+
+    def command(self, source: Path, output: Path) -> list[str]:
+        return [self.compiler, *self.flags, "-shared", "-fPIC", "-o", str(output), str(source),
+                "-lm"]
+
+
+@dataclass(frozen=True)
+class BuiltLibrary:
+    """A loaded, verified shared library from the kernel cache."""
+
+    name: str
+    key: str
+    path: Path
+    source_path: Path
+    cdll: ctypes.CDLL
+    cache_hit: bool
+
+    def function(self, symbol: str) -> ctypes._CFuncPtr:  # type: ignore[name-defined]
+        return getattr(self.cdll, symbol)
+
+
+def cache_dir(options: Options) -> Path:
+    """The kernel cache folder: Options.kernel_cache_dir, else ~/.cache/kiln/kernels."""
+    if options.kernel_cache_dir:
+        return Path(options.kernel_cache_dir).expanduser()
+    return Path.home() / ".cache" / "kiln" / "kernels"
+
+
+def find_compiler(options: Options) -> str | None:
+    """Absolute path of the C compiler to use, or None.
+
+    Options.c_compiler (which Options.from_env fills from $CC) wins; it may be a name on PATH
+    or a path. Otherwise the first of cc, gcc, clang on PATH.
+    """
+    if options.c_compiler:
+        found = shutil.which(options.c_compiler)
+        return str(Path(found).resolve()) if found else None
+    for name in _CANDIDATES:
+        found = shutil.which(name)
+        if found:
+            return str(Path(found).resolve())
+    return None
+
+
+def toolchain(options: Options) -> Toolchain | CompilerUnavailable:
+    """Find and probe the compiler once per (compiler, flags) per process.
+
+    A missing or broken compiler gives one warning per process and a CompilerUnavailable; a
+    compiler without OpenMP gives one warning and a Toolchain without the OpenMP flag.
+    """
+    return _probe(options.c_compiler, options.c_flags, str(cache_dir(options)))
+
+
+def cache_key(source: str, chain: Toolchain) -> str:
+    """sha256 of everything that decides the bytes of the library."""
+    digest = hashlib.sha256()
+    for part in (source, "\0".join(chain.flags), chain.version, chain.host):
+        digest.update(part.encode())
+        digest.update(b"\x00\x01")
+    return digest.hexdigest()
+
+
+def build(source: str, name: str, options: Options) -> BuiltLibrary | CompilerUnavailable:
+    """Compile ``source`` (or find it in the cache) and load it.
+
+    ``name`` is for messages only (the kernel it holds). Raises CompileError when the compiler
+    rejects the source; returns CompilerUnavailable when there is no compiler.
+    """
+    chain = toolchain(options)
+    if isinstance(chain, CompilerUnavailable):
+        return chain
+    key = cache_key(source, chain)
+    folder = cache_dir(options) / key[:2]
+    folder.mkdir(parents=True, exist_ok=True)
+    source_path = folder / f"{key}.c"
+    loaded = _load_verified(folder, key)
+    if loaded is not None:
+        path, cdll = loaded
+        return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=True)
+    _write_atomic(source_path, source.encode())
+    path = _compile_entry(chain, folder, key, source_path, name)
+    loaded = _load_verified(folder, key)
+    if loaded is None:  # another process replaced the entry with a bad one meanwhile: load ours
+        return BuiltLibrary(name, key, path, source_path, ctypes.CDLL(str(path)), cache_hit=False)
+    path, cdll = loaded
+    return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=False)
+
+
+# --- cache entries ---------------------------------------------------------------------------
+
+
+def _sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        _unlink(Path(tmp))
+        raise
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
+
+
+def _load_verified(folder: Path, key: str) -> tuple[Path, ctypes.CDLL] | None:
+    """Load the entry's library if its manifest parses and its bytes match; else None."""
+    try:
+        manifest = json.loads((folder / f"{key}.json").read_text())
+        library = folder / manifest["library"]
+        expected = manifest["sha256"]
+        if Path(manifest["library"]).name != manifest["library"]:
+            return None
+        data = library.read_bytes()
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if len(data) != manifest.get("size") or hashlib.sha256(data).hexdigest() != expected:
+        return None
+    try:
+        return library, ctypes.CDLL(str(library))
+    except OSError:
+        return None
+
+
+def _compile_entry(chain: Toolchain, folder: Path, key: str, source_path: Path,
+                   name: str) -> Path:
+    """Compile to a temporary file, then move the library and its manifest into place."""
+    fd, tmp_name = tempfile.mkstemp(dir=folder, prefix=f".{key}.", suffix=".so.tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    command = chain.command(source_path, tmp)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise CompileError(name, done.stderr or done.stdout, source_path, command)
+        data = tmp.read_bytes()
+        digest = hashlib.sha256(data).hexdigest()
+        library = folder / f"{key}.{digest[:16]}.so"
+        os.replace(tmp, library)
+    finally:
+        _unlink(tmp)
+    manifest = {
+        "name": name,
+        "library": library.name,
+        "sha256": digest,
+        "size": len(data),
+        "compiler": chain.version,
+        "flags": list(chain.flags),
+    }
+    _write_atomic(folder / f"{key}.json", json.dumps(manifest, indent=1).encode())
+    return library
+
+
+# --- compiler probing ------------------------------------------------------------------------
+
+
+def _host_identity() -> str:
+    """CPU model and feature flags: a library built with -march=native is only valid here."""
+    parts = [platform.machine()]
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags", "Features")):
+                parts.append(line.split(":", 1)[1].strip())
+                if len(parts) >= 3:
+                    break
+    except OSError:
+        parts.append(platform.processor())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def _version(compiler: str) -> str | None:
+    try:
+        done = subprocess.run([compiler, "--version"], capture_output=True, text=True,
+                              timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    first = (done.stdout or done.stderr).strip().splitlines()
+    return f"{first[0] if first else '?'} ({compiler})"
+
+
+def _try_compile(compiler: str, flags: tuple[str, ...], source: str) -> str | None:
+    """None if ``source`` compiles to a loadable library with ``flags``, else the error."""
+    with tempfile.TemporaryDirectory(prefix="kiln-probe-") as tmp:
+        src = Path(tmp) / "probe.c"
+        out = Path(tmp) / "probe.so"
+        src.write_text(source)
+        command = [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+        except (OSError, subprocess.SubprocessError) as exc:
+            return str(exc)
+        if done.returncode != 0:
+            return (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
+        try:
+            ctypes.CDLL(str(out)).kiln_probe()
+        except (OSError, AttributeError) as exc:
+            return f"probe library does not load: {exc}"
+    return None
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+@functools.cache
+def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | CompilerUnavailable:
+    compiler = find_compiler(Options(c_compiler=setting))
+    what = f"C compiler {setting!r}" if setting else "a C compiler (cc, gcc or clang)"
+    if compiler is None:
+        return _unavailable(f"kiln could not find {what} on PATH")
+    version = _version(compiler)
+    if version is None:
+        return _unavailable(f"kiln could not run {compiler} --version")
+    host = _host_identity() if any(f.startswith("-march=native") for f in flags) else ""
+    probe_file = Path(folder) / f"toolchain-{_short_hash(version, *flags, host)}.json"
+    try:
+        cached = json.loads(probe_file.read_text())
+        return Toolchain(compiler, version, tuple(cached["flags"]), cached["openmp"], host)
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    openmp = any(f in _OPENMP_FLAGS for f in flags)
+    error = _try_compile(compiler, flags, _PROBE_SOURCE if openmp else _PLAIN_PROBE_SOURCE)
+    if error is not None and openmp:
+        plain = tuple(f for f in flags if f not in _OPENMP_FLAGS)
+        if _try_compile(compiler, plain, _PLAIN_PROBE_SOURCE) is None:
+            _warn_once(f"kiln: {compiler} cannot build OpenMP code with {' '.join(flags)}; "
+                       f"generated kernels will run on one thread. Install the compiler's OpenMP "
+                       f"runtime (libgomp for gcc, libomp for clang) to use all cores.\n{error}")
+            flags, openmp, error = plain, False, None
+    if error is not None:
+        return _unavailable(f"kiln could not build a test kernel with {compiler} "
+                            f"{' '.join(flags)}:\n{error}")
+    chain = Toolchain(compiler, version, flags, openmp, host)
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        _write_atomic(probe_file, json.dumps({"flags": list(flags), "openmp": openmp}).encode())
+    except OSError:
+        pass
+    return chain
+
+
+def _unavailable(reason: str) -> CompilerUnavailable:
+    _warn_once(f"{reason}; generated kernels are disabled and kiln calls library kernels "
+               f"instead. Install gcc or clang, or set CC (Options.c_compiler) to a C compiler.")
+    return CompilerUnavailable(reason)
+
+
+def _short_hash(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
