@@ -34,6 +34,7 @@ Semantics a renderer must keep:
   (indices are non-negative in every program kiln builds, so C's / and % agree there).
 * DIV is true division and only appears on floating dtypes. MIN/MAX propagate NaN, as
   ``torch.minimum``/``torch.maximum`` do. SIGMOID is 1 / (1 + exp(-x)), RSQRT 1 / sqrt(x).
+* `Select` is lazy: only the chosen side is evaluated (padding reads rely on it).
 * Binary operands have one dtype (lowering inserts `Cast`s); comparisons give BOOL.
 * `Allocate` introduces a buffer that lives for its body: LOCAL scope is a small stack
   array (registers, accumulators, packed tiles), GLOBAL scope a heap temporary.
@@ -303,7 +304,8 @@ class Compare(Expr):
 
 @dataclass(frozen=True, slots=True)
 class Select(Expr):
-    """``true_value if cond else false_value`` (both sides may be evaluated)."""
+    """``true_value if cond else false_value``; only the chosen side is evaluated (like C's
+    ``?:``), so a Load guarded by a bounds check never reads out of range."""
 
     cond: Expr
     true_value: Expr
