@@ -59,6 +59,18 @@ int kiln_probe(void) {
 }
 """
 _PLAIN_PROBE_SOURCE = "int kiln_probe(void) { return 1; }\n"
+_MVEC_PROBE_SOURCE = """\
+#include <math.h>
+#pragma omp declare simd notinbranch
+float expf(float);
+float kiln_x[64];
+int kiln_probe(void) {
+    #pragma omp simd
+    for (int i = 0; i < 64; ++i) kiln_x[i] = expf(kiln_x[i]);
+    return 1;
+}
+"""
+_MVEC_FLAGS = ("-DKILN_LIBMVEC",)
 
 
 class CompileError(RuntimeError):
@@ -90,11 +102,12 @@ class Toolchain:
     version: str  # first line of ``--version`` plus the resolved path
     flags: tuple[str, ...]  # Options.c_flags, minus OpenMP if the compiler lacks it
     openmp: bool
+    libs: tuple[str, ...]  # link flags: -lm, and -lmvec where glibc's vector math links
     host: str  # CPU identity folded into cache keys when flags say -march=native
 
     def command(self, source: Path, output: Path) -> list[str]:
         return [self.compiler, *self.flags, "-shared", "-fPIC", "-o", str(output), str(source),
-                "-lm"]
+                *self.libs]
 
 
 @dataclass(frozen=True)
@@ -281,13 +294,14 @@ def _version(compiler: str) -> str | None:
     return f"{first[0] if first else '?'} ({compiler})"
 
 
-def _try_compile(compiler: str, flags: tuple[str, ...], source: str) -> str | None:
+def _try_compile(compiler: str, flags: tuple[str, ...], source: str,
+                 libs: tuple[str, ...] = ()) -> str | None:
     """None if ``source`` compiles to a loadable library with ``flags``, else the error."""
     with tempfile.TemporaryDirectory(prefix="kiln-probe-") as tmp:
         src = Path(tmp) / "probe.c"
         out = Path(tmp) / "probe.so"
         src.write_text(source)
-        command = [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src)]
+        command = [compiler, *flags, "-shared", "-fPIC", "-o", str(out), str(src), *libs]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=120)
         except (OSError, subprocess.SubprocessError) as exc:
@@ -319,7 +333,8 @@ def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | Com
     probe_file = Path(folder) / f"toolchain-{_short_hash(version, *flags, host)}.json"
     try:
         cached = json.loads(probe_file.read_text())
-        return Toolchain(compiler, version, tuple(cached["flags"]), cached["openmp"], host)
+        return Toolchain(compiler, version, tuple(cached["flags"]), cached["openmp"],
+                         tuple(cached["libs"]), host)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     openmp = any(f in _OPENMP_FLAGS for f in flags)
@@ -334,10 +349,14 @@ def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | Com
     if error is not None:
         return _unavailable(f"kiln could not build a test kernel with {compiler} "
                             f"{' '.join(flags)}:\n{error}")
-    chain = Toolchain(compiler, version, flags, openmp, host)
+    libs: tuple[str, ...] = ("-lm",)
+    if _try_compile(compiler, flags + _MVEC_FLAGS, _MVEC_PROBE_SOURCE, ("-lmvec", "-lm")) is None:
+        flags, libs = flags + _MVEC_FLAGS, ("-lmvec", "-lm")
+    chain = Toolchain(compiler, version, flags, openmp, libs, host)
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        _write_atomic(probe_file, json.dumps({"flags": list(flags), "openmp": openmp}).encode())
+        record = {"flags": list(flags), "openmp": openmp, "libs": list(libs)}
+        _write_atomic(probe_file, json.dumps(record).encode())
     except OSError:
         pass
     return chain

@@ -1,0 +1,512 @@
+"""Render a tir PrimFunc to C with OpenMP pragmas: a table from node type to text.
+
+    source = CRenderer().render(func)
+
+One exported function per kernel, named after the PrimFunc, taking one ``restrict`` pointer
+per parameter (inputs, then outputs)::
+
+    void add(const float* restrict A, const float* restrict B, float* restrict C) {
+      for (int64_t i = 0; i < 4; ++i) {
+        #pragma omp simd
+        for (int64_t j = 0; j < 8; ++j) {
+          C[i * 8 + j] = A[i * 8 + j] + B[i * 8 + j];
+        }
+      }
+    }
+
+Loop kinds: PARALLEL → ``#pragma omp parallel for`` (a PARALLEL loop directly inside another
+becomes ``collapse``; one nested deeper runs serially inside the outer region); VECTORIZED →
+``#pragma omp simd``; UNROLLED → ``#pragma GCC unroll``. A loop that would race (a REDUCE iter
+var bound to a parallel or vectorized loop) is rendered serial with a comment, never wrong.
+
+Math calls (expf, erff, tanhf, ...) are declared ``omp declare simd`` when the build defines
+KILN_LIBMVEC (glibc's vector math library), so vectorized loops call the SIMD versions.
+A backend for another C dialect subclasses CRenderer and overrides the hooks (``dtype_name``,
+``const``, ``unary_call``, ``loop_pragma``, ``prologue``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from kiln.ir.types import DType
+from kiln.tir.nodes import (
+    Allocate,
+    Binary,
+    BinOp,
+    Block,
+    Buffer,
+    BufferStore,
+    Cast,
+    CmpOp,
+    Compare,
+    Const,
+    Expr,
+    For,
+    ForKind,
+    IfThenElse,
+    IterKind,
+    Load,
+    PrimFunc,
+    Scope,
+    Select,
+    SeqStmt,
+    Stmt,
+    Unary,
+    UnOp,
+    Var,
+)
+
+__all__ = ["CRenderer", "UnsupportedForC", "render_c"]
+
+LOCAL_STACK_LIMIT = 64 * 1024  # bytes; larger LOCAL buffers go on the heap (thread stacks)
+INDENT = "  "
+
+
+class UnsupportedForC(NotImplementedError):
+    """The program uses something the C renderer cannot express (e.g. f16 arithmetic)."""
+
+
+_C_TYPES = {
+    DType.F64: "double",
+    DType.F32: "float",
+    DType.I64: "int64_t",
+    DType.I32: "int32_t",
+    DType.I16: "int16_t",
+    DType.I8: "int8_t",
+    DType.U8: "uint8_t",
+    DType.BOOL: "bool",
+}
+
+# (op) -> C function for f32; f64 drops the "f" suffix
+_MATH = {
+    UnOp.EXP: "expf",
+    UnOp.LOG: "logf",
+    UnOp.SQRT: "sqrtf",
+    UnOp.TANH: "tanhf",
+    UnOp.ERF: "erff",
+    UnOp.SIN: "sinf",
+    UnOp.COS: "cosf",
+    UnOp.FLOOR: "floorf",
+    UnOp.CEIL: "ceilf",
+    UnOp.ABS: "fabsf",
+}
+# glibc's libmvec has SIMD versions of these: (name, C type, arity)
+_VECTOR_MATH = tuple((name + suffix, ctype, 2 if name == "pow" else 1)
+                     for suffix, ctype in (("f", "float"), ("", "double"))
+                     for name in ("exp", "log", "tanh", "erf", "sin", "cos", "pow"))
+
+_INFIX = {
+    BinOp.ADD: "+",
+    BinOp.SUB: "-",
+    BinOp.MUL: "*",
+    BinOp.DIV: "/",
+    BinOp.AND: "&&",
+    BinOp.OR: "||",
+}
+_CMP = {CmpOp.EQ: "==", CmpOp.NE: "!=", CmpOp.LT: "<", CmpOp.LE: "<=", CmpOp.GT: ">",
+        CmpOp.GE: ">="}
+
+_HELPERS = """\
+static inline float kiln_max_f32(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float kiln_min_f32(float a, float b) { return (a < b || a != a) ? a : b; }
+static inline double kiln_max_f64(double a, double b) { return (a > b || a != a) ? a : b; }
+static inline double kiln_min_f64(double a, double b) { return (a < b || a != a) ? a : b; }
+static inline int64_t kiln_floordiv_i64(int64_t a, int64_t b) {
+  int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+static inline int64_t kiln_floormod_i64(int64_t a, int64_t b) {
+  int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+static inline float kiln_floormod_f32(float a, float b) {
+  float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
+}
+static inline double kiln_floormod_f64(double a, double b) {
+  double r = fmod(a, b); return (r != 0.0 && ((r < 0.0) != (b < 0.0))) ? r + b : r;
+}
+"""
+
+_RESERVED = frozenset("""
+auto break case char const continue default do double else enum extern float for goto if
+inline int long register restrict return short signed sizeof static struct switch typedef
+union unsigned void volatile while bool true false int64_t int32_t int16_t int8_t uint8_t
+main free malloc aligned_alloc kernel
+""".split())
+
+
+@dataclass
+class _Scope:
+    """Per-render state: C names for tir names, buffers in scope, enclosing loop kinds."""
+
+    names: dict[str, str] = field(default_factory=dict)
+    used: set[str] = field(default_factory=set)
+    in_parallel: bool = False
+
+    def name(self, tir_name: str) -> str:
+        if tir_name in self.names:
+            return self.names[tir_name]
+        base = re.sub(r"\W", "_", tir_name) or "v"
+        if base[0].isdigit() or base in _RESERVED or base.startswith("kiln_"):
+            base = f"v_{base}"
+        candidate, n = base, 1
+        while candidate in self.used:
+            n += 1
+            candidate = f"{base}_{n}"
+        self.used.add(candidate)
+        self.names[tir_name] = candidate
+        return candidate
+
+
+class CRenderer:
+    """PrimFunc → C source. Each node type has one method; ``_stmt_table``/``_expr_table`` map
+    node types to them."""
+
+    def __init__(self) -> None:
+        self._expr_table: dict[type, Callable[[Expr, _Scope], str]] = {
+            Const: self._const,
+            Var: self._var,
+            Load: self._load,
+            Binary: self._binary,
+            Unary: self._unary,
+            Compare: self._compare,
+            Select: self._select,
+            Cast: self._cast,
+        }
+        self._stmt_table: dict[type, Callable[[Stmt, _Scope], list[str]]] = {
+            SeqStmt: self._seq,
+            For: self._for,
+            Block: self._block,
+            BufferStore: self._store,
+            Allocate: self._allocate,
+            IfThenElse: self._if,
+        }
+
+    # --- hooks ---------------------------------------------------------------------------------
+
+    def dtype_name(self, dtype: DType) -> str:
+        try:
+            return _C_TYPES[dtype]
+        except KeyError:
+            raise UnsupportedForC(f"no C arithmetic for dtype {dtype.value}") from None
+
+    def prologue(self) -> str:
+        decls = "\n".join(f"#pragma omp declare simd notinbranch\n"
+                          f"{ctype} {name}({', '.join([ctype] * arity)});"
+                          for name, ctype, arity in _VECTOR_MATH)
+        return ("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
+                "#include <stdlib.h>\n\n"
+                f"#ifdef KILN_LIBMVEC\n{decls}\n#endif\n\n{_HELPERS}")
+
+    def loop_pragma(self, loop: For, collapse: int) -> str | None:
+        if loop.kind is ForKind.PARALLEL:
+            extra = f" collapse({collapse})" if collapse > 1 else ""
+            return f"#pragma omp parallel for schedule(static){extra}"
+        if loop.kind is ForKind.VECTORIZED:
+            return "#pragma omp simd"
+        if loop.kind is ForKind.UNROLLED:
+            return f"#pragma GCC unroll {min(loop.extent, 65534)}"
+        return None
+
+    def unary_call(self, op: UnOp, dtype: DType, arg: str) -> str:
+        if op is UnOp.NEG:
+            return f"(-{arg})"
+        if op is UnOp.NOT:
+            return f"(!{arg})"
+        if dtype.is_floating:
+            one = "1.0f" if dtype is DType.F32 else "1.0"
+            suffix = "" if dtype is DType.F32 else "drop"
+            if op is UnOp.RSQRT:
+                return f"({one} / {self._math('sqrtf', suffix)}({arg}))"
+            if op is UnOp.SIGMOID:
+                return f"({one} / ({one} + {self._math('expf', suffix)}(-{arg})))"
+            return f"{self._math(_MATH[op], suffix)}({arg})"
+        if op is UnOp.ABS:
+            return f"({arg} < 0 ? -{arg} : {arg})"
+        if op in (UnOp.FLOOR, UnOp.CEIL):
+            return arg
+        raise UnsupportedForC(f"{op.name} on {dtype.value}")
+
+    def const(self, value: bool | int | float, dtype: DType) -> str:
+        if dtype is DType.BOOL:
+            return "true" if value else "false"
+        if dtype.is_floating:
+            f = float(value)
+            suffix = "f" if dtype is DType.F32 else ""
+            if math.isnan(f):
+                return "NAN" if dtype is DType.F32 else "(double)NAN"
+            if math.isinf(f):
+                inf = "INFINITY" if dtype is DType.F32 else "(double)INFINITY"
+                return inf if f > 0 else f"(-{inf})"
+            text = repr(f)
+            return f"{text}{suffix}" if not text.startswith("-") else f"({text}{suffix})"
+        v = int(value)
+        text = str(v) if -(2**31) <= v < 2**31 else f"INT64_C({v})"
+        return text if v >= 0 else f"({text})"
+
+    # --- entry ---------------------------------------------------------------------------------
+
+    def render(self, func: PrimFunc) -> str:
+        scope = _Scope()
+        params = []
+        for buf in func.params:
+            const = "const " if buf in func.inputs and buf not in func.outputs else ""
+            params.append(f"{const}{self.dtype_name(buf.dtype)}* restrict {scope.name(buf.name)}")
+        name = scope.name(func.name)
+        body = self._stmt(func.body, scope)
+        lines = [self.prologue(), f"void {name}({', '.join(params) or 'void'}) {{"]
+        lines += [INDENT + line for line in body]
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+    def entry_name(self, func: PrimFunc) -> str:
+        """The C symbol of the kernel (the PrimFunc name, made a valid identifier)."""
+        return _Scope().name(func.name)
+
+    # --- statements ----------------------------------------------------------------------------
+
+    def _stmt(self, stmt: Stmt, scope: _Scope) -> list[str]:
+        try:
+            method = self._stmt_table[type(stmt)]
+        except KeyError:
+            raise UnsupportedForC(f"no C for statement {type(stmt).__name__}") from None
+        return method(stmt, scope)
+
+    def _seq(self, stmt: SeqStmt, scope: _Scope) -> list[str]:
+        return [line for s in stmt.stmts for line in self._stmt(s, scope)]
+
+    def _for(self, loop: For, scope: _Scope) -> list[str]:
+        if loop.extent == 0:
+            return []
+        kind = loop.kind
+        racy = kind in (ForKind.PARALLEL, ForKind.VECTORIZED) and _binds_reduce(loop.body,
+                                                                              loop.var.name)
+        if racy or (kind is ForKind.PARALLEL and scope.in_parallel):
+            kind = ForKind.SERIAL
+        nest = [loop if kind is loop.kind else For(loop.var, loop.extent, loop.body, kind)]
+        if kind is ForKind.PARALLEL:  # perfectly nested parallel loops collapse into one
+            while (isinstance(nest[-1].body, For) and nest[-1].body.kind is ForKind.PARALLEL
+                   and not _binds_reduce(nest[-1].body.body, nest[-1].body.var.name)):
+                nest.append(nest[-1].body)
+        lines = []
+        if racy:
+            lines.append(f"/* {loop.kind.value} loop {loop.var.name} feeds a reduction: serial */")
+        pragma = self.loop_pragma(nest[0], len(nest))
+        if pragma:
+            lines.append(pragma)
+        inner_scope = scope
+        if kind is ForKind.PARALLEL:
+            inner_scope = _Scope(scope.names, scope.used, in_parallel=True)
+        for depth, level in enumerate(nest):
+            var = scope.name(level.var.name)
+            lines.append(INDENT * depth + f"for (int64_t {var} = 0; {var} < {level.extent}; "
+                         f"++{var}) {{")
+        body = self._stmt(nest[-1].body, inner_scope)
+        lines += [INDENT * len(nest) + line for line in body]
+        for depth in reversed(range(len(nest))):
+            lines.append(INDENT * depth + "}")
+        return lines
+
+    def _block(self, block: Block, scope: _Scope) -> list[str]:
+        lines = [f"{{  /* block {block.name} */"]
+        for iv, binding in zip(block.iter_vars, block.bindings):
+            lines.append(f"{INDENT}const int64_t {scope.name(iv.var.name)} = "
+                         f"{_strip(self._expr(binding, scope))};")
+        inner: list[str] = []
+        if block.init is not None:
+            reduce_vars = [scope.name(iv.var.name) for iv in block.iter_vars
+                           if iv.kind is IterKind.REDUCE]
+            init = self._stmt(block.init, scope)
+            if reduce_vars:
+                cond = " && ".join(f"{v} == 0" for v in reduce_vars)
+                inner += [f"if ({cond}) {{", *[INDENT + x for x in init], "}"]
+            else:
+                inner += init
+        inner += self._stmt(block.body, scope)
+        if block.predicate is not None:
+            inner = [f"if ({_strip(self._expr(block.predicate, scope))}) {{",
+                     *[INDENT + x for x in inner], "}"]
+        lines += [INDENT + x for x in inner]
+        lines.append("}")
+        return lines
+
+    def _store(self, stmt: BufferStore, scope: _Scope) -> list[str]:
+        target = self._index(stmt.buffer, stmt.indices, scope)
+        return [f"{target} = {_strip(self._expr(stmt.value, scope))};"]
+
+    def _allocate(self, stmt: Allocate, scope: _Scope) -> list[str]:
+        buf = stmt.buffer
+        ctype = self.dtype_name(buf.dtype)
+        name = scope.name(buf.name)
+        nbytes = max(buf.numel, 1) * buf.dtype.itemsize
+        body = self._stmt(stmt.body, scope)
+        if buf.scope is Scope.LOCAL and nbytes <= LOCAL_STACK_LIMIT:
+            head = [f"{ctype} {name}[{max(buf.numel, 1)}] __attribute__((aligned(64)));"]
+            return ["{", *[INDENT + x for x in head + body], "}"]
+        size = (nbytes + 63) // 64 * 64
+        head = [f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {size});"]
+        return ["{", *[INDENT + x for x in head + body], f"{INDENT}free({name});", "}"]
+
+    def _if(self, stmt: IfThenElse, scope: _Scope) -> list[str]:
+        lines = [f"if ({_strip(self._expr(stmt.cond, scope))}) {{"]
+        lines += [INDENT + x for x in self._stmt(stmt.then_body, scope)]
+        if stmt.else_body is not None:
+            lines.append("} else {")
+            lines += [INDENT + x for x in self._stmt(stmt.else_body, scope)]
+        lines.append("}")
+        return lines
+
+    # --- expressions ---------------------------------------------------------------------------
+
+    def _expr(self, expr: Expr, scope: _Scope) -> str:
+        try:
+            method = self._expr_table[type(expr)]
+        except KeyError:
+            raise UnsupportedForC(f"no C for expression {type(expr).__name__}") from None
+        return method(expr, scope)
+
+    def _const(self, expr: Const, scope: _Scope) -> str:
+        return self.const(expr.value, expr.dtype)
+
+    def _var(self, expr: Var, scope: _Scope) -> str:
+        return scope.name(expr.name)
+
+    def _load(self, expr: Load, scope: _Scope) -> str:
+        return self._index(expr.buffer, expr.indices, scope)
+
+    def _index(self, buf: Buffer, indices: tuple[Expr, ...], scope: _Scope) -> str:
+        terms = []
+        for index, stride in zip(indices, buf.elem_strides):
+            if isinstance(index, Const) and index.value == 0:
+                continue
+            text = self._expr(index, scope)
+            terms.append(text if stride == 1 else f"{text} * {stride}")
+        return f"{scope.name(buf.name)}[{' + '.join(terms) or '0'}]"
+
+    def _binary(self, expr: Binary, scope: _Scope) -> str:
+        a, b = self._expr(expr.a, scope), self._expr(expr.b, scope)
+        dtype = expr.a.dtype
+        if expr.op in _INFIX:
+            return f"({a} {_INFIX[expr.op]} {b})"
+        if expr.op in (BinOp.MIN, BinOp.MAX):
+            if dtype in (DType.F32, DType.F64):
+                return f"kiln_{expr.op.name.lower()}_{dtype.value}({_strip(a)}, {_strip(b)})"
+            op = "<" if expr.op is BinOp.MIN else ">"
+            return f"({a} {op} {b} ? {a} : {b})"
+        if expr.op is BinOp.POW:
+            if dtype.is_floating:
+                return f"{self._math('powf', '' if dtype is DType.F32 else 'drop')}({a}, {b})"
+            ctype = self.dtype_name(dtype)
+            return f"(({ctype})pow((double){a}, (double){b}))"
+        if expr.op is BinOp.FLOORDIV:
+            if dtype.is_floating:
+                floor = self._math("floorf", "" if dtype is DType.F32 else "drop")
+                return f"{floor}({a} / {b})"
+            if _nonneg(expr.a) and _nonneg(expr.b):
+                return f"({a} / {b})"
+            return f"(({self.dtype_name(dtype)})kiln_floordiv_i64({_strip(a)}, {_strip(b)}))"
+        if expr.op is BinOp.FLOORMOD:
+            if dtype.is_floating:
+                return f"kiln_floormod_{dtype.value}({_strip(a)}, {_strip(b)})"
+            if _nonneg(expr.a) and _nonneg(expr.b):
+                return f"({a} % {b})"
+            return f"(({self.dtype_name(dtype)})kiln_floormod_i64({_strip(a)}, {_strip(b)}))"
+        raise UnsupportedForC(f"binary {expr.op.name}")
+
+    def _unary(self, expr: Unary, scope: _Scope) -> str:
+        return self.unary_call(expr.op, expr.a.dtype, _strip(self._expr(expr.a, scope)))
+
+    def _compare(self, expr: Compare, scope: _Scope) -> str:
+        return f"({self._expr(expr.a, scope)} {_CMP[expr.op]} {self._expr(expr.b, scope)})"
+
+    def _select(self, expr: Select, scope: _Scope) -> str:
+        cond = self._expr(expr.cond, scope)
+        return (f"({cond} ? {self._expr(expr.true_value, scope)} : "
+                f"{self._expr(expr.false_value, scope)})")
+
+    def _cast(self, expr: Cast, scope: _Scope) -> str:
+        value = self._expr(expr.value, scope)
+        if expr.target is DType.BOOL:
+            return f"({value} != 0)"
+        return f"(({self.dtype_name(expr.target)}){value})"
+
+    def _math(self, f32_name: str, suffix: str) -> str:
+        return f32_name[:-1] if suffix == "drop" else f32_name
+
+
+def render_c(func: PrimFunc) -> str:
+    """C source for ``func`` with the default renderer."""
+    return CRenderer().render(func)
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def _strip(text: str) -> str:
+    """Drop one pair of outer parentheses when they enclose the whole expression."""
+    if not (text.startswith("(") and text.endswith(")")):
+        return text
+    depth = 0
+    for i, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0 and i < len(text) - 1:
+            return text
+    return text[1:-1]
+
+
+def _nonneg(expr: Expr) -> bool:
+    """True when ``expr`` is non-negative in every program: loop/iter vars and their sums."""
+    if isinstance(expr, Var):
+        return True
+    if isinstance(expr, Const):
+        return not isinstance(expr.value, bool) and expr.value >= 0
+    if isinstance(expr, Binary) and expr.op in (BinOp.ADD, BinOp.MUL, BinOp.FLOORDIV,
+                                                BinOp.FLOORMOD, BinOp.MIN, BinOp.MAX):
+        return _nonneg(expr.a) and _nonneg(expr.b)
+    return False
+
+
+def _walk(stmt: Stmt) -> Iterator[Stmt]:
+    yield stmt
+    if isinstance(stmt, SeqStmt):
+        for s in stmt.stmts:
+            yield from _walk(s)
+    elif isinstance(stmt, (For, Allocate)):
+        yield from _walk(stmt.body)
+    elif isinstance(stmt, Block):
+        if stmt.init is not None:
+            yield from _walk(stmt.init)
+        yield from _walk(stmt.body)
+    elif isinstance(stmt, IfThenElse):
+        yield from _walk(stmt.then_body)
+        if stmt.else_body is not None:
+            yield from _walk(stmt.else_body)
+
+
+def _uses(expr: Expr, name: str) -> bool:
+    if isinstance(expr, Var):
+        return expr.name == name
+    if isinstance(expr, Load):
+        return any(_uses(i, name) for i in expr.indices)
+    if isinstance(expr, (Binary, Compare)):
+        return _uses(expr.a, name) or _uses(expr.b, name)
+    if isinstance(expr, Unary):
+        return _uses(expr.a, name)
+    if isinstance(expr, Cast):
+        return _uses(expr.value, name)
+    if isinstance(expr, Select):
+        return any(_uses(e, name) for e in (expr.cond, expr.true_value, expr.false_value))
+    return False
+
+
+def _binds_reduce(body: Stmt, loop_var: str) -> bool:
+    """Does some block under ``body`` bind a REDUCE iter var to an expression of loop_var?"""
+    for stmt in _walk(body):
+        if isinstance(stmt, Block):
+            for iv, binding in zip(stmt.iter_vars, stmt.bindings):
+                if iv.kind is IterKind.REDUCE and _uses(binding, loop_var):
+                    return True
+    return False
