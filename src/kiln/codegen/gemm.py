@@ -1,0 +1,218 @@
+"""fp32 GEMM as a scheduled loop program: packed panels and a register-tiled micro-kernel.
+
+``gemm_func(M, N, K)`` builds ``C[M, N] = A[M, K] @ B[K, N]`` (or ``A @ B.T`` with
+``b_transposed``; B is then [N, K], a Linear weight) already in the shape the schedule
+primitives give it (the BLIS loop nest; GemmConfig holds the tile sizes)::
+
+    for jc in range(N / NC):                        # columns of C, NC at a time
+      for pc in range(K / KC):                      # K, KC at a time
+        alloc Bp: f32[NC/NR, KC, NR]                # cache_read of B, packed by panel
+          parallel jr / range p / vectorized j:  Bp[jr, p, j] = B[pc*KC+p, jc*NC+jr*NR+j]
+          parallel ic in range(M / MC):
+            alloc Ap: f32[MC/MR, KC, MR] local      # cache_read of A, compute_at ic
+              range ir / range p / range i:  Ap[ir, p, i] = A[ic*MC+ir*MR+i, pc*KC+p]
+              range jr, range ir:
+                alloc acc: f32[MR, NR] local        # cache_write of C: the register tile
+                  unrolled i / vectorized j:  acc[i, j] = 0
+                  range p / unrolled i / vectorized j:  acc[i, j] += Ap[ir, p, i] * Bp[jr, p, j]
+                  range i / vectorized j:  C[...] = acc[i, j] (+ C[...] after the first pc)
+
+Tails are handled by zero padding inside the packed panels (out-of-range loads are guarded
+by a Select) and by predicates on the final store, so any M, N, K (also 0 and 1) works.
+The tile sizes come from ``default_gemm_config``: MR×NR = 14×32 for AVX-512 fp32 (28 zmm
+accumulators), KC·NR floats of B (one panel) in L1, a small MC (a few MR tiles of A, in L1)
+swept over all of a KC×NC packed B block in L2, the M tiles balanced over the threads.
+Measured on Zen 4 (2 threads, 1024³): MC=14..28 ≈ 180 GFLOP/s, MC=112 ≈ 135.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from kiln.ir.types import DType
+from kiln.tir.nodes import (
+    Allocate,
+    Binary,
+    BinOp,
+    Block,
+    Buffer,
+    BufferStore,
+    CmpOp,
+    Compare,
+    Expr,
+    For,
+    ForKind,
+    IfThenElse,
+    IterKind,
+    IterVar,
+    Load,
+    PrimFunc,
+    Scope,
+    Select,
+    Stmt,
+    Var,
+    const,
+    seq,
+)
+
+__all__ = ["GemmConfig", "default_gemm_config", "gemm_func"]
+
+F32 = DType.F32
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tile sizes of the GEMM loop nest (all in elements)."""
+
+    mr: int = 14  # rows of the register tile
+    nr: int = 32  # columns of the register tile (2 AVX-512 vectors)
+    kc: int = 256  # depth of a packed panel (KC*NR floats of B stay in L1)
+    mc: int = 28  # rows of A packed at a time (MC*KC floats in L1/L2); the threads split these
+    nc: int = 1024  # columns of B packed at once (KC*NC floats, streamed from L2/L3)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _balanced(total: int, limit: int, multiple: int, parts_multiple: int = 1) -> int:
+    """A block size <= ~limit, a multiple of ``multiple``, splitting ``total`` evenly into a
+    number of blocks that is a multiple of ``parts_multiple`` when that costs little."""
+    if total <= 0:
+        return multiple
+    parts = max(_ceil_div(total, limit), 1)
+    if parts_multiple > 1 and total > multiple * parts_multiple:
+        parts = _ceil_div(parts, parts_multiple) * parts_multiple
+    return _ceil_div(_ceil_div(total, parts), multiple) * multiple
+
+
+def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
+                        base: GemmConfig | None = None) -> GemmConfig:
+    """Tiles for AVX-512 fp32 on a few cores: balanced blocks, threads split the M blocks."""
+    threads = threads or os.cpu_count() or 1
+    base = base or GemmConfig()
+    kc = _balanced(k, base.kc, 1)
+    nc = _balanced(n, base.nc, base.nr)
+    return GemmConfig(base.mr, base.nr, kc, _mc_for_threads(m, base, threads), nc)
+
+
+def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:
+    """MC (a multiple of MR) that spreads the MR-row tiles of M most evenly over the threads
+    under OpenMP's static schedule; among equals, the one closest to base.mc."""
+    tiles = max(_ceil_div(m, base.mr), 1)
+    limit = max(8 * base.mc // base.mr, 1)  # Ap = MC x KC floats must stay well inside L2
+    target = max(base.mc // base.mr, 1)
+
+    def cost(per_block: int) -> tuple[int, int]:
+        blocks = _ceil_div(tiles, per_block)
+        per_thread = _ceil_div(blocks, threads)  # contiguous chunks of blocks per thread
+        busiest = min(per_thread * per_block, tiles)
+        return busiest, abs(per_block - target)
+
+    best = min(range(1, min(limit, tiles) + 1), key=cost)
+    return best * base.mr
+
+
+def _iv(name: str, extent: int, kind: IterKind = IterKind.SPATIAL) -> IterVar:
+    return IterVar(Var(name), extent, kind)
+
+
+def _and(*conds: Expr) -> Expr:
+    out = conds[0]
+    for c in conds[1:]:
+        out = Binary(BinOp.AND, out, c)
+    return out
+
+
+def _lt(a: Expr, bound: int) -> Expr:
+    return Compare(CmpOp.LT, a, const(bound, DType.I64))
+
+
+def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
+              b_transposed: bool = False, name: str = "gemm") -> PrimFunc:
+    """The scheduled GEMM program; see the module docstring for its loop nest."""
+    cfg = config or default_gemm_config(m, n, k)
+    mr, nr, kc, mc, nc = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc
+    a = Buffer("A", (m, k), F32)
+    b = Buffer("B", (n, k) if b_transposed else (k, n), F32)
+    c = Buffer("C", (m, n), F32)
+    n_jc, n_pc, n_ic = _ceil_div(n, nc), _ceil_div(k, kc), _ceil_div(m, mc)
+    zero = const(0.0, F32)
+    jc, pc, ic = Var("jc"), Var("pc"), Var("ic")
+
+    # pack B: Bp[jr, p, j] = B[pc*kc + p, jc*nc + jr*nr + j], zero outside B
+    bp = Buffer("Bp", (nc // nr, kc, nr), F32)
+    jr0, p0, j0 = Var("jr0"), Var("p0"), Var("j0")
+    v_jr, v_p, v_j = _iv("v_jr0", nc // nr), _iv("v_p0", kc), _iv("v_j0", nr)
+    row = pc * kc + v_p.var
+    col = jc * nc + v_jr.var * nr + v_j.var
+    b_load = Load(b, (col, row) if b_transposed else (row, col))
+    pack_b = Block("pack_B", (v_jr, v_p, v_j), (jr0, p0, j0),
+                   BufferStore(bp, (v_jr.var, v_p.var, v_j.var),
+                               Select(_and(_lt(row, k), _lt(col, n)), b_load, zero)))
+    pack_b_nest = For(jr0, nc // nr,
+                      IfThenElse(_lt(jc * nc + jr0 * nr, n),
+                                 For(p0, kc, For(j0, nr, pack_b, ForKind.VECTORIZED))),
+                      ForKind.PARALLEL)
+
+    # pack A: Ap[ir, p, i] = A[ic*mc + ir*mr + i, pc*kc + p], zero outside A
+    ap = Buffer("Ap", (mc // mr, kc, mr), F32, scope=Scope.LOCAL)
+    ir1, p1, i1 = Var("ir1"), Var("p1"), Var("i1")
+    v_ir, v_p1, v_i1 = _iv("v_ir1", mc // mr), _iv("v_p1", kc), _iv("v_i1", mr)
+    arow = ic * mc + v_ir.var * mr + v_i1.var
+    acol = pc * kc + v_p1.var
+    pack_a = Block("pack_A", (v_ir, v_p1, v_i1), (ir1, p1, i1),
+                   BufferStore(ap, (v_ir.var, v_p1.var, v_i1.var),
+                               Select(_and(_lt(arow, m), _lt(acol, k)),
+                                      Load(a, (arow, acol)), zero)))
+    pack_a_nest = For(ir1, mc // mr, IfThenElse(_lt(ic * mc + ir1 * mr, m),
+                                                For(p1, kc, For(i1, mr, pack_a))))
+
+    # the micro-kernel on one MR x NR tile
+    acc = Buffer("acc", (mr, nr), F32, scope=Scope.LOCAL)
+    jr, ir = Var("jr"), Var("ir")
+    i2, j2 = Var("i2"), Var("j2")
+    v_i2, v_j2 = _iv("v_i2", mr), _iv("v_j2", nr)
+    init = Block("acc_init", (v_i2, v_j2), (i2, j2),
+                 BufferStore(acc, (v_i2.var, v_j2.var), zero))
+    p3, i3, j3 = Var("p3"), Var("i3"), Var("j3")
+    v_i3, v_j3, v_p3 = _iv("v_i3", mr), _iv("v_j3", nr), _iv("v_p3", kc, IterKind.REDUCE)
+    update = Block("acc_update", (v_i3, v_j3, v_p3), (i3, j3, p3),
+                   BufferStore(acc, (v_i3.var, v_j3.var),
+                               Load(acc, (v_i3.var, v_j3.var))
+                               + Load(ap, (ir, v_p3.var, v_i3.var))
+                               * Load(bp, (jr, v_p3.var, v_j3.var))))
+    i4, j4 = Var("i4"), Var("j4")
+    v_i4, v_j4 = _iv("v_i4", mr), _iv("v_j4", nr)
+    crow = ic * mc + ir * mr + v_i4.var
+    ccol = jc * nc + jr * nr + v_j4.var
+    tile = Load(acc, (v_i4.var, v_j4.var))
+    first = Compare(CmpOp.EQ, pc, const(0, DType.I64))
+    store = Block("C", (v_i4, v_j4), (i4, j4),
+                  BufferStore(c, (crow, ccol),
+                              Select(first, tile, Load(c, (crow, ccol)) + tile)),
+                  predicate=_and(_lt(ic * mc + ir * mr + i4, m), _lt(jc * nc + jr * nr + j4, n)))
+    micro: Stmt = Allocate(acc, seq(
+        For(i2, mr, For(j2, nr, init, ForKind.VECTORIZED), ForKind.UNROLLED),
+        For(p3, kc, For(i3, mr, For(j3, nr, update, ForKind.VECTORIZED), ForKind.UNROLLED)),
+        For(i4, mr, For(j4, nr, store, ForKind.VECTORIZED), ForKind.UNROLLED),
+    ))
+    # tiles wholly in the padding are skipped
+    tiles = For(jr, nc // nr, IfThenElse(_lt(jc * nc + jr * nr, n),
+                                         For(ir, mc // mr, IfThenElse(_lt(ic * mc + ir * mr, m),
+                                                                      micro))))
+    per_thread = For(ic, n_ic, Allocate(ap, seq(pack_a_nest, tiles)), ForKind.PARALLEL)
+    body = For(jc, n_jc, For(pc, n_pc, Allocate(bp, seq(pack_b_nest, per_thread))))
+    if m == 0 or n == 0:
+        body = For(Var("empty"), 0, body)  # nothing to compute
+    elif k == 0:
+        body = _zero_fill(c)
+    return PrimFunc(name, (a, b), (c,), body)
+
+
+def _zero_fill(c: Buffer) -> Stmt:
+    i, j = Var("zi"), Var("zj")
+    vi, vj = _iv("v_zi", c.shape[0]), _iv("v_zj", c.shape[1])
+    block = Block("C", (vi, vj), (i, j), BufferStore(c, (vi.var, vj.var), const(0.0, F32)))
+    return For(i, c.shape[0], For(j, c.shape[1], block, ForKind.VECTORIZED), ForKind.PARALLEL)
