@@ -79,7 +79,7 @@ def convert(value: Any, dtype: DType) -> Any:
     if dtype is DType.BF16:
         return _to_bf16(value)
     if not dtype.is_floating and isinstance(value, (float, np.floating)):
-        value = math.trunc(value) if math.isfinite(value) else 0
+        value = math.trunc(float(value)) if math.isfinite(value) else 0
     return _NP[dtype](value)
 
 

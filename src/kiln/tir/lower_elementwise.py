@@ -1,0 +1,183 @@
+"""Compute definitions of elementwise and broadcast kiln ops."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from kiln.ir import attrs as A
+from kiln.ir.graph import Node
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.tir.nodes import Binary, BinOp, Buffer, CmpOp, Expr, UnOp, Var, const
+from kiln.tir.te import (
+    Builder,
+    NotLowerable,
+    TensorRef,
+    cast,
+    cmp,
+    max_,
+    min_,
+    select,
+    unary,
+)
+
+LowerFn = Callable[[Builder, Node, list[TensorRef], list[Buffer]], None]
+
+_UNARY_MATH = {Op.EXP: UnOp.EXP, Op.LOG: UnOp.LOG, Op.SQRT: UnOp.SQRT, Op.RSQRT: UnOp.RSQRT,
+               Op.SIN: UnOp.SIN, Op.COS: UnOp.COS, Op.TANH: UnOp.TANH, Op.SIGMOID: UnOp.SIGMOID,
+               Op.ERF: UnOp.ERF, Op.ABS: UnOp.ABS, Op.NEG: UnOp.NEG}
+_BINARY = {Op.ADD: BinOp.ADD, Op.SUB: BinOp.SUB, Op.MUL: BinOp.MUL, Op.POW: BinOp.POW,
+           Op.MAXIMUM: BinOp.MAX, Op.MINIMUM: BinOp.MIN}
+_COMPARE = {Op.EQ: CmpOp.EQ, Op.NE: CmpOp.NE, Op.LT: CmpOp.LT, Op.LE: CmpOp.LE,
+            Op.GT: CmpOp.GT, Op.GE: CmpOp.GE}
+
+
+def _meta(ref: TensorRef) -> object:
+    if ref.buffer is None:
+        return ref.number
+    return torch.empty(ref.shape, dtype=ref.dtype.torch, device="meta")
+
+
+def result_dtype(a: TensorRef, b: TensorRef) -> DType:
+    """ATen's type promotion of two operands (Python numbers are 'wrapped' scalars)."""
+    return DType.from_torch(torch.result_type(_meta(a), _meta(b)))  # type: ignore[arg-type]
+
+
+def _map(fn: Callable[[Expr], Expr]) -> LowerFn:
+    """out = fn(x) computed in the output dtype."""
+    def lower(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]) -> None:
+        out = outs[0]
+        b.compute(node.name, out, lambda v: fn(args[0].as_dtype(out.dtype, out.shape, v)))
+    return lower
+
+
+def _gelu(node: Node) -> Callable[[Expr], Expr]:
+    assert isinstance(node.attrs, A.GeluAttrs)
+    if node.attrs.approximate == "tanh":
+        def gelu(x: Expr) -> Expr:
+            inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
+            return x * 0.5 * (unary(UnOp.TANH, inner) + 1.0)
+        return gelu
+    return lambda x: x * 0.5 * (unary(UnOp.ERF, x * (1.0 / math.sqrt(2.0))) + 1.0)
+
+
+def _clamp(a: A.ClampAttrs) -> Callable[[Expr], Expr]:
+    def clamp(x: Expr) -> Expr:
+        if a.min is not None:
+            x = max_(x, const(a.min, x.dtype))
+        if a.max is not None:
+            x = min_(x, const(a.max, x.dtype))
+        return x
+    return clamp
+
+
+def lower_unary(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]) -> None:
+    op, dtype = node.op, outs[0].dtype
+    fn: Callable[[Expr], Expr]
+    if op in _UNARY_MATH:
+        un = _UNARY_MATH[op]
+        fn = (lambda x: x) if (un is UnOp.ABS and dtype is DType.BOOL) else (
+            lambda x: unary(un, x))
+    elif op in (Op.FLOOR, Op.CEIL):
+        un = UnOp.FLOOR if op is Op.FLOOR else UnOp.CEIL
+        fn = (lambda x: unary(un, x)) if dtype.is_floating else (lambda x: x)
+    elif op is Op.RELU:
+        fn = lambda x: max_(x, 0)  # noqa: E731 - NaN stays NaN, as torch.relu
+    elif op is Op.RECIPROCAL:
+        fn = lambda x: const(1, x.dtype) / x  # noqa: E731
+    elif op is Op.GELU:
+        fn = _gelu(node)
+    elif op is Op.LEAKY_RELU:
+        slope = node.attrs.negative_slope  # type: ignore[attr-defined]
+        fn = lambda x: select(cmp(CmpOp.GT, x, 0), x, x * slope)  # noqa: E731
+    elif op is Op.CLAMP:
+        fn = _clamp(node.attrs)  # type: ignore[arg-type]
+    elif op is Op.CAST:
+        fn = lambda x: x  # noqa: E731 - the store converts
+    else:
+        raise NotLowerable(op, "no elementwise definition")
+    if dtype is DType.BOOL and op not in (Op.CAST, Op.ABS, Op.FLOOR, Op.CEIL):
+        raise NotLowerable(op, "bool operand")
+    if op is Op.CAST:
+        out = outs[0]
+        b.compute(node.name, out, lambda v: cast(args[0].at(out.shape, v), out.dtype))
+        return
+    _map(fn)(b, node, args, outs)
+
+
+def lower_logical_not(b: Builder, node: Node, args: list[TensorRef],
+                      outs: list[Buffer]) -> None:
+    out = outs[0]
+    b.compute(node.name, out, lambda v: unary(UnOp.NOT, args[0].as_dtype(DType.BOOL,
+                                                                          out.shape, v)))
+
+
+def lower_binary(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]) -> None:
+    out, op = outs[0], node.op
+    x, y = args
+    if op in _COMPARE:
+        dt = result_dtype(x, y)
+        b.compute(node.name, out, lambda v: cmp(_COMPARE[op], x.as_dtype(dt, out.shape, v),
+                                                y.as_dtype(dt, out.shape, v)))
+        return
+    if op in (Op.LOGICAL_AND, Op.LOGICAL_OR):
+        bop = BinOp.AND if op is Op.LOGICAL_AND else BinOp.OR
+        b.compute(node.name, out, lambda v: Binary(bop, x.as_dtype(DType.BOOL, out.shape, v),
+                                                   y.as_dtype(DType.BOOL, out.shape, v)))
+        return
+    dt = out.dtype
+    if dt is DType.BOOL and op not in (Op.MAXIMUM, Op.MINIMUM):
+        raise NotLowerable(op, "arithmetic on bool")
+    if op is Op.DIV:
+        b.compute(node.name, out, _div(node, x, y, out))
+        return
+    if op is Op.POW and not dt.is_floating:
+        raise NotLowerable(op, "integer power")
+    bop = _BINARY[op]
+    b.compute(node.name, out, lambda v: Binary(bop, x.as_dtype(dt, out.shape, v),
+                                               y.as_dtype(dt, out.shape, v)))
+
+
+def _div(node: Node, x: TensorRef, y: TensorRef,
+         out: Buffer) -> Callable[[tuple[Var, ...]], Expr]:
+    mode = node.attrs.rounding_mode  # type: ignore[attr-defined]
+    dt = out.dtype
+    if not dt.is_floating:
+        if mode != "floor":
+            raise NotLowerable(node.op, f"integer division with rounding mode {mode}")
+        return lambda v: x.as_dtype(dt, out.shape, v) // y.as_dtype(dt, out.shape, v)
+
+    def div(v: tuple[Var, ...]) -> Expr:
+        q = x.as_dtype(dt, out.shape, v) / y.as_dtype(dt, out.shape, v)
+        if mode == "floor":
+            return unary(UnOp.FLOOR, q)
+        if mode == "trunc":
+            return select(cmp(CmpOp.LT, q, 0), unary(UnOp.CEIL, q), unary(UnOp.FLOOR, q))
+        return q
+    return div
+
+
+def lower_where(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]) -> None:
+    out = outs[0]
+    c, x, y = args
+    b.compute(node.name, out, lambda v: select(c.as_dtype(DType.BOOL, out.shape, v),
+                                               x.as_dtype(out.dtype, out.shape, v),
+                                               y.as_dtype(out.dtype, out.shape, v)))
+
+
+def lower_full(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]) -> None:
+    out, value = outs[0], node.attrs.value  # type: ignore[attr-defined]
+    b.compute(node.name, out, lambda v: const(value, out.dtype))
+
+
+ELEMENTWISE: dict[Op, LowerFn] = {op: lower_unary for op in (
+    *_UNARY_MATH, Op.FLOOR, Op.CEIL, Op.RELU, Op.RECIPROCAL, Op.GELU, Op.LEAKY_RELU, Op.CLAMP,
+    Op.CAST)}
+ELEMENTWISE.update({op: lower_binary for op in (
+    *_BINARY, *_COMPARE, Op.DIV, Op.LOGICAL_AND, Op.LOGICAL_OR)})
+ELEMENTWISE[Op.LOGICAL_NOT] = lower_logical_not
+ELEMENTWISE[Op.WHERE] = lower_where
+ELEMENTWISE[Op.FULL] = lower_full
