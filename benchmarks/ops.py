@@ -1,0 +1,375 @@
+"""Operator benchmarks: kiln's generated C kernels side by side with PyTorch and numpy.
+
+    python benchmarks/ops.py [--quick] [--json out.json] [--threads 2]
+
+Prints, in one process, with contenders interleaved sample by sample and medians reported:
+
+* machine references: copy bandwidth (torch, numpy and a generated C copy loop) on a buffer
+  far larger than the caches, and the peak FMA rate (a generated C kernel with independent
+  AVX-512 FMA chains on every thread);
+* fp32 GEMM at 256..2048: kiln's packed, register-tiled kernel against torch.mm and numpy's
+  BLAS, in GFLOP/s and as a fraction of the machine peak;
+* memory-bound fused kernels at BERT-base sizes (softmax, layernorm, bias+gelu, add+relu):
+  GB/s (compulsory bytes: inputs read once, output written once), fraction of the measured
+  copy bandwidth, element rate, and time against eager PyTorch's unfused op sequence, the
+  fused ATen op where there is one, and torch.compile (Inductor) where it works.
+
+Timings are noisy on a shared machine: each sample is a batch of calls long enough to be
+measured (>= ~2 ms), the spread (interquartile range / median) is printed next to each median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from kiln.codegen import fused
+from kiln.codegen.build import CompilerUnavailable, build
+from kiln.codegen.gemm import gemm_func
+from kiln.codegen.kernel import compile_kernel
+from kiln.options import Options
+
+Fn = Callable[[], object]
+
+
+@dataclass
+class Timing:
+    median_s: float
+    spread: float  # interquartile range / median
+
+
+def measure(contenders: dict[str, Fn], min_sample_s: float = 2e-3, samples: int = 15,
+            ) -> dict[str, Timing]:
+    """Median time per call of each contender; samples of all contenders are interleaved."""
+    inner = {}
+    for name, fn in contenders.items():
+        fn()  # warm up (first-call allocation, compilation, page faults)
+        n, elapsed = 1, 0.0
+        while True:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            elapsed = time.perf_counter() - t0
+            if elapsed >= min_sample_s or n >= 1 << 16:
+                break
+            n *= 2
+        inner[name] = n
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for _ in range(samples):
+        for name, fn in contenders.items():
+            n = inner[name]
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fn()
+            times[name].append((time.perf_counter() - t0) / n)
+    out = {}
+    for name, ts in times.items():
+        q = statistics.quantiles(ts, n=4)
+        med = statistics.median(ts)
+        out[name] = Timing(med, (q[2] - q[0]) / med)
+    return out
+
+
+@dataclass
+class Row:
+    section: str
+    case: str
+    contender: str
+    median_us: float
+    spread: float
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+# --- machine references ------------------------------------------------------------------------
+
+COPY_C = """
+#include <stdint.h>
+void kiln_copy(const float* restrict src, float* restrict dst, int64_t n) {
+  #pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+"""
+
+PEAK_C = """
+#include <omp.h>
+#include <stdint.h>
+typedef float v16 __attribute__((vector_size(64)));
+/* Independent FMA chains on each of `threads` threads: the peak rate, not a latency. */
+double kiln_peak(int64_t iters, int threads) {
+  double total = 0.0;
+  #pragma omp parallel num_threads(threads) reduction(+:total)
+  {
+    /* distinct starting values, so the compiler cannot merge the chains */
+    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0};
+    v16 a6 = {0}, a7 = {0}, a8 = {0}, a9 = {0}, a10 = {0}, a11 = {0};
+    v16 x = {0}, y = {0};
+    for (int i = 0; i < 16; ++i) {
+      x[i] = 1.0f - 1e-7f * i; y[i] = 1e-7f;
+      a0[i] = 0.1f; a1[i] = 0.2f; a2[i] = 0.3f; a3[i] = 0.4f; a4[i] = 0.5f; a5[i] = 0.6f;
+      a6[i] = 0.7f; a7[i] = 0.8f; a8[i] = 0.9f; a9[i] = 1.1f; a10[i] = 1.2f; a11[i] = 1.3f;
+    }
+    for (int64_t it = 0; it < iters; ++it) {
+      a0 = a0 * x + y; a1 = a1 * x + y; a2 = a2 * x + y; a3 = a3 * x + y;
+      a4 = a4 * x + y; a5 = a5 * x + y; a6 = a6 * x + y; a7 = a7 * x + y;
+      a8 = a8 * x + y; a9 = a9 * x + y; a10 = a10 * x + y; a11 = a11 * x + y;
+    }
+    v16 s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
+    for (int i = 0; i < 16; ++i) total += s[i];
+  }
+  return total;
+}
+int kiln_threads(void) {
+  int n = 1;
+  #pragma omp parallel
+  {
+    #pragma omp single
+    n = omp_get_num_threads();
+  }
+  return n;
+}
+"""
+
+
+def machine(options: Options, quick: bool) -> tuple[list[Row], float, float]:
+    """Copy bandwidth (GB/s, bytes read + written) and peak GFLOP/s."""
+    import ctypes
+
+    rows = []
+    n = (16 if quick else 64) * 1024 * 1024  # floats: 64 or 256 MiB per buffer
+    src = torch.rand(n)
+    dst = torch.empty(n)
+    src_np, dst_np = src.numpy(), dst.numpy()
+    contenders: dict[str, Fn] = {
+        "torch copy_": lambda: dst.copy_(src),
+        "numpy copyto": lambda: np.copyto(dst_np, src_np),
+    }
+    lib = build(COPY_C, "copy", options)
+    if not isinstance(lib, CompilerUnavailable):
+        copy = lib.function("kiln_copy")
+        copy.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+        contenders["C copy (omp)"] = lambda: copy(src.data_ptr(), dst.data_ptr(), n)
+    best_bw = 0.0
+    for name, t in measure(contenders, samples=7 if quick else 11).items():
+        bw = 2 * n * 4 / t.median_s / 1e9
+        best_bw = max(best_bw, bw)
+        rows.append(Row("machine", f"copy {n * 4 >> 20} MiB", name, t.median_s * 1e6,
+                        t.spread, {"GB/s": bw}))
+    peak = 0.0
+    lib = build(PEAK_C, "peak", options)
+    if not isinstance(lib, CompilerUnavailable):
+        fn = lib.function("kiln_peak")
+        fn.argtypes = [ctypes.c_int64, ctypes.c_int]
+        fn.restype = ctypes.c_double
+        threads = lib.function("kiln_threads")()
+        iters = 20_000_000 if not quick else 5_000_000
+        timings = measure({"1 thread": lambda: fn(iters, 1),
+                           f"{threads} threads": lambda: fn(iters, threads)}, samples=5)
+        rates = {}
+        for name, t in timings.items():
+            used = 1 if name == "1 thread" else threads
+            rates[name] = used * iters * 12 * 16 * 2 / t.median_s / 1e9
+            rows.append(Row("machine", f"FMA chains, {name}", "C AVX-512 FMA chains",
+                            t.median_s * 1e6, t.spread, {"GFLOP/s": rates[name]}))
+        # the nominal peak: every core at the single-thread rate (a shared machine's second
+        # core is often busy, which the all-threads run then shows)
+        peak = max(rates["1 thread"] * threads, rates[f"{threads} threads"])
+    return rows, best_bw, peak
+
+
+# --- GEMM --------------------------------------------------------------------------------------
+
+
+def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
+    rows = []
+    for n in (256, 512, 1024) if quick else (256, 512, 1024, 2048):
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        c_torch, c_kiln = torch.empty(n, n), torch.empty(n, n)
+        a_np, b_np, c_np = a.numpy(), b.numpy(), np.empty((n, n), np.float32)
+        contenders: dict[str, Fn] = {
+            "torch.mm": lambda a=a, b=b, c=c_torch: torch.mm(a, b, out=c),
+            "numpy matmul": lambda a=a_np, b=b_np, c=c_np: np.matmul(a, b, out=c),
+        }
+        kernel = compile_kernel(gemm_func(n, n, n), options)
+        if not isinstance(kernel, CompilerUnavailable):
+            kernel(a, b, c_kiln)
+            torch.testing.assert_close(c_kiln, a @ b, rtol=1e-4, atol=1e-3 * n ** 0.5)
+            ptrs = (a.data_ptr(), b.data_ptr(), c_kiln.data_ptr())
+            contenders["kiln"] = lambda k=kernel, p=ptrs: k.run_unchecked(*p)
+        timings = measure(contenders, samples=7 if n >= 2048 else 11)
+        flops = 2 * n ** 3
+        best_lib = max(flops / timings[k].median_s for k in ("torch.mm", "numpy matmul"))
+        for name, t in timings.items():
+            rate = flops / t.median_s
+            metrics = {"GFLOP/s": rate / 1e9, "vs best library": rate / best_lib}
+            if peak:
+                metrics["of peak"] = rate / 1e9 / peak
+            rows.append(Row("gemm", f"{n}x{n}x{n}", name, t.median_s * 1e6, t.spread, metrics))
+    return rows
+
+
+# --- fused memory-bound kernels ----------------------------------------------------------------
+
+
+@dataclass
+class FusedCase:
+    name: str
+    kernel: Callable[[], object]  # -> PrimFunc
+    inputs: list[torch.Tensor]
+    unfused: Callable[..., torch.Tensor]
+    aten: Callable[..., torch.Tensor] | None
+    nbytes: int
+    elements: int
+
+
+def fused_cases(quick: bool) -> list[FusedCase]:
+    cases = []
+    for heads, seq in ((12, 128),) if quick else ((12, 128), (12, 512)):
+        x = torch.randn(heads, seq, seq)
+        cases.append(FusedCase(
+            f"softmax {heads}x{seq}x{seq}", lambda h=heads, s=seq: fused.softmax_rows(h * s, s),
+            [x], _softmax_unfused, lambda t: torch.softmax(t, -1), 2 * x.numel() * 4,
+            x.numel()))
+    for tokens in (128,) if quick else (128, 512):
+        x, w, b = torch.randn(tokens, 768), torch.randn(768), torch.randn(768)
+        cases.append(FusedCase(
+            f"layernorm {tokens}x768", lambda t=tokens: fused.layernorm_rows(t, 768),
+            [x, w, b], _layernorm_unfused, lambda t, w, b: F.layer_norm(t, (768,), w, b),
+            (2 * x.numel() + 2 * 768) * 4, x.numel()))
+        h, bias = torch.randn(tokens, 3072), torch.randn(3072)
+        cases.append(FusedCase(
+            f"bias+gelu {tokens}x3072", lambda t=tokens: fused.bias_gelu(t, 3072),
+            [h, bias], lambda t, b: F.gelu(t + b), None, (2 * h.numel() + 3072) * 4, h.numel()))
+        y = torch.randn(tokens, 768)
+        cases.append(FusedCase(
+            f"add+relu {tokens}x768", lambda t=tokens: fused.add_relu(t, 768),
+            [x, y], lambda a, b: torch.relu(a + b), None, 3 * x.numel() * 4, x.numel()))
+    return cases
+
+
+def _softmax_unfused(x: torch.Tensor) -> torch.Tensor:
+    e = torch.exp(x - x.amax(-1, keepdim=True))
+    return e / e.sum(-1, keepdim=True)
+
+
+def _layernorm_unfused(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    mean = x.mean(-1, keepdim=True)
+    d = x - mean
+    var = (d * d).mean(-1, keepdim=True)
+    return d * torch.rsqrt(var + 1e-5) * w + b
+
+
+def _inductor(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor]) -> Fn | str:
+    """A torch.compile'd ``fn`` bound to ``inputs``, or the reason it is unavailable."""
+    try:
+        compiled = torch.compile(fn, backend="inductor", dynamic=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled(*inputs)
+        return lambda: compiled(*inputs)
+    except Exception as exc:  # any failure means "not available here"; report why
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+
+
+def fused_kernels(options: Options, quick: bool, copy_bw: float, inductor: bool,
+                  notes: list[str]) -> list[Row]:
+    rows = []
+    for case in fused_cases(quick):
+        func = case.kernel()
+        kernel = compile_kernel(func, options)
+        expected = case.unfused(*case.inputs)
+        contenders: dict[str, Fn] = {
+            "eager unfused": lambda c=case: c.unfused(*c.inputs),
+        }
+        if case.aten is not None:
+            contenders["eager ATen op"] = lambda c=case: c.aten(*c.inputs)
+        if inductor:
+            compiled = _inductor(case.unfused, case.inputs)
+            if isinstance(compiled, str):
+                notes.append(f"{case.name}: inductor unavailable ({compiled})")
+            else:
+                contenders["inductor"] = compiled
+        if not isinstance(kernel, CompilerUnavailable):
+            out = torch.empty_like(expected)
+            shaped = [t.reshape(b.shape) for t, b in zip(case.inputs, func.inputs)]
+            kernel(*shaped, out.reshape(func.outputs[0].shape))
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+            ptrs = [t.data_ptr() for t in shaped] + [out.data_ptr()]
+            contenders["kiln"] = lambda k=kernel, p=ptrs: k.run_unchecked(*p)
+        timings = measure(contenders)
+        eager = timings["eager unfused"].median_s
+        for name, t in timings.items():
+            bw = case.nbytes / t.median_s / 1e9
+            rows.append(Row("fused", case.name, name, t.median_s * 1e6, t.spread, {
+                "GB/s": bw, "of copy BW": bw / copy_bw if copy_bw else 0.0,
+                "Gelem/s": case.elements / t.median_s / 1e9,
+                "speedup vs eager unfused": eager / t.median_s}))
+    return rows
+
+
+# --- output ------------------------------------------------------------------------------------
+
+
+def print_table(rows: list[Row]) -> None:
+    section = None
+    for row in rows:
+        if row.section != section:
+            section = row.section
+            print(f"\n== {section} ==")
+            print(f"{'case':<26}{'contender':<22}{'median':>11}{'spread':>8}  metrics")
+        metrics = "  ".join(f"{k} {_fmt(v)}" for k, v in row.metrics.items())
+        print(f"{row.case:<26}{row.contender:<22}{row.median_us:>9.1f}us"
+              f"{row.spread * 100:>7.0f}%  {metrics}")
+
+
+def _fmt(value: float) -> str:
+    if value < 10:
+        return f"{value:.2f}" if value >= 0.01 else f"{value:.3g}"
+    return f"{value:.0f}" if value >= 100 else f"{value:.1f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer sizes, shorter runs")
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile")
+    parser.add_argument("--only", choices=("machine", "gemm", "fused"), action="append")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
+    options = Options.from_env()
+    only = set(args.only or ("machine", "gemm", "fused"))
+    notes: list[str] = []
+    cache = options.kernel_cache_dir or "~/.cache/kiln/kernels"
+    print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy "
+          f"{np.__version__}, {os.cpu_count()} cores; kernel cache {cache}", flush=True)
+    rows, copy_bw, peak = machine(options, args.quick)
+    if "gemm" in only:
+        rows += gemm(options, args.quick, peak)
+    if "fused" in only:
+        rows += fused_kernels(options, args.quick, copy_bw, not args.no_inductor, notes)
+    print_table(rows)
+    print(f"\ncopy bandwidth (best of the copy contenders): {copy_bw:.1f} GB/s; "
+          f"peak FMA: {peak:.0f} GFLOP/s")
+    for note in notes:
+        print("note:", note)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"copy_GBps": copy_bw, "peak_GFLOPs": peak, "notes": notes,
+                       "rows": [asdict(r) for r in rows]}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
