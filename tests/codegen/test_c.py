@@ -1,0 +1,190 @@
+"""The C renderer: expected text for small programs, and compiled results vs the oracle."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kiln.codegen.c import CRenderer, render_c
+from kiln.codegen.kernel import CompiledKernel, KernelArgumentError, compile_kernel
+from kiln.ir.types import DType
+from kiln.options import Options
+from kiln.tir import interp
+from kiln.tir.nodes import (
+    Binary,
+    BinOp,
+    Block,
+    Buffer,
+    BufferStore,
+    Cast,
+    CmpOp,
+    Compare,
+    For,
+    ForKind,
+    IterKind,
+    IterVar,
+    PrimFunc,
+    Select,
+    Stmt,
+    Unary,
+    UnOp,
+    Var,
+    const,
+    seq,
+)
+
+F32 = DType.F32
+
+
+def _add(rows: int, cols: int, outer: ForKind = ForKind.PARALLEL,
+         inner: ForKind = ForKind.VECTORIZED) -> PrimFunc:
+    a = Buffer("A", (rows, cols), F32)
+    b = Buffer("B", (rows, cols), F32)
+    c = Buffer("C", (rows, cols), F32)
+    i, j, vi, vj = Var("i"), Var("j"), Var("vi"), Var("vj")
+    block = Block("C", (IterVar(vi, rows), IterVar(vj, cols)), (i, j),
+                  BufferStore(c, (vi, vj), a[vi, vj] + b[vi, vj]))
+    return PrimFunc("add", (a, b), (c,), For(i, rows, For(j, cols, block, inner), outer))
+
+
+def _body(source: str, name: str) -> str:
+    return source[source.index(f"void {name}("):]
+
+
+def test_add_renders_expected_c() -> None:
+    assert _body(render_c(_add(4, 8)), "add") == """\
+void add(const float* restrict A, const float* restrict B, float* restrict C) {
+  #pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < 4; ++i) {
+    #pragma omp simd
+    for (int64_t j = 0; j < 8; ++j) {
+      {  /* block C */
+        const int64_t vi = i;
+        const int64_t vj = j;
+        C[vi * 8 + vj] = A[vi * 8 + vj] + B[vi * 8 + vj];
+      }
+    }
+  }
+}
+"""
+
+
+def test_nested_parallel_loops_collapse_and_unroll_pragma() -> None:
+    text = render_c(_add(4, 8, ForKind.PARALLEL, ForKind.PARALLEL))
+    assert "#pragma omp parallel for schedule(static) collapse(2)" in text
+    text = render_c(_add(4, 8, ForKind.SERIAL, ForKind.UNROLLED))
+    assert "#pragma GCC unroll 8\n" in text and "omp parallel" not in _body(text, "add")
+
+
+def _row_sum(rows: int, cols: int, kind: ForKind) -> PrimFunc:
+    """out[i] = sum_j x[i, j] with the reduction loop marked ``kind``."""
+    x = Buffer("x", (rows, cols), F32)
+    out = Buffer("out", (rows,), F32)
+    i, k, vi, vk = Var("i"), Var("k"), Var("vi"), Var("vk")
+    block = Block("sum", (IterVar(vi, rows), IterVar(vk, cols, IterKind.REDUCE)), (i, k),
+                  BufferStore(out, (vi,), out[vi] + x[vi, vk]),
+                  init=BufferStore(out, (vi,), const(0.0, F32)))
+    return PrimFunc("row_sum", (x,), (out,), For(i, rows, For(k, cols, block, kind)))
+
+
+def test_racy_reduction_loop_renders_serial(options: Options) -> None:
+    func = _row_sum(3, 5, ForKind.PARALLEL)
+    text = render_c(func)
+    assert "feeds a reduction: serial" in text and "omp parallel" not in _body(text, "row_sum")
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    torch.manual_seed(0)
+    x = torch.randn(3, 5)
+    out = torch.empty(3)
+    kernel(x, out)
+    torch.testing.assert_close(out, x.sum(1))
+    # the interpreter runs PARALLEL loops backwards to expose exactly this schedule bug
+    assert not torch.allclose(interp.run_torch(func, [x])[0], x.sum(1))
+
+
+def test_names_are_made_valid_c() -> None:
+    a = Buffer("x.1", (2,), F32)
+    b = Buffer("int", (2,), F32)
+    i, vi = Var("for"), Var("2v")
+    block = Block("b", (IterVar(vi, 2),), (i,), BufferStore(b, (vi,), a[vi]))
+    text = render_c(PrimFunc("my-kernel", (a,), (b,), For(i, 2, block)))
+    assert "void my_kernel(const float* restrict x_1, float* restrict v_int)" in text
+    assert "for (int64_t v_for = 0;" in text and "const int64_t v_2v = v_for;" in text
+
+
+def _everything(n: int) -> PrimFunc:
+    """One output per expression kind the renderer spells, elementwise over f32[n]."""
+    x = Buffer("x", (n,), F32)
+    y = Buffer("y", (n,), F32)
+    outs = [Buffer(f"o{k}", (n,), F32) for k in range(12)]
+    i, vi = Var("i"), Var("vi")
+    a, b = x[vi], y[vi]
+    zero = const(0.0, F32)
+    values = [
+        Binary(BinOp.MAX, a, b), Binary(BinOp.MIN, a, b), Unary(UnOp.EXP, a),
+        Unary(UnOp.ERF, a), Unary(UnOp.TANH, a), Unary(UnOp.SIGMOID, a),
+        Unary(UnOp.RSQRT, Unary(UnOp.ABS, a)), Binary(BinOp.FLOORMOD, a, b),
+        Select(Compare(CmpOp.GT, a, zero), a, b * const(-math.inf, F32)),
+        Cast(F32, Cast(DType.I32, Select(Compare(CmpOp.EQ, a, a), a, zero) * const(10.0, F32))),
+        Binary(BinOp.FLOORDIV, a, b), Unary(UnOp.LOG, Unary(UnOp.ABS, b)) / a,
+    ]
+    block = Block("all", (IterVar(vi, n),), (i,),
+                  _seq([BufferStore(o, (vi,), v) for o, v in zip(outs, values)]))
+    return PrimFunc("everything", (x, y), tuple(outs), For(i, n, block, ForKind.VECTORIZED))
+
+
+def _seq(stmts: list[BufferStore]) -> Stmt:
+    return seq(*stmts)
+
+
+def test_expressions_match_interpreter_and_torch(options: Options) -> None:
+    n = 37  # not a multiple of the vector width
+    func = _everything(n)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    torch.manual_seed(1)
+    x = torch.randn(n) * 3
+    y = torch.randn(n) * 3
+    x[0], y[1], x[2] = float("nan"), float("nan"), 0.0
+    outs = [torch.empty(n) for _ in func.outputs]
+    kernel(x, y, *outs)
+    want = interp.run_torch(func, [x, y])
+    for got, ref in zip(outs, want):
+        torch.testing.assert_close(got, ref, rtol=2e-6, atol=1e-6, equal_nan=True)
+    # NaN in either operand of max/min gives NaN, as torch.maximum/minimum do
+    torch.testing.assert_close(outs[0], torch.maximum(x, y), equal_nan=True)
+    torch.testing.assert_close(outs[1], torch.minimum(x, y), equal_nan=True)
+    torch.testing.assert_close(outs[7], torch.remainder(x, y), equal_nan=True)
+
+
+def test_kernel_checks_its_arguments(options: Options) -> None:
+    kernel = compile_kernel(_add(2, 3, ForKind.SERIAL, ForKind.SERIAL), options)
+    assert isinstance(kernel, CompiledKernel)
+    a, b, c = torch.ones(2, 3), torch.ones(2, 3), torch.empty(2, 3)
+    kernel(a, b, c)
+    assert torch.equal(c, torch.full((2, 3), 2.0))
+    with pytest.raises(KernelArgumentError, match="shape"):
+        kernel(a, b, torch.empty(3, 2))
+    with pytest.raises(KernelArgumentError, match="dtype"):
+        kernel(a, b.double(), c)
+    with pytest.raises(KernelArgumentError, match="strides"):
+        kernel(a, torch.ones(3, 2).t(), c)
+    with pytest.raises(KernelArgumentError, match="takes 3"):
+        kernel(a, b)
+
+
+def test_zero_extent_loop_renders_nothing(options: Options) -> None:
+    func = _add(0, 8)
+    assert "for (" not in _body(render_c(func), "add")
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    kernel(torch.empty(0, 8), torch.empty(0, 8), torch.empty(0, 8))
+
+
+def test_renderer_hooks_can_be_overridden() -> None:
+    class NoPragmas(CRenderer):
+        def loop_pragma(self, loop, collapse):  # noqa: ANN001, ANN202
+            return None
+    assert "#pragma omp" not in _body(NoPragmas().render(_add(4, 8)), "add")

@@ -1,0 +1,96 @@
+"""Generated GEMM and fused row kernels against torch and the tir interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.codegen import fused
+from kiln.codegen.gemm import GemmConfig, default_gemm_config, gemm_func
+from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.options import Options
+from kiln.tir import interp
+
+SMALL = GemmConfig(mr=14, nr=32, kc=16, mc=28, nc=64)  # several blocks in every loop
+
+
+@pytest.mark.parametrize("m,n,k,config", [
+    (1, 1, 1, None), (5, 7, 3, None), (15, 33, 17, None), (0, 3, 4, None), (3, 4, 0, None),
+    (29, 70, 45, SMALL), (64, 96, 32, SMALL),
+])
+def test_gemm_matches_torch(options: Options, m: int, n: int, k: int,
+                            config: GemmConfig | None) -> None:
+    func = gemm_func(m, n, k, config)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    torch.manual_seed(m * 100 + n)
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    c = torch.full((m, n), float("nan"))
+    kernel(a, b, c)
+    torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_transposed_b_and_interpreter(options: Options) -> None:
+    func = gemm_func(5, 9, 6, GemmConfig(mr=14, nr=32, kc=4, mc=14, nc=32), b_transposed=True)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    a, w = torch.randn(5, 6), torch.randn(9, 6)
+    c = torch.empty(5, 9)
+    kernel(a, w, c)
+    torch.testing.assert_close(c, a @ w.t(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(interp.run_torch(func, [a, w])[0], a @ w.t(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_default_gemm_config_balances_threads() -> None:
+    cfg = default_gemm_config(1024, 1024, 1024, threads=2)
+    tiles = -(-1024 // cfg.mr)
+    blocks = -(-1024 // cfg.mc)
+    assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.kc <= 256
+    per_thread = -(-blocks // 2) * (cfg.mc // cfg.mr)
+    assert per_thread <= -(-tiles // 2) + cfg.mc // cfg.mr
+
+
+CASES = {
+    "softmax": (fused.softmax_rows, lambda x: (x,), lambda x: torch.softmax(x, -1)),
+    "layernorm": (fused.layernorm_rows, lambda x: (x, torch.randn(x.shape[1]),
+                                                   torch.randn(x.shape[1])),
+                  lambda x, w, b: F.layer_norm(x, (x.shape[1],), w, b)),
+    "bias_gelu": (fused.bias_gelu, lambda x: (x, torch.randn(x.shape[1])),
+                  lambda x, b: F.gelu(x + b)),
+    "add_relu": (fused.add_relu, lambda x: (x, torch.randn_like(x)),
+                 lambda x, y: torch.relu(x + y)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CASES))
+@pytest.mark.parametrize("rows,n", [(3, 37), (1, 1), (2, 32), (0, 5)])
+def test_fused_kernels_match_torch_and_interpreter(options: Options, kind: str, rows: int,
+                                                   n: int) -> None:
+    build_func, make_args, reference = CASES[kind]
+    func = build_func(rows, n)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    torch.manual_seed(rows * 10 + n)
+    args = make_args(torch.randn(rows, n) * 2)
+    out = torch.full((rows, n), float("nan"))
+    kernel(*args, out)
+    want = reference(*args)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
+    if rows:
+        torch.testing.assert_close(out, interp.run_torch(func, list(args))[0],
+                                   rtol=1e-5, atol=2e-6)
+
+
+def test_fused_kernels_propagate_nan(options: Options) -> None:
+    x = torch.randn(2, 20)
+    x[0, 3] = float("nan")
+    for kind in ("softmax", "add_relu"):
+        build_func, make_args, reference = CASES[kind]
+        kernel = compile_kernel(build_func(2, 20), options)
+        assert isinstance(kernel, CompiledKernel)
+        args = make_args(x)
+        out = torch.empty(2, 20)
+        kernel(*args, out)
+        torch.testing.assert_close(out, reference(*args), equal_nan=True)
