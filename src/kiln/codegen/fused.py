@@ -2,8 +2,9 @@
 
 Each builder returns a PrimFunc already in the form the default schedule gives such a
 kernel: rows in parallel, every pass over a row vectorized, and reductions over a row split
-into ``W`` lane-wise partial results (rfactor) that the vector loop keeps in a local array,
+into ``LANES`` lane-wise partial results (rfactor) that the vector loop keeps in a local array,
 combined at the end of the row. A row is read from memory once; later passes hit L1.
+Softmax is three passes: max; exp stored and summed in one loop; scale by 1/sum.
 
     softmax_rows(R, N)       out[r, :] = softmax(x[r, :])
     layernorm_rows(R, N)     out[r, :] = (x - mean) * rsqrt(var + eps) * w + b
@@ -113,20 +114,29 @@ class _Row:
         return _nest(self.names, name, [], [(lane, LANES, ForKind.VECTORIZED)], body)
 
     def partial(self, name: str, part: Buffer, op: BinOp, identity: float,
-                term: Callable[[Var, Expr], Expr]) -> Stmt:
-        """part[l] = identity; part[l] = part[l] op term(r, col) over the row's chunks."""
+                term: Callable[[Var, Expr], Expr],
+                side: Callable[[Var, Expr], Stmt] | None = None) -> Stmt:
+        """part[l] = identity; part[l] = part[l] op term(r, col) over the row's chunks.
+
+        ``side(r, col)``, if given, is a store that runs first in the same loop (so a pass
+        that writes the row can also reduce it); the tail is then a block predicate."""
         init = self.lanes(f"{name}_init", lambda v: BufferStore(part, (v,), _c(identity)))
         jo, lane = self.names.var("jo"), self.names.var("l")
 
         def update(vr: Var, vjo: Var, vl: Var) -> Stmt:
             col = vjo * LANES + vl
             value = term(vr, col)
-            if self.tail:
+            if self.tail and side is None:
                 value = Select(_lt(col, self.n), value, _c(identity))
-            return BufferStore(part, (vl,), Binary(op, part[vl], value))
+            store = BufferStore(part, (vl,), Binary(op, part[vl], value))
+            return store if side is None else seq(side(vr, col), store)
+
+        def in_row(r: Var, vjo: Var, vl: Var) -> Expr:
+            return _lt(vjo * LANES + vl, self.n)
         loop = _nest(self.names, name, [(self.r, self.rows)],
                      [(jo, self.chunks, ForKind.SERIAL), (lane, LANES, ForKind.VECTORIZED)],
-                     update, reduce=(1,))
+                     update, reduce=(1,),
+                     predicate=in_row if self.tail and side is not None else None)
         return seq(init, loop)
 
     def combine(self, name: str, part: Buffer, stat: Buffer, slot: int, op: BinOp,
@@ -164,13 +174,13 @@ def softmax_rows(rows: int, n: int, name: str = "softmax") -> PrimFunc:
         zero = const(0, DType.I64)
         one = const(1, DType.I64)
 
-        def exp_store(vr: Var, vj: Var) -> Stmt:
-            return BufferStore(out, (vr, vj), Unary(UnOp.EXP, x[vr, vj] - stat[zero]))
+        def exp_store(vr: Var, col: Expr) -> Stmt:
+            return BufferStore(out, (vr, col), Unary(UnOp.EXP, x[vr, col] - stat[zero]))
         return seq(
             row.partial("max_part", part, BinOp.MAX, -math.inf, lambda vr, c: x[vr, c]),
             row.combine("max", part, stat, 0, BinOp.MAX, -math.inf),
-            row.elementwise("exp", exp_store),
-            row.partial("sum_part", part, BinOp.ADD, 0.0, lambda vr, c: out[vr, c]),
+            row.partial("exp_sum_part", part, BinOp.ADD, 0.0, lambda vr, c: out[vr, c],
+                        side=exp_store),
             row.combine("sum", part, stat, 1, BinOp.ADD, 0.0, lambda s: _c(1.0) / s),
             row.elementwise("scale", lambda vr, vj: BufferStore(
                 out, (vr, vj), out[vr, vj] * stat[one])),
