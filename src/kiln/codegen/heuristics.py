@@ -1,0 +1,119 @@
+"""Default schedules for lowered kernels, chosen from the loop nest by simple rules.
+
+    func, trace = default_schedule(lowered.func)
+
+The rules, applied with the schedule primitives (so the result is a replayable Trace, the
+same space the autotuner searches), each one skipped where the primitive refuses it:
+
+1. inline elementwise intermediates into their consumers (``compute_inline``);
+2. per block, vectorize the innermost loop when it is spatial and walks the last axis;
+3. per block, parallelize the outermost spatial loop (once per loop nest), splitting a
+   single long loop into ``parallel x vectorized`` first.
+
+Reductions keep their reduction loops serial (the renderer never vectorizes a loop that
+feeds a REDUCE iter var). GEMMs take the packed kernel of ``kiln.codegen.gemm`` instead; the
+memory-bound transformer kernels take the row schedules of ``kiln.codegen.fused``.
+"""
+
+from __future__ import annotations
+
+from kiln.tir.nodes import Block, For, ForKind, IterKind, PrimFunc, Var
+from kiln.tir.primitives.common import ScheduleError, find_block
+from kiln.tir.schedule import Schedule
+from kiln.tir.trace import Trace
+
+__all__ = ["default_schedule"]
+
+VECTOR = 16  # fp32 lanes of AVX-512
+MIN_PARALLEL = 2
+
+
+def default_schedule(func: PrimFunc) -> tuple[PrimFunc, Trace]:
+    """``func`` with the default schedule applied, and the trace that applies it."""
+    sch = Schedule(func)
+    for name in sch.blocks():
+        if name in _intermediate_writers(sch):
+            _try(sch.compute_inline, name)
+    parallel_done: set[str] = set()
+    for name in sch.blocks():
+        _schedule_block(sch, name, parallel_done)
+    return sch.func, sch.trace
+
+
+def _intermediate_writers(sch: Schedule) -> set[str]:
+    """Blocks that write an allocated (non-parameter) buffer."""
+    params = {b.name for b in sch.func.params}
+    out = set()
+    for name in sch.blocks():
+        block = find_block(sch.func, name).stmt
+        assert isinstance(block, Block)
+        written = _written(block)
+        if written and written not in params:
+            out.add(name)
+    return out
+
+
+def _written(block: Block) -> str | None:
+    from kiln.tir.nodes import BufferStore
+    body = block.body
+    return body.buffer.name if isinstance(body, BufferStore) else None
+
+
+def _schedule_block(sch: Schedule, name: str, parallel_done: set[str]) -> None:
+    try:
+        loc = find_block(sch.func, name)
+    except ScheduleError:
+        return  # inlined away
+    block = loc.stmt
+    assert isinstance(block, Block)
+    loops = loc.loops
+    if not loops:
+        return
+    reduce_vars = {v.name for iv, b in zip(block.iter_vars, block.bindings)
+                   if iv.kind is IterKind.REDUCE for v in _vars(b)}
+    spatial = [lp for lp in loops if lp.var.name not in reduce_vars]
+    inner = loops[-1]
+    if inner in spatial and inner.kind is ForKind.SERIAL and _walks_last_axis(block, inner):
+        if len(loops) == 1 and inner.extent >= 4 * VECTOR:
+            outer, vec = _try(sch.split, inner.var.name, [None, VECTOR]) or (None, None)
+            if vec is not None:
+                _try(sch.vectorize, vec)
+                if outer is not None and outer.name not in parallel_done:
+                    if _try(sch.parallel, outer) is not False:
+                        parallel_done.add(outer.name)
+                return
+        elif inner.extent > 1:
+            _try(sch.vectorize, inner.var.name)
+    for lp in spatial:
+        if lp is inner and len(loops) > 1:
+            break
+        if lp.var.name in parallel_done or lp.kind is not ForKind.SERIAL:
+            continue
+        if lp.extent >= MIN_PARALLEL and _try(sch.parallel, lp.var.name) is not False:
+            parallel_done.add(lp.var.name)
+        break
+
+
+def _walks_last_axis(block: Block, loop: For) -> bool:
+    """Whether ``loop`` binds the iter var that indexes the stored buffer's last axis."""
+    from kiln.tir.nodes import BufferStore
+    store = block.body
+    if not isinstance(store, BufferStore) or not store.indices:
+        return False
+    bound = {iv.var.name for iv, b in zip(block.iter_vars, block.bindings)
+             if loop.var.name in {v.name for v in _vars(b)}}
+    return bool(bound & {v.name for v in _vars(store.indices[-1])})
+
+
+def _vars(expr: object) -> list[Var]:
+    from kiln.tir.visit import vars_of
+    return list(vars_of(expr))  # type: ignore[arg-type]
+
+
+def _try(verb, *args):  # noqa: ANN001, ANN202
+    """Apply a primitive; False when it refuses (the schedule is left as it was)."""
+    try:
+        result = verb(*args)
+    except ScheduleError:
+        return False
+    return result if result is not None else True
