@@ -352,8 +352,10 @@ def main(argv: list[str] | None = None) -> int:
     only = set(args.only or ("machine", "gemm", "fused"))
     notes: list[str] = []
     cache = options.kernel_cache_dir or "~/.cache/kiln/kernels"
+    load_before = os.getloadavg()[0]
     print(f"torch {torch.__version__} ({torch.get_num_threads()} threads), numpy "
-          f"{np.__version__}, {os.cpu_count()} cores; kernel cache {cache}", flush=True)
+          f"{np.__version__}, {os.cpu_count()} cores, load average {load_before:.2f}; "
+          f"kernel cache {cache}", flush=True)
     rows, copy_bw, peak = machine(options, args.quick)
     if "gemm" in only:
         rows += gemm(options, args.quick, peak)
@@ -362,11 +364,15 @@ def main(argv: list[str] | None = None) -> int:
     print_table(rows)
     print(f"\ncopy bandwidth (best of the copy contenders): {copy_bw:.1f} GB/s; "
           f"peak FMA: {peak:.0f} GFLOP/s")
+    load_after = os.getloadavg()[0]
+    print(f"load average before/after: {load_before:.2f}/{load_after:.2f} "
+          f"(above ~0.5 on this machine means other work shared the cores)")
     for note in notes:
         print("note:", note)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_GBps": copy_bw, "peak_GFLOPs": peak, "notes": notes,
+                       "load_average": [load_before, load_after],
                        "rows": [asdict(r) for r in rows]}, f, indent=1)
     return 0
 
