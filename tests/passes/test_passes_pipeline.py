@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import pytest
 import torch
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import Graph, Node, VerificationError, parse_graph, print_graph, verify
 from kiln.options import Options
 from kiln.passes.base import Pass
@@ -27,13 +27,25 @@ graph(%x: f32[8, 16]) {
   return %s
 }"""
 
-AFTER = """\
+AFTER_O0 = """\
 graph(%x: f32[8, 16]) {
   %b = constant {name='fc.bias'} : f32[4]
   %t = constant {name='fold.t'} : f32[16, 4]
   %y = addmm(%b, %x, %t) {beta=1, alpha=1} : f32[8, 4]
   %r = relu(%y) : f32[8, 4]
   %s = add(%r, %r) : f32[8, 4]
+  return %s
+}
+"""
+
+# at the default level the rules also fuse the relu into the GEMM and turn r + r into r * 2
+AFTER = """\
+graph(%x: f32[8, 16]) {
+  %b = constant {name='fc.bias'} : f32[4]
+  %t = constant {name='fold.t'} : f32[16, 4]
+  %c = scalar {value=2} : i64[]
+  %y = addmm_act(%b, %x, %t) {activation=op('relu'), act_args=(), beta=1, alpha=1} : f32[8, 4]
+  %s = mul(%y, %c) : f32[8, 4]
   return %s
 }
 """
@@ -52,6 +64,11 @@ def test_default_pipeline_before_and_after() -> None:
     support.check_pass(_optimize, BEFORE, AFTER, _weights())
 
 
+def test_level_0_is_cleanup_only() -> None:
+    support.check_pass(lambda g: run_pipeline(g, Options(opt_level=0, debug=True))[0],
+                       BEFORE, AFTER_O0, _weights())
+
+
 def test_one_record_per_pass_in_order() -> None:
     graph = parse_graph(BEFORE, _weights())
     _, records, snapshots = run_pipeline(graph, Options())
@@ -61,7 +78,11 @@ def test_one_record_per_pass_in_order() -> None:
     for earlier, later in zip(records, records[1:]):
         assert earlier.nodes_after == later.nodes_before
     # weights and numbers are not counted: fold turns the permute into a weight
-    assert [(r.nodes_before, r.nodes_after) for r in records] == [(7, 5), (5, 4), (4, 3), (3, 3)]
+    assert [(r.name, r.nodes_before, r.nodes_after) for r in records] == [
+        ("dce", 7, 5), ("cse", 5, 4), ("fold", 4, 3), ("simplify", 3, 3), ("fuse.weights", 3, 3),
+        ("fuse.epilogue", 3, 2), ("merge.parallel", 2, 2), ("fold.rewritten", 2, 2),
+        ("cse.final", 2, 2), ("dce.final", 2, 2)]
+    assert records[5].rules["addmm-act"].fired == 1
     assert snapshots == []
 
 
@@ -119,12 +140,18 @@ def test_zoo_pipeline_records_every_pass(zoo_case) -> None:
     verify(optimized)
 
 
-def test_zoo_optimized_graph_computes_the_captured_outputs(zoo_case) -> None:
-    optimized, _ = support.optimized(zoo_case.name)
+# ieee rules (batch norm folding, merged GEMMs) round differently from the original ops; the
+# largest drift measured on the quick zoo is 1.2e-5 (inception: 41 folded batch norms)
+TOLERANCE = {0: 1e-6, 2: 1e-4}
+
+
+@pytest.mark.parametrize("level", sorted(TOLERANCE))
+def test_zoo_optimized_graph_computes_the_captured_outputs(zoo_case, level) -> None:
+    optimized = run_pipeline(zoo_case.graph, Options(opt_level=level))[0]
     expected = support.run_interpreter(zoo_case.graph, zoo_case.inputs)
     actual = support.run_interpreter(optimized, zoo_case.inputs)
     assert len(actual) == len(expected)
     for a, e in zip(actual, expected):
-        assert support.relative_error(a, e) < 1e-6
+        assert support.relative_error(a, e) < TOLERANCE[level]
     for a, e in zip(actual, zoo_case.expected):
-        assert support.relative_error(a, e) < 1e-5
+        assert support.relative_error(a, e) < max(TOLERANCE[level], 1e-5)

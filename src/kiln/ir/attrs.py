@@ -216,6 +216,35 @@ class ConvAttrs(Attrs):
 
 
 @attrs_class
+class AddmmActAttrs(Attrs):
+    """addmm, then ``activation`` (an elementwise unary op) with its ``act_args``."""
+
+    activation: Op
+    act_args: tuple[Any, ...] = ()  # gelu: (approximate,); clamp: (min, max); leaky: (slope,)
+    beta: Number = 1
+    alpha: Number = 1
+
+
+@attrs_class
+class ConvActAttrs(Attrs):
+    """convolution (operands x, w[, bias][, residual]), + residual, then ``activation``."""
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    groups: int
+    has_bias: bool
+    has_residual: bool
+    activation: Op | None
+    act_args: tuple[Any, ...] = ()
+
+
+@attrs_class
+class LayoutAttrs(Attrs):
+    channels_last: bool  # True: NHWC order in memory; False: the standard contiguous order
+
+
+@attrs_class
 class MaxPoolAttrs(Attrs):
     kernel: tuple[int, ...]
     stride: tuple[int, ...]
@@ -293,6 +322,9 @@ ATTRS_OF: dict[Op, type[Attrs]] = {
     Op.PAD: PadAttrs,
     Op.ADDMM: AddmmAttrs,
     Op.CONVOLUTION: ConvAttrs,
+    Op.ADDMM_ACT: AddmmActAttrs,
+    Op.CONV_ACT: ConvActAttrs,
+    Op.TO_LAYOUT: LayoutAttrs,
     Op.MAX_POOL2D: MaxPoolAttrs,
     Op.AVG_POOL2D: AvgPoolAttrs,
     Op.ADAPTIVE_AVG_POOL2D: AdaptivePoolAttrs,

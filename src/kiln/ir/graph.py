@@ -241,3 +241,50 @@ def unique_names(nodes: Iterable[Node]) -> dict[Node, str]:
 def _sanitize(name: str) -> str:
     cleaned = "".join(c if c.isalnum() or c in "_." else "_" for c in name)
     return cleaned or "v"
+
+
+def substitute(graph: Graph, mapping: Mapping[Value, Value],
+               constants: Mapping[str, torch.Tensor] | None = None) -> Graph:
+    """Every use of a key of ``mapping`` becomes its value; dead nodes are dropped.
+
+    Replacement values may be new nodes (built from values of ``graph``, and from other keys,
+    which are followed in turn); each new node is placed just before its first user. Weights
+    that new CONSTANT nodes refer to come in ``constants``.
+    """
+    rebuilt: dict[Node, Node] = {n: n for n in graph.inputs}
+    order: list[Node] = []
+
+    def resolve(value: Value) -> Value:
+        seen: set[Value] = set()
+        while value in mapping:
+            if value in seen:
+                raise ValueError(f"substitution of {value} refers back to itself")
+            seen.add(value)
+            value = mapping[value]
+        return Value(build(value.node), value.index)
+
+    def build(node: Node) -> Node:
+        done = rebuilt.get(node)
+        if done is not None:
+            return done
+        inputs = tuple(resolve(v) for v in node.inputs)
+        new = node if inputs == node.inputs else Node(node.op, inputs, node.attrs, node.types,
+                                                      node.name)
+        rebuilt[node] = new
+        order.append(new)
+        return new
+
+    for node in graph.nodes:
+        build(node)
+    outputs = [resolve(v) for v in graph.outputs]
+    result = graph.replace(nodes=order, outputs=outputs,
+                           constants={**graph.constants, **(constants or {})})
+    live = live_nodes(result)
+    kept = [n for n in order if n in live or _keeps_effect(n)]
+    used = {n.attrs.name for n in kept if n.op is Op.CONSTANT}  # type: ignore[attr-defined]
+    return result.replace(nodes=kept, constants={k: v for k, v in result.constants.items()
+                                                 if k in used})
+
+
+def _keeps_effect(node: Node) -> bool:
+    return node.op is Op.CALL and bool(node.attrs.target._schema.is_mutable)  # type: ignore

@@ -3,7 +3,7 @@
 Besides numbers, strings, None, booleans and tuples it knows ``inf``/``nan``, kiln dtypes
 (``f32``), torch dtypes, layouts and memory formats (``torch.float32``), devices
 (``device('cpu')``), ATen op overloads (``aten.cumsum.default``) and call-template operands
-(``arg(0)``). Nothing is ever passed to ``eval``.
+(``arg(0)``) and kiln ops (``op('relu')``). Nothing is ever passed to ``eval``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from kiln.ir.attrs import Operand
+from kiln.ir.ops import Op
 from kiln.ir.types import DType
 
 _TORCH_NAMES: dict[Any, str] = {}
@@ -36,6 +37,8 @@ def format_literal(value: Any) -> str:
         return repr(value)
     if isinstance(value, DType):
         return value.value
+    if isinstance(value, Op):
+        return f"op({value.text!r})"
     if isinstance(value, Operand):
         return f"arg({value.index})"
     if isinstance(value, tuple):
@@ -110,6 +113,8 @@ def _eval(node: ast.AST, text: str) -> Any:
             return Operand(arg)
         if node.func.id == "device" and isinstance(arg, str):
             return torch.device(arg)
+        if node.func.id == "op" and isinstance(arg, str):
+            return Op.parse(arg)
     raise ValueError(f"not an IR literal: {ast.unparse(node)!r} in {text!r}")
 
 

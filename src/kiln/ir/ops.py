@@ -102,12 +102,16 @@ class Op(enum.Enum):
     SPLIT = ("split", G.MOVEMENT | G.VIEW)  # one output per piece
     CAT = ("cat", G.MOVEMENT)
     CLONE = ("clone", G.MOVEMENT)
+    TO_LAYOUT = ("to_layout", G.MOVEMENT)  # copy into a memory format (channels-last or not)
     PAD = ("pad", G.MOVEMENT)  # constant padding
     # contractions and friends
     MM = ("mm", G.CONTRACTION)
     BMM = ("bmm", G.CONTRACTION)
     ADDMM = ("addmm", G.CONTRACTION)
     CONVOLUTION = ("convolution", G.CONTRACTION)
+    # fused by the rewrite rules: a contraction with its epilogue (bias, residual, activation)
+    ADDMM_ACT = ("addmm_act", G.CONTRACTION)
+    CONV_ACT = ("conv_act", G.CONTRACTION)
     EMBEDDING = ("embedding", G.MOVEMENT)
     MAX_POOL2D = ("max_pool2d", G.POOLING)  # outputs: values, indices
     AVG_POOL2D = ("avg_pool2d", G.POOLING)

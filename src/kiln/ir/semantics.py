@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from kiln.ir import attrs as A
+from kiln.ir import fused
 from kiln.ir.attrs import Operand
 from kiln.ir.ops import Op
 
@@ -150,6 +151,14 @@ LOWERINGS: dict[Op, Lowering] = {
         aten.convolution.default,
         (X, Y, _optional(n, 2), list(a.stride), list(a.padding), list(a.dilation),
          a.transposed, list(a.output_padding), a.groups)),
+    Op.ADDMM_ACT: lambda a, n: AtenCall(fused.addmm_act, (X, Y, Z), {
+        "beta": a.beta, "alpha": a.alpha, "activation": a.activation, "act_args": a.act_args}),
+    Op.CONV_ACT: lambda a, n: AtenCall(fused.conv_act, tuple(Operand(i) for i in range(n)), {
+        "stride": list(a.stride), "padding": list(a.padding), "dilation": list(a.dilation),
+        "groups": a.groups, "has_bias": a.has_bias, "activation": a.activation,
+        "act_args": a.act_args}),
+    Op.TO_LAYOUT: lambda a, n: AtenCall(aten.clone.default, (X,), {
+        "memory_format": torch.channels_last if a.channels_last else torch.contiguous_format}),
     Op.EMBEDDING: lambda a, n: AtenCall(aten.embedding.default, (X, Y)),
     Op.MAX_POOL2D: lambda a, n: AtenCall(
         aten.max_pool2d_with_indices.default,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 
+from kiln import rules
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
 from kiln.options import Options
@@ -13,11 +14,21 @@ from kiln.passes.base import Pass
 from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
+from kiln.rewrite.engine import RuleStats, TraceEvent
+from kiln.rewrite.passes import RulePass
 
-PIPELINE: tuple[Pass, ...] = (
+PIPELINE: tuple[Pass | RulePass, ...] = (
     Pass("dce", eliminate_dead_code, 0, "drop what capture left unused before spending time on it"),
     Pass("cse", eliminate_common_subexpressions, 0, "merge duplicates so folding sees each once"),
     Pass("fold", fold_constants, 0, "precompute weight-only subgraphs (e.g. weight transposes)"),
+    RulePass("simplify", rules.SIMPLIFY, 1, "neutral elements, moves, arithmetic: fewer nodes"),
+    RulePass("fuse.weights", rules.FOLD_INTO_WEIGHTS, 2,
+             "batch norms, biases, scales into weights, before epilogues claim the convs"),
+    RulePass("fuse.epilogue", rules.EPILOGUE, 2,
+             "bias/residual/activation onto their contraction, before merging siblings"),
+    RulePass("merge.parallel", rules.MERGE, 2, "one wide GEMM/conv per shared input"),
+    Pass("fold.rewritten", fold_constants, 1, "compute the weights the rules built"),
+    Pass("cse.final", eliminate_common_subexpressions, 1, "rewrites can make equal nodes"),
     Pass("dce.final", eliminate_dead_code, 0, "drop the sources folding left behind"),
 )
 
@@ -30,20 +41,30 @@ class PassRecord:
     nodes_before: int
     nodes_after: int
     seconds: float
+    rules: dict[str, RuleStats] = field(default_factory=dict)  # rule passes: per-rule stats
+    trace: tuple[TraceEvent, ...] = ()  # rule passes: events of the traced rules
 
 
-def run_pipeline(graph: Graph, options: Options, passes: Sequence[Pass] = PIPELINE,
-                 keep_snapshots: bool = False) -> tuple[Graph, list[PassRecord], list[Graph]]:
+def run_pipeline(graph: Graph, options: Options, passes: Sequence[Pass | RulePass] = PIPELINE,
+                 keep_snapshots: bool = False, trace_rules: Iterable[str] = ()
+                 ) -> tuple[Graph, list[PassRecord], list[Graph]]:
     """Run every pass enabled at ``options.opt_level``; verify after each when debugging."""
     records: list[PassRecord] = []
     snapshots: list[Graph] = []
+    traced = tuple(trace_rules)
     for p in passes:
         if options.opt_level < p.min_level:
             continue
         start = time.perf_counter()
         before = graph.num_ops()
-        graph = p(graph, options)
-        records.append(PassRecord(p.name, before, graph.num_ops(), time.perf_counter() - start))
+        if isinstance(p, RulePass):
+            result = p.rewrite(graph, options, traced)
+            graph = result.graph
+            stats, trace = result.stats, tuple(result.trace)
+        else:
+            graph, stats, trace = p(graph, options), {}, ()
+        records.append(PassRecord(p.name, before, graph.num_ops(), time.perf_counter() - start,
+                                  stats, trace))
         if options.debug:
             verify(graph)
         if keep_snapshots:

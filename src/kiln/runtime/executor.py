@@ -111,7 +111,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None,
 def _call_text(env: dict[str, Any], node: Node, call: AtenCall, ref: Callable[[Value], str],
                out: str | None, device: torch.device) -> str:
     target = OUT_VARIANTS[node.op] if out is not None else call.target
-    kernel = _bind(env, f"K_{node.op.text}", target._op)  # type: ignore[attr-defined]
+    # an OpOverload's raw kernel skips a Python layer; fused ops are plain functions
+    kernel = _bind(env, f"K_{node.op.text}", getattr(target, "_op", target))
     args = [_arg(env, a, node, ref, device) for a in call.args]
     kwargs = [f"{k}={_arg(env, v, node, ref, device)}" for k, v in call.kwargs.items()]
     if out is not None:

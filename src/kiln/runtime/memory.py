@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.ir import fused
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 
@@ -30,6 +31,7 @@ OUT_VARIANTS: dict[Op, object] = {
     Op.MM: aten.mm.out, Op.BMM: aten.bmm.out, Op.ADDMM: aten.addmm.out,
     Op.SOFTMAX: aten._softmax.out, Op.CAT: aten.cat.out, Op.WHERE: aten.where.self_out,
     Op.SUM: aten.sum.IntList_out, Op.MEAN: aten.mean.out,
+    Op.ADDMM_ACT: fused.addmm_act,
 }
 
 

@@ -1,0 +1,57 @@
+"""What kiln's fused ops compute: the library op, then its epilogue applied in place.
+
+The epilogue runs the same ATen kernels as the unfused ops, on the contraction's own output
+buffer, so a fused op gives bit-identical results and saves the intermediate allocation and
+one trip through memory allocation. Both functions accept ``out=`` so the memory planner can
+place their result in the arena.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.ir.ops import Op
+
+aten = torch.ops.aten
+
+# activation op -> its in-place ATen kernel, called as kernel(tensor, *act_args)
+_IN_PLACE: dict[Op, Any] = {
+    Op.RELU: aten.relu_.default,
+    Op.GELU: lambda t, approximate="none": aten.gelu_.default(t, approximate=approximate),
+    Op.SIGMOID: aten.sigmoid_.default,
+    Op.TANH: aten.tanh_.default,
+    Op.CLAMP: aten.clamp_.default,
+    Op.LEAKY_RELU: aten.leaky_relu_.default,
+}
+
+ACTIVATIONS = frozenset(_IN_PLACE)
+
+
+def apply_activation(t: torch.Tensor, activation: Op | None, act_args: tuple[Any, ...]) -> None:
+    if activation is not None:
+        _IN_PLACE[activation](t, *act_args)
+
+
+def addmm_act(bias: torch.Tensor, x: torch.Tensor, w: torch.Tensor, *, beta: Any, alpha: Any,
+              activation: Op, act_args: tuple[Any, ...],
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    if out is None:
+        out = aten.addmm.default(bias, x, w, beta=beta, alpha=alpha)
+    else:
+        aten.addmm.out(bias, x, w, beta=beta, alpha=alpha, out=out)
+    apply_activation(out, activation, act_args)
+    return out
+
+
+def conv_act(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list[int],
+             padding: list[int], dilation: list[int], groups: int, has_bias: bool,
+             activation: Op | None, act_args: tuple[Any, ...]) -> torch.Tensor:
+    bias = rest[0] if has_bias else None
+    residual = rest[1 if has_bias else 0] if len(rest) > int(has_bias) else None
+    y = aten.convolution.default(x, w, bias, stride, padding, dilation, False, [0, 0], groups)
+    if residual is not None:
+        y.add_(residual)
+    apply_activation(y, activation, act_args)
+    return y

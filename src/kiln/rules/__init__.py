@@ -1,0 +1,35 @@
+"""kiln's rule tables, one theory per module, grouped into the sets the pipeline runs."""
+
+from __future__ import annotations
+
+from kiln.rewrite.rule import Rule
+from kiln.rules import (
+    arith,
+    broadcast,
+    constants,
+    epilogue,
+    fusion,
+    matmul,
+    merge,
+    movement,
+    neutral,
+)
+
+# local algebra: each rewrite is cheaper or equal, and the set has no cycles
+SIMPLIFY: tuple[Rule, ...] = (neutral.RULES + movement.RULES + arith.RULES + constants.RULES
+                              + broadcast.RULES + matmul.RULES)
+# batch norms, biases and scales into weights; with SIMPLIFY so that scales can travel
+FOLD_INTO_WEIGHTS: tuple[Rule, ...] = fusion.RULES + SIMPLIFY
+EPILOGUE: tuple[Rule, ...] = epilogue.RULES
+MERGE: tuple[Rule, ...] = merge.RULES
+
+ALL_RULES: tuple[Rule, ...] = tuple({r.name: r for r in SIMPLIFY + FOLD_INTO_WEIGHTS + EPILOGUE
+                                     + MERGE}.values())
+
+
+def rule_named(name: str) -> Rule:
+    for rule in ALL_RULES:
+        if rule.name == name:
+            return rule
+    known = ", ".join(sorted(r.name for r in ALL_RULES))
+    raise KeyError(f"no rule named {name!r}; rules: {known}")

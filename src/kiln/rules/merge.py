@@ -1,0 +1,155 @@
+"""Parallel contractions that read one input become one wider contraction and a split.
+
+    q = addmm(bq, x, Wq); k = addmm(bk, x, Wk); v = addmm(bv, x, Wv)
+        -> qkv = addmm(cat(bq, bk, bv), x, cat(Wq, Wk, Wv, dim=1)); q, k, v = split(qkv)
+
+    conv(x, W1, B1), conv(x, W2, B2) (same geometry)
+        -> split(conv(x, cat(W1, W2), cat(B1, B2)), dim=1)
+
+One GEMM reads x once and runs at a better shape. The pieces of a split are strided views;
+every view a piece flows into is replayed on meta tensors first, and a merge whose views
+would fail on those strides is not made. Each output element sums the same products, but the
+wider kernel may block the sum differently: equal up to rounding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.ir.attrs import AddmmActAttrs, DimAttrs, PermuteAttrs, SplitAttrs
+from kiln.ir.graph import Value
+from kiln.ir.infer import META, meta_operand
+from kiln.ir.ops import Op, OpGroup
+from kiln.ir.semantics import lower_node, run_call
+from kiln.rewrite.pattern import On, Siblings, Var, Weight
+from kiln.rewrite.rule import IEEE, Match, Rule
+
+w_ = Weight()
+
+
+def _addmm_key(b: dict[str, Any]) -> Any:
+    node = b["_interior"][-1][0]
+    bias = b["b"].type
+    if len(bias.shape) != 1 or bias.shape[0] != b["w"].type.shape[1]:
+        return ("unmergeable", node)  # a row-broadcast or matrix bias: keep apart
+    return (node.op, node.attrs, b["w"].type.shape[0], b["w"].type.dtype)
+
+
+def _conv_key(b: dict[str, Any]) -> Any:
+    node = b["_interior"][-1][0]
+    a = node.attrs
+    w = b["w"].type
+    if node.op is Op.CONV_ACT:
+        if a.has_residual:
+            return ("unmergeable", node)
+        geometry: tuple[Any, ...] = (a.stride, a.padding, a.dilation, a.activation, a.act_args,
+                                     a.has_bias)
+    else:
+        geometry = (a.stride, a.padding, a.dilation, a.transposed, a.output_padding,
+                    len(node.inputs) == 3)
+    if a.groups != 1 or getattr(a, "transposed", False):
+        return ("unmergeable", node)
+    return (node.op, geometry, w.shape[1:], w.dtype)
+
+
+def _cat_weights(m: Match, weights: list[Value]) -> Value:
+    """cat(W_i, dim=1). Weights stored transposed (nn.Linear's) are joined as
+    permute(cat(permute(W_i), dim=0)), so the GEMM keeps reading a transposed view: measured
+    faster here than a contiguous copy (see kiln.passes.fold)."""
+    if all(_stored_transposed(m, w) for w in weights):
+        flip = PermuteAttrs((1, 0))
+        inner = m.op(Op.CAT, *[m.op(Op.PERMUTE, w, attrs=flip) for w in weights],
+                     attrs=DimAttrs(0))
+        return m.op(Op.PERMUTE, inner, attrs=flip)
+    return m.op(Op.CAT, *weights, attrs=DimAttrs(1))
+
+
+def _stored_transposed(m: Match, w: Value) -> bool:
+    node = w.node
+    if node.op is Op.PERMUTE:
+        return node.attrs.dims == (1, 0)  # type: ignore[attr-defined]
+    if node.op is Op.CONSTANT:
+        t = m.ctx.graph.constant(node)
+        return t.dim() == 2 and t.stride(0) == 1 and t.shape[0] > 1
+    return False
+
+
+def _merge_addmm(m: Match) -> list[Value]:
+    members = m.members
+    first = members[0]["_root"]
+    w = _cat_weights(m, [mb["w"] for mb in members])
+    b = m.op(Op.CAT, *[mb["b"] for mb in members], attrs=DimAttrs(0))
+    merged = m.op(first.op, b, members[0]["x"], w, attrs=first.attrs, name=first.name)
+    sizes = tuple(mb["_root"].type.shape[1] for mb in members)
+    return list(m.node(Op.SPLIT, merged, attrs=SplitAttrs(sizes, 1)).outputs)
+
+
+def _merge_conv(m: Match) -> list[Value]:
+    members = m.members
+    first = members[0]["_root"]
+    w = m.op(Op.CAT, *[mb["w"] for mb in members], attrs=DimAttrs(0))
+    operands = [members[0]["x"], w]
+    if len(first.inputs) == 3:
+        operands.append(m.op(Op.CAT, *[mb["_root"].inputs[2] for mb in members],
+                             attrs=DimAttrs(0)))
+    merged = m.op(first.op, *operands, attrs=first.attrs, name=first.name)
+    sizes = tuple(mb["_root"].type.shape[1] for mb in members)
+    return list(m.node(Op.SPLIT, merged, attrs=SplitAttrs(sizes, 1)).outputs)
+
+
+def _pieces_work(m: Match) -> str | None:
+    """Every operand is a weight, and every view downstream of a piece accepts its strides."""
+    members = m.members
+    for mb in members:
+        root = mb["_root"]
+        for v in root.inputs[2:] if root.op in (Op.CONVOLUTION, Op.CONV_ACT) else ():
+            if not m.ctx.is_weight_only(v):
+                return f"the bias of {root.name} is not a weight"
+    roots = [mb["_root"] for mb in members]
+    sizes = [r.type.shape[1] for r in roots]
+    shape = list(roots[0].type.shape)
+    shape[1] = sum(sizes)
+    merged = torch.empty(shape, dtype=roots[0].type.dtype.torch, device=META)
+    for root, piece in zip(roots, merged.split(sizes, 1)):
+        reason = _views_accept(root.out(), piece, m)
+        if reason:
+            return reason
+    return None
+
+
+def _views_accept(value: Value, tensor: torch.Tensor, m: Match) -> str | None:
+    for user in m.ctx.users.get(value.node, []):
+        if not user.op.is_a(OpGroup.VIEW) or user.inputs[0] != value:
+            continue
+        operands = [tensor] + [meta_operand(v) for v in user.inputs[1:]]
+        try:
+            results = run_call(lower_node(user), operands, META)
+        except RuntimeError as err:
+            return f"{user.name} cannot view a merged piece: {str(err).splitlines()[0]}"
+        for out, result in zip(user.outputs, results):
+            reason = _views_accept(out, result, m)
+            if reason:
+                return reason
+    return None
+
+
+def _plain(attrs) -> bool:
+    return getattr(attrs, "beta", 1) == 1 and getattr(attrs, "alpha", 1) == 1
+
+
+def _addmm_act_ok(attrs) -> bool:
+    return not isinstance(attrs, AddmmActAttrs) or _plain(attrs)
+
+
+parallel_addmm = On({Op.ADDMM, Op.ADDMM_ACT}, Var("b", w_), Var("x"), Var("w", w_),
+                    where=lambda a: _plain(a) and _addmm_act_ok(a), describe="beta=alpha=1")
+parallel_conv = On({Op.CONVOLUTION, Op.CONV_ACT}, Var("x"), Var("w", w_), exact_arity=False)
+
+RULES = (
+    Rule("merge-parallel-addmm", Siblings(parallel_addmm, "x", _addmm_key), _merge_addmm, IEEE,
+         guard=_pieces_work),  # addmm(b_i, x, W_i) -> split(addmm(cat b, x, cat W))
+    Rule("merge-parallel-conv", Siblings(parallel_conv, "x", _conv_key), _merge_conv, IEEE,
+         guard=_pieces_work),  # conv(x, W_i, B_i) -> split(conv(x, cat W, cat B))
+)

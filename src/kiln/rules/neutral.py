@@ -1,0 +1,46 @@
+"""Neutral and absorbing elements, and ops that undo themselves.
+
+Signed zero decides the tags: x + (-0.0) is x for every x, but x + 0.0 turns -0.0 into
++0.0, so that form holds only for real numbers (or integers). The engine rejects any
+rewrite that would change a type, so ``x*ones(3, 4)`` with x of shape (4,) never fires.
+"""
+
+from __future__ import annotations
+
+from kiln.ir.attrs import FullAttrs
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.rewrite.pattern import FloatDType, IntDType, On, Uniform, Var
+from kiln.rewrite.rule import EXACT, FAST_MATH, Match, Rule
+
+
+def _zeros(m: Match):
+    t = m.root.type
+    return m.op(Op.FULL, attrs=FullAttrs(t.shape, False if t.dtype is DType.BOOL else 0, t.dtype))
+
+
+def _true_division(attrs) -> bool:
+    return attrs.rounding_mode is None
+
+
+x = Var("x")
+
+RULES = (
+    Rule("mul-one", On(Op.MUL, x, Uniform(1)), lambda m: m["x"], EXACT),  # x*1 -> x
+    Rule("div-one", On(Op.DIV, x, Uniform(1), where=_true_division, describe="true division"),
+         lambda m: m["x"], EXACT),  # x/1 -> x
+    Rule("pow-one", On(Op.POW, x, Uniform(1)), lambda m: m["x"], EXACT),  # x**1 -> x
+    Rule("add-neg-zero", On(Op.ADD, x, Uniform(-0.0)), lambda m: m["x"], EXACT),  # x+(-0.0) -> x
+    Rule("add-zero-int", On(Op.ADD, Var("x", IntDType()), Uniform(0)),
+         lambda m: m["x"], EXACT),  # x+0 -> x (integers)
+    Rule("add-zero", On(Op.ADD, Var("x", FloatDType()), Uniform(0.0)),
+         lambda m: m["x"], FAST_MATH),  # x+0.0 -> x (wrong for x = -0.0)
+    Rule("sub-zero", On(Op.SUB, x, Uniform(0.0)), lambda m: m["x"], EXACT),  # x-0 -> x
+    Rule("mul-zero-int", On(Op.MUL, Var("x", IntDType()), Uniform(0)),
+         _zeros, EXACT),  # x*0 -> 0 (integers)
+    Rule("mul-zero", On(Op.MUL, Var("x", FloatDType()), Uniform(0.0)),
+         _zeros, FAST_MATH),  # x*0 -> 0 (wrong for NaN, inf, and the sign of -x*0)
+    Rule("relu-relu", On(Op.RELU, On(Op.RELU, x, name="inner", shared=True)),
+         lambda m: m["inner"].out(), EXACT),  # relu(relu(x)) -> relu(x)
+    Rule("neg-neg", On(Op.NEG, On(Op.NEG, x)), lambda m: m["x"], EXACT),  # -(-x) -> x
+)
