@@ -188,3 +188,31 @@ def test_renderer_hooks_can_be_overridden() -> None:
         def loop_pragma(self, loop, collapse):  # noqa: ANN001, ANN202
             return None
     assert "#pragma omp" not in _body(NoPragmas().render(_add(4, 8)), "add")
+
+
+def _unary_kernel(op: UnOp, n: int) -> PrimFunc:
+    x = Buffer("x", (n,), F32)
+    y = Buffer("y", (n,), F32)
+    i, vi = Var("i"), Var("vi")
+    block = Block("f", (IterVar(vi, n),), (i,), BufferStore(y, (vi,), Unary(op, x[vi])))
+    return PrimFunc(f"unary_{op.value}", (x,), (y,), For(i, n, block, ForKind.VECTORIZED))
+
+
+def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.72,
+                            88.73, 89.0, -87.0, -103.0, -104.0, -200.0, 1e-30, -1e-8])
+    x = torch.cat([torch.linspace(-87.3, 88.7, 100_003), special])
+    func = _unary_kernel(UnOp.EXP, x.numel())
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    y = torch.empty_like(x)
+    kernel(x, y)
+    exact = torch.exp(x.double())
+    ref = exact.float()
+    normal = ref.abs() >= torch.finfo(torch.float32).tiny
+    ulp = (torch.nextafter(ref, torch.tensor(math.inf)) - ref).double()
+    err_ulp = ((y.double() - exact).abs() / ulp)[normal & torch.isfinite(ref)]
+    assert err_ulp.max().item() <= 1.5
+    torch.testing.assert_close(y[~normal], ref[~normal], atol=1e-37, rtol=0, equal_nan=True)
+    assert torch.isnan(y[-14]) and y[-13] == math.inf and y[-12] == 0.0
+    assert y[-8] == math.inf and y[-3] == 0.0  # overflow to inf, underflow to 0
