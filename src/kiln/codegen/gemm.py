@@ -28,6 +28,7 @@ Measured on Zen 4 (2 threads, 1024³): MC=14..28 ≈ 180 GFLOP/s, MC=112 ≈ 135
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiln.ir.types import DType
@@ -130,13 +131,22 @@ def _lt(a: Expr, bound: int) -> Expr:
 
 
 def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
-              b_transposed: bool = False, name: str = "gemm") -> PrimFunc:
-    """The scheduled GEMM program; see the module docstring for its loop nest."""
+              b_transposed: bool = False, bias: bool = False,
+              activation: Callable[[Expr], Expr] | None = None,
+              name: str = "gemm") -> PrimFunc:
+    """The scheduled GEMM program; see the module docstring for its loop nest.
+
+    With ``bias`` the program takes a third input ``bias: f32[N]`` added to every row (a
+    Linear layer is ``gemm_func(M, N, K, b_transposed=True, bias=True)``); ``activation``
+    maps the finished value of C (e.g. relu), applied in the last K block's store.
+    """
     cfg = config or default_gemm_config(m, n, k)
     mr, nr, kc, mc, nc = cfg.mr, cfg.nr, cfg.kc, cfg.mc, cfg.nc
     a = Buffer("A", (m, k), F32)
     b = Buffer("B", (n, k) if b_transposed else (k, n), F32)
     c = Buffer("C", (m, n), F32)
+    bias_buf = Buffer("bias", (n,), F32) if bias else None
+    inputs = (a, b) if bias_buf is None else (a, b, bias_buf)
     n_jc, n_pc, n_ic = _ceil_div(n, nc), _ceil_div(k, kc), _ceil_div(m, mc)
     zero = const(0.0, F32)
     jc, pc, ic = Var("jc"), Var("pc"), Var("ic")
@@ -189,9 +199,12 @@ def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
     ccol = jc * nc + jr * nr + v_j4.var
     tile = Load(acc, (v_i4.var, v_j4.var))
     first = Compare(CmpOp.EQ, pc, const(0, DType.I64))
-    store = Block("C", (v_i4, v_j4), (i4, j4),
-                  BufferStore(c, (crow, ccol),
-                              Select(first, tile, Load(c, (crow, ccol)) + tile)),
+    start = tile if bias_buf is None else tile + Load(bias_buf, (ccol,))
+    value: Expr = Select(first, start, Load(c, (crow, ccol)) + tile)
+    if activation is not None:
+        last = Compare(CmpOp.EQ, pc, const(n_pc - 1, DType.I64))
+        value = activation(value) if n_pc == 1 else Select(last, activation(value), value)
+    store = Block("C", (v_i4, v_j4), (i4, j4), BufferStore(c, (crow, ccol), value),
                   predicate=_and(_lt(ic * mc + ir * mr + i4, m), _lt(jc * nc + jr * nr + j4, n)))
     micro: Stmt = Allocate(acc, seq(
         For(i2, mr, For(j2, nr, init, ForKind.VECTORIZED), ForKind.UNROLLED),
@@ -207,12 +220,16 @@ def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
     if m == 0 or n == 0:
         body = For(Var("empty"), 0, body)  # nothing to compute
     elif k == 0:
-        body = _zero_fill(c)
-    return PrimFunc(name, (a, b), (c,), body)
+        body = _fill(c, bias_buf, activation)
+    return PrimFunc(name, inputs, (c,), body)
 
 
-def _zero_fill(c: Buffer) -> Stmt:
+def _fill(c: Buffer, bias: Buffer | None, activation: Callable[[Expr], Expr] | None) -> Stmt:
+    """C for K = 0: activation(bias), or zeros."""
     i, j = Var("zi"), Var("zj")
     vi, vj = _iv("v_zi", c.shape[0]), _iv("v_zj", c.shape[1])
-    block = Block("C", (vi, vj), (i, j), BufferStore(c, (vi.var, vj.var), const(0.0, F32)))
+    value: Expr = const(0.0, F32) if bias is None else Load(bias, (vj.var,))
+    if activation is not None:
+        value = activation(value)
+    block = Block("C", (vi, vj), (i, j), BufferStore(c, (vi.var, vj.var), value))
     return For(i, c.shape[0], For(j, c.shape[1], block, ForKind.VECTORIZED), ForKind.PARALLEL)
