@@ -47,6 +47,7 @@ Fn = Callable[[], object]
 class Timing:
     median_s: float
     spread: float  # interquartile range / median
+    min_s: float
 
 
 def measure(contenders: dict[str, Fn], min_sample_s: float = 2e-3, samples: int = 15,
@@ -77,7 +78,7 @@ def measure(contenders: dict[str, Fn], min_sample_s: float = 2e-3, samples: int 
     for name, ts in times.items():
         q = statistics.quantiles(ts, n=4)
         med = statistics.median(ts)
-        out[name] = Timing(med, (q[2] - q[0]) / med)
+        out[name] = Timing(med, (q[2] - q[0]) / med, min(ts))
     return out
 
 
@@ -89,6 +90,7 @@ class Row:
     median_us: float
     spread: float
     metrics: dict[str, float] = field(default_factory=dict)
+    min_us: float = 0.0
 
 
 # --- machine references ------------------------------------------------------------------------
@@ -141,6 +143,10 @@ int kiln_threads(void) {
 """
 
 
+def _row(section: str, case: str, contender: str, t: Timing, metrics: dict[str, float]) -> Row:
+    return Row(section, case, contender, t.median_s * 1e6, t.spread, metrics, t.min_s * 1e6)
+
+
 def machine(options: Options, quick: bool) -> tuple[list[Row], float, float]:
     """Copy bandwidth (GB/s, bytes read + written) and peak GFLOP/s."""
     import ctypes
@@ -163,8 +169,7 @@ def machine(options: Options, quick: bool) -> tuple[list[Row], float, float]:
     for name, t in measure(contenders, samples=7 if quick else 11).items():
         bw = 2 * n * 4 / t.median_s / 1e9
         best_bw = max(best_bw, bw)
-        rows.append(Row("machine", f"copy {n * 4 >> 20} MiB", name, t.median_s * 1e6,
-                        t.spread, {"GB/s": bw}))
+        rows.append(_row("machine", f"copy {n * 4 >> 20} MiB", name, t, {"GB/s": bw}))
     peak = 0.0
     lib = build(PEAK_C, "peak", options)
     if not isinstance(lib, CompilerUnavailable):
@@ -179,8 +184,8 @@ def machine(options: Options, quick: bool) -> tuple[list[Row], float, float]:
         for name, t in timings.items():
             used = 1 if name == "1 thread" else threads
             rates[name] = used * iters * 12 * 16 * 2 / t.median_s / 1e9
-            rows.append(Row("machine", f"FMA chains, {name}", "C AVX-512 FMA chains",
-                            t.median_s * 1e6, t.spread, {"GFLOP/s": rates[name]}))
+            rows.append(_row("machine", f"FMA chains, {name}", "C AVX-512 FMA chains", t,
+                             {"GFLOP/s": rates[name]}))
         # the nominal peak: every core at the single-thread rate (a shared machine's second
         # core is often busy, which the all-threads run then shows)
         peak = max(rates["1 thread"] * threads, rates[f"{threads} threads"])
@@ -214,7 +219,7 @@ def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
             metrics = {"GFLOP/s": rate / 1e9, "vs best library": rate / best_lib}
             if peak:
                 metrics["of peak"] = rate / 1e9 / peak
-            rows.append(Row("gemm", f"{n}x{n}x{n}", name, t.median_s * 1e6, t.spread, metrics))
+            rows.append(_row("gemm", f"{n}x{n}x{n}", name, t, metrics))
     return rows
 
 
@@ -310,7 +315,7 @@ def fused_kernels(options: Options, quick: bool, copy_bw: float, inductor: bool,
         eager = timings["eager unfused"].median_s
         for name, t in timings.items():
             bw = case.nbytes / t.median_s / 1e9
-            rows.append(Row("fused", case.name, name, t.median_s * 1e6, t.spread, {
+            rows.append(_row("fused", case.name, name, t, {
                 "GB/s": bw, "of copy BW": bw / copy_bw if copy_bw else 0.0,
                 "Gelem/s": case.elements / t.median_s / 1e9,
                 "speedup vs eager unfused": eager / t.median_s}))
@@ -326,10 +331,11 @@ def print_table(rows: list[Row]) -> None:
         if row.section != section:
             section = row.section
             print(f"\n== {section} ==")
-            print(f"{'case':<26}{'contender':<22}{'median':>11}{'spread':>8}  metrics")
+            print(f"{'case':<24}{'contender':<22}{'median':>11}{'spread':>7}{'min':>11}  "
+                  f"metrics (from the median)")
         metrics = "  ".join(f"{k} {_fmt(v)}" for k, v in row.metrics.items())
-        print(f"{row.case:<26}{row.contender:<22}{row.median_us:>9.1f}us"
-              f"{row.spread * 100:>7.0f}%  {metrics}")
+        print(f"{row.case:<24}{row.contender:<22}{row.median_us:>9.1f}us"
+              f"{row.spread * 100:>6.0f}%{row.min_us:>9.1f}us  {metrics}")
 
 
 def _fmt(value: float) -> str:
