@@ -245,10 +245,11 @@ class On(Pattern):
         orders = [tuple(range(len(self.operands)))]
         if node.op.is_a(OpGroup.COMMUTATIVE) and len(self.operands) == 2:
             orders.append((1, 0))
-        reason = ""
+        reasons = []
         for order in orders:
             trial = dict(b)
             reason = self._match_operands(node, order, ctx, trial)
+            reasons.append(reason)
             if not reason:
                 b.clear()
                 b.update(trial)
@@ -256,7 +257,7 @@ class On(Pattern):
                     b[self.name] = node
                 b.setdefault("_interior", []).append((node, self.shared))
                 return None
-        return reason
+        return reasons[0]  # the operands in their written order say it most plainly
 
     def _match_operands(self, node: Node, order: tuple[int, ...], ctx: MatchContext,
                         b: dict[str, Any]) -> str:

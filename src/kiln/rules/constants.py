@@ -23,7 +23,7 @@ def _true_division(attrs) -> bool:
 def _chain(outer: Op, inner: Op, merge: Op):
     """(x inner c2) outer c1 -> x outer (c1 merge c2)."""
     def build(m: Match):
-        return m.op(outer, m["x"], combine(m, merge, m["c1"], m["c2"]))
+        return m.op(outer, m["x"], combine(m, merge, m["c1"], m["c2"]), attrs=m.root.attrs)
     return build
 
 

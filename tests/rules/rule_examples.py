@@ -1,0 +1,384 @@
+"""Random instances of every rule's pattern, keyed by rule name.
+
+Each example takes a `random.Random` and builds a small graph that contains the rule's
+pattern, with shapes drawn within the rule's constraints (square matrices included, since a
+transpose of one keeps its type). test_rules_checked.py runs each rule on its examples and
+compares the graphs before and after on random inputs; a rule without an example fails there.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import torch
+
+from kiln.ir.attrs import (
+    AddmmAttrs,
+    BatchNormAttrs,
+    ClampAttrs,
+    ConvActAttrs,
+    ConvAttrs,
+    DimAttrs,
+    DivAttrs,
+    GeluAttrs,
+    LeakyReluAttrs,
+    PermuteAttrs,
+    ShapeAttrs,
+    SqueezeAttrs,
+)
+from kiln.ir.builder import GraphBuilder
+from kiln.ir.graph import Graph, Value
+from kiln.ir.ops import Op
+from kiln.ir.types import DType, TensorType
+
+F32, I64 = DType.F32, DType.I64
+
+
+class Example:
+    """A GraphBuilder with random shapes and weights."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.b = GraphBuilder()
+        self.gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+
+    def dims(self, rank: int | None = None, lo: int = 1, hi: int = 5) -> tuple[int, ...]:
+        rank = self.rng.randint(1, 3) if rank is None else rank
+        return tuple(self.rng.randint(lo, hi) for _ in range(rank))
+
+    def input(self, shape: tuple[int, ...], dtype: DType = F32) -> Value:
+        return self.b.input(f"x{len(self.b.inputs)}", TensorType(shape, dtype))
+
+    def weight(self, shape: tuple[int, ...], fill: float | None = None,
+               positive: bool = False) -> Value:
+        if fill is not None:
+            t = torch.full(shape, fill)
+        else:
+            t = torch.randn(shape, generator=self.gen)
+            if positive:
+                t = t.abs() + 0.1
+        return self.b.constant(f"w{len(self.b.constants)}", t)
+
+    def number(self, value: float | int) -> Value:
+        return self.b.scalar(value)
+
+    def op(self, op: Op, *inputs: Value, attrs=None) -> Value:
+        if attrs is None:
+            return self.b.op(op, *inputs)
+        return self.b.op(op, *inputs, attrs=attrs)
+
+    def pick(self, *choices):
+        """One of ``choices``; a callable choice is called, so unpicked graphs are not built."""
+        choice = self.rng.choice(choices)
+        return choice() if callable(choice) else choice
+
+    def graph(self, *outputs: Value) -> Graph:
+        return self.b.build(*outputs)
+
+
+def _permutation(e: Example, rank: int) -> tuple[int, ...]:
+    dims = list(range(rank))
+    e.rng.shuffle(dims)
+    return tuple(dims)
+
+
+def _conv(e: Example, x: Value, out_channels: int, kernel: int, bias: bool, stride: int = 1,
+          padding: int = 0) -> Value:
+    in_channels = x.type.shape[1]
+    operands = [x, e.weight((out_channels, in_channels, kernel, kernel))]
+    if bias:
+        operands.append(e.weight((out_channels,)))
+    attrs = ConvAttrs((stride, stride), (padding, padding), (1, 1), False, (0, 0), 1)
+    return e.op(Op.CONVOLUTION, *operands, attrs=attrs)
+
+
+def _image(e: Example) -> Value:
+    return e.input((e.rng.randint(1, 2), e.rng.randint(1, 4), e.rng.randint(3, 6),
+                    e.rng.randint(3, 6)))
+
+
+def _activation(e: Example, x: Value) -> Value:
+    kind = e.rng.randrange(6)
+    if kind == 0:
+        return e.op(Op.RELU, x)
+    if kind == 1:
+        return e.op(Op.GELU, x, attrs=GeluAttrs(e.pick("none", "tanh")))
+    if kind == 2:
+        return e.op(Op.CLAMP, x, attrs=ClampAttrs(e.pick(0.0, -1.0, None), e.pick(6.0, 1.5)))
+    if kind == 3:
+        return e.op(Op.LEAKY_RELU, x, attrs=LeakyReluAttrs(0.1))
+    return e.op(e.pick(Op.SIGMOID, Op.TANH), x)
+
+
+def _linear_weight(e: Example, k: int, n: int) -> Value:
+    return e.op(Op.PERMUTE, e.weight((n, k)), attrs=PermuteAttrs((1, 0)))
+
+
+def _addmm(e: Example, x: Value, n: int) -> Value:
+    k = x.type.shape[1]
+    return e.op(Op.ADDMM, e.weight((n,)), x, _linear_weight(e, k, n), attrs=AddmmAttrs(1, 1))
+
+
+def _batch_norm(e: Example, x: Value) -> Value:
+    c = x.type.shape[1]
+    return e.op(Op.BATCH_NORM, x, e.weight((c,)), e.weight((c,)), e.weight((c,)),
+                e.weight((c,), positive=True), attrs=BatchNormAttrs(1e-5))
+
+
+def _ones_like(e: Example, x: Value, value: float) -> Value:
+    return e.pick(lambda: e.number(value), lambda: e.weight(x.type.shape, fill=value))
+
+
+def _binary_example(op: Op, operand: float, dtype: DType = F32, swap: bool = True):
+    def build(e: Example) -> Graph:
+        x = e.input(e.dims(), dtype)
+        c = _ones_like(e, x, operand) if dtype is F32 else e.number(int(operand))
+        args = (c, x) if swap and e.rng.random() < 0.5 else (x, c)
+        attrs = DivAttrs(None) if op is Op.DIV else None
+        return e.graph(e.op(op, *args, attrs=attrs))
+    return build
+
+
+def _twice(op: Op, dtype: DType = F32):
+    return lambda e: e.graph(e.op(op, e.op(op, e.input(e.dims(), dtype))))
+
+
+def _chain(outer: Op, inner: Op):
+    def build(e: Example) -> Graph:
+        x = e.input(e.dims(2))
+        c2 = e.pick(lambda: e.number(e.rng.uniform(0.5, 2)), lambda: e.weight(x.type.shape[1:]))
+        c1 = e.pick(lambda: e.number(e.rng.uniform(0.5, 2)),
+                    lambda: e.weight((1, x.type.shape[1])))
+        div = DivAttrs(None) if outer is Op.DIV else None
+        return e.graph(e.op(outer, e.op(inner, x, c2, attrs=div), c1, attrs=div))
+    return build
+
+
+def _reshape_chain(e: Example) -> Graph:
+    a, b, c = e.dims(3)
+    x = e.input((a * b, c))
+    mid = e.pick(lambda: e.op(Op.VIEW, x, attrs=ShapeAttrs((a, b, c))),
+                 lambda: e.op(Op.UNSQUEEZE, x, attrs=DimAttrs(0)))
+    return e.graph(e.op(Op.VIEW, mid, attrs=ShapeAttrs((a * b * c,))))
+
+
+def _permute_permute(e: Example) -> Graph:
+    rank = e.rng.randint(2, 4)
+    n = e.rng.randint(2, 4)
+    x = e.input(tuple(n for _ in range(rank)) if e.rng.random() < 0.5 else e.dims(rank))
+    p = e.op(Op.PERMUTE, x, attrs=PermuteAttrs(_permutation(e, rank)))
+    return e.graph(e.op(Op.PERMUTE, p, attrs=PermuteAttrs(_permutation(e, rank))))
+
+
+def _identity_move(e: Example) -> Graph:
+    x = e.input(e.dims())
+    shape = x.type.shape
+    op = e.rng.choice((Op.VIEW, Op.EXPAND))
+    attrs = ShapeAttrs(shape)
+    return e.graph(e.op(op, x, attrs=attrs))
+
+
+def _scaled_self(numbers: tuple[float, ...]):
+    def build(e: Example) -> Graph:
+        x = e.input(e.dims())
+        return e.graph(e.op(Op.ADD, e.op(Op.MUL, x, e.number(e.pick(*numbers))), x))
+    return build
+
+
+def _factor(e: Example) -> Graph:
+    x = e.input(e.dims(2))
+    a = e.pick(lambda: e.number(1.5), lambda: e.weight(x.type.shape[1:]))
+    b = e.pick(lambda: e.number(-0.25), lambda: e.input(x.type.shape))
+    return e.graph(e.op(Op.ADD, e.op(Op.MUL, x, a), e.op(Op.MUL, b, x)))
+
+
+def _divide_by(*numbers: float):
+    def build(e: Example) -> Graph:
+        x = e.input(e.dims())
+        return e.graph(e.op(Op.DIV, x, e.number(e.pick(*numbers)), attrs=DivAttrs(None)))
+    return build
+
+
+def _broadcast_regroup(e: Example) -> Graph:
+    m, n = e.dims(2, 2, 5)
+    s1 = e.pick(lambda: e.weight((n,)), lambda: e.input((n,)))
+    s2 = e.pick(lambda: e.weight((1, n)), lambda: e.input((n,)))
+    left = e.op(Op.ADD, e.input((m, n)), s1)
+    return e.graph(e.op(Op.ADD, left, e.op(Op.ADD, e.input((m, n)), s2)))
+
+
+def _mm_add(e: Example) -> Graph:
+    m, k, n = e.dims(3)
+    y = e.op(Op.MM, e.input((m, k)), e.pick(lambda: e.input((k, n)),
+                                            lambda: _linear_weight(e, k, n)))
+    return e.graph(e.op(Op.ADD, y, e.pick(lambda: e.weight((n,)), lambda: e.input((m, n)))))
+
+
+def _skip_copy(op: Op):
+    def build(e: Example) -> Graph:
+        m, k, n = e.dims(3)
+        batch = (e.rng.randint(1, 3),) if op is Op.BMM else ()
+        rank = len(batch) + 2
+        flip = tuple(range(rank - 2)) + (rank - 1, rank - 2)
+        x = e.op(Op.CLONE, e.op(Op.PERMUTE, e.input(batch + (k, m)), attrs=PermuteAttrs(flip)))
+        w = e.input(batch + (k, n))
+        if op is Op.ADDMM:
+            return e.graph(e.op(Op.ADDMM, e.weight((n,)), x, w, attrs=AddmmAttrs(1, 1)))
+        return e.graph(e.op(op, x, w))
+    return build
+
+
+def _conv_bn(e: Example) -> Graph:
+    kernel = e.pick(1, 3)
+    y = _conv(e, _image(e), e.rng.randint(1, 5), kernel, e.rng.random() < 0.5,
+              e.pick(1, 2), kernel // 2)
+    return e.graph(_batch_norm(e, y))
+
+
+def _linear_bn(e: Example) -> Graph:
+    x = e.input((e.rng.randint(1, 4), e.rng.randint(1, 6)))
+    return e.graph(_batch_norm(e, _addmm(e, x, e.rng.randint(1, 6))))
+
+
+def _conv_bias(e: Example) -> Graph:
+    c = e.rng.randint(1, 5)
+    y = _conv(e, _image(e), c, e.pick(1, 3), False)
+    return e.graph(e.op(Op.ADD, y, e.weight(e.rng.choice(((c, 1, 1), (1, c, 1, 1))))))
+
+
+def _conv_squeeze_bias(e: Example) -> Graph:
+    c = e.rng.randint(1, 5)
+    x = e.input((e.rng.randint(2, 3), e.rng.randint(1, 4), 1, e.rng.randint(3, 8)))
+    y = _conv(e, x, c, 1, False)
+    squeezed = e.op(Op.SQUEEZE, y, attrs=SqueezeAttrs((2,)))
+    return e.graph(e.op(Op.ADD, squeezed, e.weight((c, 1))))
+
+
+def _scale_sink(e: Example) -> Graph:
+    a, b = e.dims(2)
+    y = e.input((a, b))
+    move = e.pick(lambda: e.op(Op.VIEW, y, attrs=ShapeAttrs((a * b,))),
+                  lambda: e.op(Op.PERMUTE, y, attrs=PermuteAttrs((1, 0))),
+                  lambda: e.op(Op.EXPAND, y, attrs=ShapeAttrs((3, a, b))),
+                  lambda: e.op(Op.UNSQUEEZE, y, attrs=DimAttrs(0)))
+    return e.graph(e.op(Op.MUL, move, e.number(e.pick(0.125, 0.3, -2.0))))
+
+
+def _scale_into_matmul(e: Example) -> Graph:
+    m, k, n = e.dims(3, 1, 6)
+    if e.rng.random() < 0.5:
+        y = e.op(Op.MM, e.input((m, k)), e.pick(lambda: e.input((k, n)),
+                                                lambda: _linear_weight(e, k, n)))
+    else:
+        batch = e.rng.randint(1, 3)
+        y = e.op(Op.BMM, e.input((batch, m, k)), e.input((batch, k, n)))
+    return e.graph(e.op(Op.MUL, y, e.number(e.pick(0.125, 0.7))))
+
+
+def _scale_into_addmm(e: Example) -> Graph:
+    x = e.input(e.dims(2))
+    return e.graph(e.op(Op.MUL, _addmm(e, x, e.rng.randint(1, 5)), e.number(e.pick(0.25, 0.3))))
+
+
+def _addmm_act(e: Example) -> Graph:
+    return e.graph(_activation(e, _addmm(e, e.input(e.dims(2)), e.rng.randint(1, 5))))
+
+
+def _addmm_view_act(e: Example) -> Graph:
+    m, n = e.rng.randint(1, 4), e.rng.randint(1, 5)
+    y = _addmm(e, e.input((m * 2, e.rng.randint(1, 5))), n)
+    return e.graph(_activation(e, e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))))
+
+
+def _conv_residual(e: Example) -> Graph:
+    y = _conv(e, _image(e), e.rng.randint(1, 4), e.pick(1, 3), e.rng.random() < 0.5,
+              padding=1)
+    r = e.input(y.type.shape)
+    return e.graph(e.pick(lambda: e.op(Op.ADD, y, r), lambda: e.op(Op.ADD, r, y)))
+
+
+def _conv_act(e: Example) -> Graph:
+    y = _conv(e, _image(e), e.rng.randint(1, 4), e.pick(1, 3), e.rng.random() < 0.5, padding=1)
+    return e.graph(_activation(e, y))
+
+
+def _conv_act_epilogue(e: Example) -> Graph:
+    x = _image(e)
+    c = e.rng.randint(1, 4)
+    w = e.weight((c, x.type.shape[1], 3, 3))
+    b = e.weight((c,))
+    r = e.input((x.type.shape[0], c, x.type.shape[2], x.type.shape[3]))
+    attrs = ConvActAttrs((1, 1), (1, 1), (1, 1), 1, True, True, None, ())
+    return e.graph(_activation(e, e.op(Op.CONV_ACT, x, w, b, r, attrs=attrs)))
+
+
+def _parallel_addmm(e: Example) -> Graph:
+    x = e.input(e.dims(2))
+    outs = [_addmm(e, x, e.rng.randint(1, 5)) for _ in range(e.rng.randint(2, 4))]
+    if e.rng.random() < 0.5:  # a view downstream, as attention's head split has
+        outs[0] = e.op(Op.VIEW, outs[0], attrs=ShapeAttrs((1,) + outs[0].type.shape))
+    return e.graph(*outs)
+
+
+def _parallel_conv(e: Example) -> Graph:
+    x = _image(e)
+    kernel = e.pick(1, 3)
+    bias = e.rng.random() < 0.5
+    outs = [_conv(e, x, e.rng.randint(1, 4), kernel, bias, padding=kernel // 2)
+            for _ in range(e.rng.randint(2, 3))]
+    return e.graph(*outs)
+
+
+EXAMPLES: dict[str, Callable[[Example], Graph]] = {
+    "mul-one": _binary_example(Op.MUL, 1.0),
+    "div-one": _binary_example(Op.DIV, 1.0, swap=False),
+    "pow-one": lambda e: e.graph(e.op(Op.POW, e.input(e.dims()), e.number(1))),
+    "add-neg-zero": _binary_example(Op.ADD, -0.0),
+    "add-zero-int": _binary_example(Op.ADD, 0, I64),
+    "add-zero": _binary_example(Op.ADD, 0.0),
+    "sub-zero": _binary_example(Op.SUB, 0.0, swap=False),
+    "mul-zero-int": _binary_example(Op.MUL, 0, I64),
+    "mul-zero": _binary_example(Op.MUL, 0.0),
+    "relu-relu": _twice(Op.RELU),
+    "neg-neg": _twice(Op.NEG),
+    "permute-identity": lambda e: e.graph(e.op(Op.PERMUTE, e.input(e.dims(3)),
+                                               attrs=PermuteAttrs((0, 1, 2)))),
+    "view-identity": _identity_move,
+    "permute-permute": _permute_permute,
+    "reshape-chain": _reshape_chain,
+    "expand-expand": lambda e: e.graph(e.op(
+        Op.EXPAND, e.op(Op.EXPAND, e.input((1, 3)), attrs=ShapeAttrs((2, 3))),
+        attrs=ShapeAttrs((4, 2, 3)))),
+    "clone-clone": _twice(Op.CLONE),
+    "add-self": lambda e: (lambda x: e.graph(e.op(Op.ADD, x, x)))(
+        e.input(e.dims(), e.pick(F32, I64))),
+    "add-scaled-self-pow2": _scaled_self((1, 2, 4.0, 1024)),
+    "add-scaled-self": _scaled_self((0.3, 3.0, -1.5)),
+    "factor-common": _factor,
+    "div-const-pow2": _divide_by(2, 0.5, -4.0, 1024.0),
+    "div-const": _divide_by(3.0, 0.7, -10),
+    "add-add-const": _chain(Op.ADD, Op.ADD),
+    "mul-mul-const": _chain(Op.MUL, Op.MUL),
+    "sub-sub-const": _chain(Op.SUB, Op.SUB),
+    "div-div-const": _chain(Op.DIV, Op.DIV),
+    "broadcast-regroup": _broadcast_regroup,
+    "mm-add-to-addmm": _mm_add,
+    "mm-skip-copy": _skip_copy(Op.MM),
+    "addmm-skip-copy": _skip_copy(Op.ADDMM),
+    "bmm-skip-copy": _skip_copy(Op.BMM),
+    "conv-bn": _conv_bn,
+    "linear-bn": _linear_bn,
+    "conv-bias": _conv_bias,
+    "conv-squeeze-bias": _conv_squeeze_bias,
+    "scale-sink": _scale_sink,
+    "scale-into-matmul": _scale_into_matmul,
+    "scale-into-addmm": _scale_into_addmm,
+    "addmm-act": _addmm_act,
+    "addmm-view-act": _addmm_view_act,
+    "conv-residual": _conv_residual,
+    "conv-act": _conv_act,
+    "conv-act-epilogue": _conv_act_epilogue,
+    "merge-parallel-addmm": _parallel_addmm,
+    "merge-parallel-conv": _parallel_conv,
+}

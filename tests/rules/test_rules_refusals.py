@@ -1,0 +1,130 @@
+"""Where a rule must not fire: the guards and the engine's type check, case by case."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir import parse_graph
+from kiln.options import Options
+from kiln.rewrite import apply_rules
+from kiln.rules import ALL_RULES, rule_named
+
+
+def _fires(rule_name: str, text: str, constants=None, fast_math: bool = True) -> int:
+    graph = parse_graph(text, constants or {})
+    result = apply_rules(graph, [rule_named(rule_name)], Options(fast_math=fast_math))
+    return result.stats.get(rule_name).fired if rule_name in result.stats else 0
+
+
+def test_transpose_of_a_square_matrix_is_not_an_identity() -> None:
+    text = """graph(%x: f32[3, 3]) {
+  %t = permute(%x) {dims=(1, 0)} : f32[3, 3]
+  return %t
+}"""
+    assert _fires("permute-identity", text) == 0
+    assert _fires("view-identity", text) == 0
+
+
+def test_multiplying_by_ones_that_broadcast_is_not_neutral() -> None:
+    text = """graph(%x: f32[4]) {
+  %ones = constant {name='ones'} : f32[3, 4]
+  %y = mul(%x, %ones) : f32[3, 4]
+  return %y
+}"""
+    assert _fires("mul-one", text, {"ones": torch.ones(3, 4)}) == 0
+
+
+def test_integer_times_float_one_changes_dtype() -> None:
+    text = """graph(%x: i64[4]) {
+  %c = scalar {value=1.0} : f64[]
+  %y = mul(%x, %c) : f32[4]
+  return %y
+}"""
+    assert _fires("mul-one", text) == 0
+
+
+def test_positive_zero_is_neutral_only_with_fast_math() -> None:
+    text = """graph(%x: f32[4]) {
+  %c = scalar {value=0.0} : f64[]
+  %y = add(%x, %c) : f32[4]
+  return %y
+}"""
+    assert _fires("add-zero", text, fast_math=False) == 0
+    assert _fires("add-zero", text, fast_math=True) == 1
+    assert _fires("add-neg-zero", text) == 0
+
+
+def test_floor_division_by_one_is_not_the_identity() -> None:
+    text = """graph(%x: f32[4]) {
+  %c = scalar {value=1} : i64[]
+  %y = div(%x, %c) {rounding_mode='floor'} : f32[4]
+  return %y
+}"""
+    assert _fires("div-one", text) == 0
+
+
+def test_division_by_a_non_power_of_two_is_not_exact() -> None:
+    text = """graph(%x: f32[4]) {
+  %c = scalar {value=3.0} : f64[]
+  %y = div(%x, %c) : f32[4]
+  return %y
+}"""
+    assert _fires("div-const-pow2", text) == 0
+    assert _fires("div-const", text) == 1
+
+
+def test_interior_node_with_another_user_is_not_consumed() -> None:
+    text = """graph(%x: f32[4]) {
+  %a = neg(%x) : f32[4]
+  %b = neg(%a) : f32[4]
+  %c = add(%a, %b) : f32[4]
+  return %c
+}"""
+    assert _fires("neg-neg", text) == 0
+
+
+def test_merge_refused_when_a_view_cannot_take_the_strided_piece() -> None:
+    # q's piece of the merged (4, 6) GEMM has strides (6, 1); flattening it needs a copy
+    text = """graph(%x: f32[4, 5]) {
+  %wq = constant {name='wq'} : f32[5, 3]
+  %bq = constant {name='bq'} : f32[3]
+  %wk = constant {name='wk'} : f32[5, 3]
+  %bk = constant {name='bk'} : f32[3]
+  %q = addmm(%bq, %x, %wq) {beta=1, alpha=1} : f32[4, 3]
+  %k = addmm(%bk, %x, %wk) {beta=1, alpha=1} : f32[4, 3]
+  %flat = view(%q) {shape=(12,)} : f32[12]
+  return %flat, %k
+}"""
+    weights = {n: torch.randn(5, 3) if n.startswith("w") else torch.randn(3)
+               for n in ("wq", "bq", "wk", "bk")}
+    assert _fires("merge-parallel-addmm", text, weights) == 0
+    assert _fires("merge-parallel-addmm", text.replace("%flat = view(%q) {shape=(12,)} : "
+                                                       "f32[12]", "%flat = relu(%q) : f32[4, 3]")
+                  .replace("return %flat, %k", "return %flat, %k"), weights) == 1
+
+
+def test_transposed_convolution_keeps_its_batch_norm() -> None:
+    text = """graph(%x: f32[1, 2, 4, 4]) {
+  %w = constant {name='w'} : f32[2, 3, 3, 3]
+  %g = constant {name='g'} : f32[3]
+  %y = convolution(%x, %w) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), transposed=True, output_padding=(0, 0), groups=1} : f32[1, 3, 6, 6]
+  %n = batch_norm(%y, %g, %g, %g, %g) {eps=1e-05} : f32[1, 3, 6, 6]
+  return %n
+}"""  # noqa: E501
+    weights = {"w": torch.randn(2, 3, 3, 3), "g": torch.rand(3) + 0.5}
+    assert _fires("conv-bn", text, weights) == 0
+
+
+def test_every_rule_has_a_comment_with_its_algebra() -> None:
+    import inspect
+
+    import kiln.rules as rules_package
+
+    sources = "".join(inspect.getsource(m) for m in (
+        rules_package.neutral, rules_package.movement, rules_package.arith,
+        rules_package.constants, rules_package.broadcast, rules_package.matmul,
+        rules_package.fusion, rules_package.epilogue, rules_package.merge))
+    for rule in ALL_RULES:
+        row = sources[sources.index(f'Rule("{rule.name}"'):]
+        row = row[:row.index("\n    Rule(") if "\n    Rule(" in row else len(row)]
+        assert "->" in row.split("#", 1)[-1], f"{rule.name} has no '# before -> after' comment"
