@@ -45,5 +45,6 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         planned_peak_bytes=plan.arena_bytes if plan else 0,
         intermediate_bytes=plan.intermediate_bytes if plan else 0,
         planned_bytes=plan.planned_bytes if plan else 0,
-        compile_seconds=time.perf_counter() - start)
+        compile_seconds=time.perf_counter() - start,
+        planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0)
     return CompiledGraph(optimized, graph, plan, source, report, run)

@@ -18,6 +18,16 @@ class GraphReport:
     intermediate_bytes: int  # all intermediates added up, as if none were reused
     planned_bytes: int  # the planned intermediates added up: the arena holds these, reused
     compile_seconds: float
+    planned_peak_bytes_before: int = 0  # the arena the captured graph would need, no rewrites
+
+    def rules_fired(self) -> dict[str, int]:
+        """How often each rewrite rule fired, over every rule pass."""
+        fired: dict[str, int] = {}
+        for p in self.passes:
+            for name, stats in p.rules.items():
+                if stats.fired:
+                    fired[name] = fired.get(name, 0) + stats.fired
+        return fired
 
 
 @dataclass
@@ -32,6 +42,14 @@ class CompileReport:
             for op, n in g.ops.items():
                 counts[op] = counts.get(op, 0) + n
         return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def rules_fired(self) -> dict[str, int]:
+        """How often each rewrite rule fired, most often first."""
+        fired: dict[str, int] = {}
+        for g in self.graphs:
+            for name, n in g.rules_fired().items():
+                fired[name] = fired.get(name, 0) + n
+        return dict(sorted(fired.items(), key=lambda kv: (-kv[1], kv[0])))
 
     @property
     def nodes_before(self) -> int:
@@ -59,7 +77,8 @@ class CompileReport:
         for i, g in enumerate(self.graphs):
             lines.append(f"graph {i}: {g.nodes_before} -> {g.nodes_after} nodes, "
                          f"memory plan {_mib(g.planned_peak_bytes)} arena for "
-                         f"{_mib(g.intermediate_bytes)} of intermediates")
+                         f"{_mib(g.intermediate_bytes)} of intermediates "
+                         f"({_mib(g.planned_peak_bytes_before)} before rewrites)")
             for p in g.passes:
                 lines.append(f"  {p.name:<12} {p.nodes_before:>6} -> {p.nodes_after:<6} "
                              f"{p.seconds * 1e3:8.2f} ms")
@@ -67,6 +86,8 @@ class CompileReport:
                 lines.append(f"  run as original ATen ops: {', '.join(sorted(set(g.opaque_ops)))}")
         ops = ", ".join(f"{k}: {v}" for k, v in self.op_counts().items())
         lines.append(f"ops: {ops}")
+        fired = ", ".join(f"{k}: {v}" for k, v in self.rules_fired().items())
+        lines.append(f"rules fired: {fired or 'none'}")
         lines += [f"fallback: {f}" for f in self.fallbacks]
         return "\n".join(lines)
 
