@@ -64,6 +64,33 @@ def test_explain_counts_only(capsys) -> None:
     assert "graph(" not in out and "ops (" in out and "relu: 2" in out
 
 
+def test_explain_rule_says_where_it_fired_and_why_not(capsys) -> None:
+    assert main(["explain", "inception", "--quick", "--rule", "merge-parallel-conv"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("rule merge-parallel-conv (ieee; root op conv_act, convolution)")
+    assert "in pass merge.parallel: fired 4 time(s) at " in out
+    assert "not at convolution: convolution: only 1 matching reader(s) of %x" in out
+
+
+def test_explain_rule_that_does_not_run(capsys) -> None:
+    assert main(["explain", "mlp", "--quick", "--rule", "mul-zero"]) == 0
+    assert "not run: it is fast_math: add --fast-math" in capsys.readouterr().out
+    assert main(["explain", "mlp", "--quick", "--rule", "conv-bn", "--opt-level", "1"]) == 0
+    assert "no pass at opt level 1 runs it" in capsys.readouterr().out
+
+
+def test_explain_unknown_rule_is_a_usage_error(capsys) -> None:
+    assert main(["explain", "mlp", "--quick", "--rule", "no-such-rule"]) == 2
+    err = capsys.readouterr().err
+    assert "no rule named 'no-such-rule'" in err and "conv-bn" in err
+
+
+def test_explain_shows_rules_fired_per_pass(capsys) -> None:
+    assert main(["explain", "mlp", "--quick", "--counts-only"]) == 0
+    out = capsys.readouterr().out
+    assert "after fuse.epilogue" in out and "rules fired: addmm-act x2" in out
+
+
 def test_version(capsys) -> None:
     assert main(["--version"]) == 0
     assert capsys.readouterr().out.strip() == f"kiln {kiln.__version__}"

@@ -2,6 +2,7 @@
 
     kiln bench --models mlp,resnet18 --quick --peers inductor --json out.json
     kiln explain resnet18 --quick --after fold
+    kiln explain bert --quick --rule merge-parallel-addmm
     kiln --version
 
 User mistakes (unknown model, pass or peer) print one line to stderr and exit 2, no traceback.
@@ -23,7 +24,8 @@ import kiln
 from kiln import bench, models
 from kiln.bench import BenchResult
 from kiln.ir import Graph, print_graph
-from kiln.passes.pipeline import PIPELINE, run_pipeline
+from kiln.passes.pipeline import PIPELINE, PassRecord, run_pipeline
+from kiln.rules import rule_named
 
 USAGE_ERROR = 2
 
@@ -75,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--counts-only", action="store_true", help="op counts, no IR")
     e.add_argument("--opt-level", type=int, default=2, choices=range(4), metavar="N",
                    help="which passes run (default: 2)")
+    e.add_argument("--rule", metavar="NAME",
+                   help="where rewrite rule NAME fired, and why it did not elsewhere")
+    e.add_argument("--fast-math", action="store_true",
+                   help="also run rules that hold for real numbers only")
     e.set_defaults(run=_explain)
     return parser
 
@@ -234,7 +240,12 @@ class ProgressBar:
 
 def _explain(args: argparse.Namespace) -> int:
     _check_model(args.model)
-    options = kiln.Options(opt_level=args.opt_level)
+    options = kiln.Options(opt_level=args.opt_level, fast_math=args.fast_math)
+    if args.rule is not None:
+        try:
+            rule_named(args.rule)
+        except KeyError as err:
+            raise UsageError(err.args[0]) from None
     enabled = [p.name for p in PIPELINE if options.opt_level >= p.min_level]
     if args.after is not None and args.after not in enabled:
         known = ", ".join(p.name for p in PIPELINE)
@@ -249,14 +260,44 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"kiln: error: cannot capture {args.model}: {bench.describe_error(err)}",
               file=sys.stderr)
         return 1
-    _, records, snapshots = run_pipeline(graph, options, keep_snapshots=True)
+    traced = [args.rule] if args.rule else []
+    _, records, snapshots = run_pipeline(graph, options, keep_snapshots=True,
+                                         trace_rules=traced)
+    if args.rule is not None:
+        print(explain_rule(args.rule, graph, records, options))
+        return 0
     if args.after is None:
         _show(f"captured: {len(graph.nodes)} nodes", graph, args.counts_only)
     for record, snapshot in zip(records, snapshots, strict=True):
         if args.after in (None, record.name):
             title = f"after {record.name}: {record.nodes_before} -> {record.nodes_after} nodes"
-            _show(title, snapshot, args.counts_only)
+            fired = ", ".join(f"{name} x{s.fired}" for name, s in record.rules.items() if s.fired)
+            _show(title + (f"; rules fired: {fired}" if fired else ""), snapshot,
+                  args.counts_only)
     return 0
+
+
+def explain_rule(name: str, graph: Graph, records: Sequence[PassRecord],
+                 options: kiln.Options) -> str:
+    """Where rule ``name`` fired in the pipeline, and at each node with its root op where it
+    did not, the part of the pattern or guard that failed."""
+    rule = rule_named(name)
+    roots = ", ".join(sorted(op.text for op in rule.pattern.root_ops() or ()))
+    lines = [f"rule {name} ({rule.safety.value}; root op {roots})"]
+    passes = [r for r in records if name in r.rules]
+    if not passes:
+        why = ("it is fast_math: add --fast-math" if not rule.enabled(options.fast_math)
+               else f"no pass at opt level {options.opt_level} runs it")
+        lines.append(f"  not run: {why}")
+        return "\n".join(lines)
+    for record in passes:
+        fired = [e.node for e in record.trace if e.fired]
+        missed = [e for e in record.trace if not e.fired]
+        lines.append(f"  in pass {record.name}: fired {len(fired)} time(s)"
+                     + (f" at {', '.join(fired)}" if fired else ""))
+        for event in missed:
+            lines.append(f"    not at {event.node}: {event.reason}")
+    return "\n".join(lines)
 
 
 def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:

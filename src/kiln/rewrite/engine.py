@@ -65,12 +65,15 @@ def apply_rules(graph: Graph, rules: Sequence[Rule], options: Options,
     result = RewriteResult(graph, {r.name: RuleStats() for r in active})
     traced = set(trace)
     fired: list[TraceEvent] = []
+    first_misses: list[TraceEvent] = []
     for sweep in range(MAX_SWEEPS):
         events: list[TraceEvent] = []
         new_graph = _sweep(result.graph, by_root, result.stats, traced, events)
         fired.extend(e for e in events if e.fired)
-        # every firing, and the misses of the last sweep (earlier misses may be stale)
-        result.trace = fired + [e for e in events if not e.fired]
+        if sweep == 0:  # misses as the pass received the graph; later sweeps see rewritten ones
+            first_misses = [e for e in events if not e.fired]
+        fired_at = {(e.rule, e.node) for e in fired}
+        result.trace = fired + [e for e in first_misses if (e.rule, e.node) not in fired_at]
         result.sweeps = sweep + 1
         if new_graph is None:
             return result
