@@ -8,6 +8,23 @@ from kiln.passes.pipeline import PassRecord
 
 
 @dataclass(frozen=True)
+class KernelInfo:
+    """One kernel of a compiled graph: a generated kernel for a group of nodes, or the library
+    (ATen) call of one node."""
+
+    kind: str  # "generated" or "library"
+    ops: tuple[str, ...]  # kiln op names of the nodes it covers, in order
+    source: str | None = None  # generated: the C source
+    trace: str | None = None  # generated: the schedule (a replayable trace, or the template)
+    nodes: tuple[str, ...] = ()  # the node names, in order
+
+    def __str__(self) -> str:
+        covered = ", ".join(f"{n} ({o})" for n, o in zip(self.nodes, self.ops)) or ", ".join(
+            self.ops)
+        return f"{self.kind:<9} {covered}"
+
+
+@dataclass(frozen=True)
 class GraphReport:
     nodes_before: int  # body nodes right after capture
     nodes_after: int  # body nodes that run
@@ -19,6 +36,7 @@ class GraphReport:
     planned_bytes: int  # the planned intermediates added up: the arena holds these, reused
     compile_seconds: float
     planned_peak_bytes_before: int = 0  # the arena the captured graph would need, no rewrites
+    kernels: tuple[KernelInfo, ...] = ()  # every computing node's kernel, in run order
 
     def rules_fired(self) -> dict[str, int]:
         """How often each rewrite rule fired, over every rule pass."""
@@ -50,6 +68,11 @@ class CompileReport:
             for name, n in g.rules_fired().items():
                 fired[name] = fired.get(name, 0) + n
         return dict(sorted(fired.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    @property
+    def kernels(self) -> tuple[KernelInfo, ...]:
+        """Every kernel of every graph, in run order."""
+        return tuple(k for g in self.graphs for k in g.kernels)
 
     @property
     def nodes_before(self) -> int:
