@@ -8,11 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.ir.graph import Graph
+from kiln.ir.ops import Op
 from kiln.ir.verify import verify
 from kiln.options import Options
+from kiln.passes.partition import gather, partition
 from kiln.passes.pipeline import run_pipeline
-from kiln.report import GraphReport
+from kiln.report import GraphReport, KernelInfo
 from kiln.runtime.executor import build_executor
+from kiln.runtime.kernels import GroupKernel, build_kernels
 from kiln.runtime.memory import MemoryPlan, plan_memory
 
 
@@ -37,8 +40,12 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     if options.debug:
         verify(graph)
     optimized, records, _ = run_pipeline(graph, options)
+    kernels: list[GroupKernel] = []
+    if options.generated_kernels:
+        kernels = build_kernels(optimized, partition(optimized), options).kernels
+        optimized = gather(optimized, [k.group for k in kernels])
     plan = plan_memory(optimized) if options.memory_plan else None
-    run, source = build_executor(optimized, plan, input_positions)
+    run, source = build_executor(optimized, plan, input_positions, kernels)
     report = GraphReport(
         nodes_before=graph.num_ops(), nodes_after=optimized.num_ops(), passes=tuple(records),
         ops=optimized.op_counts(), opaque_ops=tuple(opaque_ops),
@@ -46,5 +53,21 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         intermediate_bytes=plan.intermediate_bytes if plan else 0,
         planned_bytes=plan.planned_bytes if plan else 0,
         compile_seconds=time.perf_counter() - start,
-        planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0)
+        planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0,
+        kernels=kernel_infos(optimized, kernels))
     return CompiledGraph(optimized, graph, plan, source, report, run)
+
+
+def kernel_infos(graph: Graph, kernels: Sequence[GroupKernel]) -> tuple[KernelInfo, ...]:
+    """One KernelInfo per generated kernel and per remaining computing node, in run order."""
+    member_of = {n: k for k in kernels for n in k.group.nodes}
+    infos = []
+    for node in graph.nodes:
+        k = member_of.get(node)
+        if k is None and node.op not in (Op.CONSTANT, Op.SCALAR):
+            infos.append(KernelInfo("library", (node.op.text,), nodes=(node.name,)))
+        elif k is not None and node is k.group.last:
+            nodes = k.group.nodes
+            infos.append(KernelInfo("generated", tuple(n.op.text for n in nodes), k.source,
+                                    k.trace, tuple(n.name for n in nodes)))
+    return tuple(infos)

@@ -24,6 +24,7 @@ import torch
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
+from kiln.runtime.kernels import GroupKernel
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 
 _SOURCES = (Op.SCALAR, Op.CONSTANT, Op.INPUT)
@@ -48,9 +49,14 @@ class Arena:
         return bufs
 
 
-def build_executor(graph: Graph, plan: MemoryPlan | None,
-                   input_positions: Sequence[int]) -> tuple[Callable[[list[Any]], list[Any]], str]:
-    """A function of the boxed call arguments returning the graph outputs, and its source."""
+def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Sequence[int],
+                   kernels: Sequence[GroupKernel] = ()
+                   ) -> tuple[Callable[[list[Any]], list[Any]], str]:
+    """A function of the boxed call arguments returning the graph outputs, and its source.
+
+    Each of ``kernels`` replaces its group's nodes (gathered together by
+    `kiln.passes.partition.gather`) with one call at the group's last node.
+    """
     # v<position>_<label>: the position keeps names distinct whatever the labels are
     names = {node: f"v{i}_{''.join(c if c.isalnum() else '_' for c in node.name)}"
              for i, node in enumerate(graph.all_nodes())}
@@ -78,22 +84,42 @@ def build_executor(graph: Graph, plan: MemoryPlan | None,
 
     spans = lifetimes(graph)
     outputs = set(graph.outputs) | escaping(graph)
+    member_of = {n: gk for gk in kernels for n in gk.group.nodes}
+    internal = {v for gk in kernels for n in gk.group.nodes for v in n.outputs
+                if v not in gk.outputs}  # never materialized by the kernel
     dies_at: dict[int, list[str]] = {}
     for value, span in spans.items():
-        if value not in outputs and value not in slot and value.node.op not in _SOURCES:
+        if (value not in outputs and value not in slot and value.node.op not in _SOURCES
+                and value not in internal):
             dies_at.setdefault(span.last, []).append(ref(value))
 
+    def library_line(node: Node) -> str:
+        targets = ", ".join(ref(v) for v in node.outputs)
+        out = f"buf[{slot[node.out()]}]" if node.out() in slot else None
+        return (f"{targets}{',' if len(node.types) > 1 else ''} = "
+                f"{_call_text(env, node, lower_node(node), ref, out, graph.device)}")
+
+    contiguous = set(slot)  # values known contiguous without a runtime check
+    pending: list[str] = []  # deaths inside a group wait for its kernel call
     for i, node in enumerate(graph.nodes):
         if node.op is Op.SCALAR:
             continue
         if node.op is Op.CONSTANT:
             env[names[node]] = graph.constant(node)
             continue
-        targets = ", ".join(ref(v) for v in node.outputs)
-        call = lower_node(node)
-        out = f"buf[{slot[node.out()]}]" if node.out() in slot else None
-        lines.append(f"    {targets}{',' if len(node.types) > 1 else ''} = "
-                     f"{_call_text(env, node, call, ref, out, graph.device)}")
+        gk = member_of.get(node)
+        if gk is None:
+            lines.append(f"    {library_line(node)}")
+            if node.op is Op.VIEW and node.inputs[0] in contiguous:
+                contiguous.add(node.out())
+        else:
+            pending += dies_at.pop(i, [])
+            if node is not gk.group.last:
+                continue
+            lines += _kernel_lines(env, gk, graph, ref, slot, contiguous, library_line)
+            contiguous.update(gk.outputs)
+            dies_at[i] = pending + dies_at.get(i, [])
+            pending = []
         if dies_at.get(i):
             lines.append(f"    del {', '.join(dies_at[i])}")
     constants_out = [v for v in graph.outputs if v.node.op is Op.CONSTANT]
@@ -106,6 +132,41 @@ def build_executor(graph: Graph, plan: MemoryPlan | None,
     code = compile(source, "<kiln graph>", "exec")
     exec(code, env)  # noqa: S102 - source generated above from the IR, nothing user-given
     return env["kiln_graph"], source
+
+
+def _kernel_lines(env: dict[str, Any], gk: GroupKernel, graph: Graph,
+                  ref: Callable[[Value], str], slot: dict[Value, int], contiguous: set[Value],
+                  library_line: Callable[[Node], str]) -> list[str]:
+    """The kernel call, behind a contiguity check of the operands not known to be contiguous;
+    if the check fails (rare: a strided graph input), the group's library calls run instead."""
+    pointers = []
+    for v in gk.inputs:
+        if v.node.op is Op.CONSTANT:
+            tensor = graph.constant(v.node).contiguous()  # kept alive by env
+            _bind(env, "W", tensor)
+            pointers.append(_bind(env, "P", tensor.data_ptr()))
+        else:
+            pointers.append(f"{ref(v)}.data_ptr()")
+    allocs = []
+    for v in gk.outputs:
+        if v in slot:
+            allocs.append(f"{ref(v)} = buf[{slot[v]}]")
+        else:
+            empty = _bind(env, "EMPTY", torch.empty)
+            dtype = _bind(env, "DT", v.type.dtype.torch)
+            allocs.append(f"{ref(v)} = {empty}({tuple(v.type.shape)!r}, dtype={dtype})")
+        pointers.append(f"{ref(v)}.data_ptr()")
+    call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
+    checks = [f"{ref(v)}.is_contiguous()" for v in dict.fromkeys(gk.inputs)
+              if v.node.op is not Op.CONSTANT and v not in contiguous]
+    if not checks:
+        return [f"    {a}" for a in allocs] + [f"    {call}"]
+    fallback = [library_line(n) for n in gk.group.nodes]
+    fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs if v not in slot]
+    named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
+    fallback += [f"del {', '.join(named)}"] if named else []
+    return ([f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]
+            + [f"        {call}", "    else:"] + [f"        {line}" for line in fallback])
 
 
 def _call_text(env: dict[str, Any], node: Node, call: AtenCall, ref: Callable[[Value], str],

@@ -1,0 +1,158 @@
+"""Partition an optimized graph into generated-kernel groups (pure graph analysis, no C).
+
+A group is a producer->consumer chain of elementwise ops, optionally closed by one
+normalization (softmax, layer norm) that reads the chain's result. It becomes one generated
+kernel: values used only inside the group are never written to memory. For GPT-2's
+``ln(x + attn)`` with the sum also kept as the residual stream::
+
+    %add_1 = add(%add, %view_17) : f32[1, 16, 64]                 group 0: add_1, ln
+    %ln = layer_norm(%add_1, %w, %b) : (f32[1, 16, 64], ...)        inputs  %add, %view_17, %w, %b
+    %add_2 = add(%add_1, %view_21) : f32[1, 16, 64]                 outputs %add_1, %ln#0
+
+Everything else (GEMMs, convolutions, movement, opaque calls) stays a library call.
+Rules, each there for a reason:
+
+* float32 results only, operands float32 or bool masks (Python numbers are constants);
+* a normalization ends its group: the row kernels take an elementwise prologue, no epilogue;
+* every user outside the group comes after the group's last node, so the kernel can run at
+  that node's place (this also keeps groups free of cycles through outside nodes);
+* a lone elementwise op or a lone softmax is left to the library, which is as fast
+  (measured: benchmarks/e2e_kernels.py); a lone layer norm is kept (its row kernel is faster).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kiln.ir import attrs as A
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op, OpGroup
+from kiln.ir.types import DType
+
+__all__ = ["KernelGroup", "gather", "partition"]
+
+_NORMALIZATIONS = (Op.SOFTMAX, Op.LAYER_NORM)
+
+
+@dataclass(frozen=True)
+class KernelGroup:
+    """Nodes (in graph order) that run as one kernel, with the values it reads and writes."""
+
+    nodes: tuple[Node, ...]
+    inputs: tuple[Value, ...]  # produced outside the group (Python numbers left out)
+    outputs: tuple[Value, ...]  # used after the group or returned by the graph
+
+    @property
+    def last(self) -> Node:
+        return self.nodes[-1]
+
+    def __repr__(self) -> str:
+        return f"<KernelGroup {' -> '.join(n.name for n in self.nodes)}>"
+
+
+def partition(graph: Graph) -> list[KernelGroup]:
+    """The groups of ``graph``, in the order of their last nodes."""
+    if graph.device.type != "cpu":
+        return []
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    users = graph.users()
+    returned = set(graph.outputs)
+    group_of: dict[Node, list[Node]] = {}
+    for node in graph.nodes:
+        if not fusible(node):
+            continue
+        target = _producer_group(node, group_of)
+        if target is not None and _may_join(target, node, users, index):
+            target.append(node)
+            group_of[node] = target
+        else:
+            group_of[node] = [node]
+    groups = {id(g): g for g in group_of.values()}.values()
+    result = [_describe(g, users, returned) for g in groups if _worth_it(g)]
+    return sorted(result, key=lambda g: index[g.last])
+
+
+def fusible(node: Node) -> bool:
+    """Whether ``node`` may be part of a generated kernel at all."""
+    if node.op not in _NORMALIZATIONS and not node.op.is_a(OpGroup.ELEMENTWISE):
+        return False
+    if any(t.dtype is not DType.F32 or t.numel == 0 for t in node.types):
+        return False
+    for v in node.inputs:
+        if v.node.op is not Op.SCALAR and v.type.dtype not in (DType.F32, DType.BOOL):
+            return False
+    if node.op is Op.SOFTMAX:
+        return _last_axis(node.attrs.dim, node.type.rank)  # type: ignore[attr-defined]
+    if node.op is Op.LAYER_NORM:  # over the last axis, with weight and bias
+        attrs = node.attrs
+        assert isinstance(attrs, A.LayerNormAttrs)
+        return len(attrs.normalized_shape) == 1 and len(node.inputs) == 3 and all(
+            v.node.op is not Op.SCALAR for v in node.inputs)
+    return True
+
+
+def _last_axis(dim: int, rank: int) -> bool:
+    return rank > 0 and dim % rank == rank - 1
+
+
+def _producer_group(node: Node, group_of: dict[Node, list[Node]]) -> list[Node] | None:
+    """The open group ``node`` would extend: the one producing its (first) operand."""
+    operands = node.inputs[:1] if node.op in _NORMALIZATIONS else node.inputs
+    candidates = [group_of[v.node] for v in operands if v.node in group_of]
+    open_ = [g for g in candidates if g[-1].op not in _NORMALIZATIONS]
+    if not open_:
+        return None
+    return max(open_, key=len)
+
+
+def _may_join(group: list[Node], node: Node, users: dict[Node, list[Node]],
+              index: dict[Node, int]) -> bool:
+    members = set(group) | {node}
+    if node.op in _NORMALIZATIONS and any(v.node in members for v in node.inputs[1:]):
+        return False  # weight and bias come from outside
+    for member in group:
+        for user in users[member]:
+            if user not in members and index[user] < index[node]:
+                return False  # the kernel would run after a reader of its result
+    return True
+
+
+def _worth_it(group: Sequence[Node]) -> bool:
+    if len(group) > 1:
+        return True
+    return group[0].op is Op.LAYER_NORM
+
+
+def _describe(nodes: list[Node], users: dict[Node, list[Node]],
+              returned: set[Value]) -> KernelGroup:
+    members = set(nodes)
+    inputs: dict[Value, None] = {}
+    for node in nodes:
+        for v in node.inputs:
+            if v.node not in members and v.node.op is not Op.SCALAR:
+                inputs[v] = None
+    read_outside = {v for n in nodes for user in users[n] if user not in members
+                    for v in user.inputs if v.node is n}
+    outputs = [v for n in nodes for v in n.outputs if v in read_outside or v in returned]
+    return KernelGroup(tuple(nodes), tuple(inputs), tuple(outputs))
+
+
+def gather(graph: Graph, groups: Sequence[KernelGroup]) -> Graph:
+    """``graph`` with each group's nodes moved together, right before its last node.
+
+    Valid because `partition` puts every outside reader of a group after the group's last
+    node; the runtime then runs the kernel at that place. Returns ``graph`` if nothing moved.
+    """
+    moved = {n: g for g in groups for n in g.nodes[:-1]}
+    if not moved:
+        return graph
+    last_of = {g.last: g for g in groups}
+    order: list[Node] = []
+    for node in graph.nodes:
+        if node in moved:
+            continue
+        if node in last_of:
+            order.extend(last_of[node].nodes[:-1])
+        order.append(node)
+    return graph if list(order) == list(graph.nodes) else graph.replace(nodes=order)

@@ -1,0 +1,305 @@
+"""Generated kernels for the partitioner's groups: build, check, or fall back to library calls.
+
+Two recipes, chosen by the group's shape:
+
+* **rows** — a group closed by a last-axis softmax or layer norm: the row kernel of
+  `kiln.codegen.fused` (rows in parallel, vectorized passes, lane-wise reductions) whose loads
+  of its input ``x[r, c]`` are replaced by the group's elementwise prologue, inlined::
+
+      x = where(mask, -inf, scores); y = softmax(x)   ->   y[r, :] = softmax(where(...)[r, :])
+
+  When ``x`` itself is needed after the group (GPT-2's residual stream) each row is first
+  written to it once, then the row passes read it back from L1.
+* **loops** — an elementwise-only group: `kiln.tir.lower.lower_chain`, the default schedule of
+  `kiln.codegen.heuristics` (intermediates inlined, vectorized, parallel), buffer compaction.
+
+Any failure (the op has no loop definition, a schedule primitive refuses, no C compiler, the
+compiler rejects the source, the built kernel disagrees with the library on random data)
+leaves the group to its library calls: never a crash, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kiln.codegen import fused
+from kiln.codegen.build import CompileError, CompilerUnavailable
+from kiln.codegen.c import UnsupportedForC
+from kiln.codegen.heuristics import default_schedule
+from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.interp import evaluate_node
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.options import Options
+from kiln.passes.partition import KernelGroup
+from kiln.tir.compact import compact_buffers
+from kiln.tir.lower import lower_chain
+from kiln.tir.nodes import (
+    Allocate,
+    Block,
+    Buffer,
+    BufferStore,
+    Expr,
+    For,
+    ForKind,
+    IterVar,
+    Load,
+    PrimFunc,
+    Stmt,
+    Var,
+    const,
+    seq,
+)
+from kiln.tir.primitives.common import ScheduleError
+from kiln.tir.schedule import Schedule
+from kiln.tir.te import NotLowerable
+from kiln.tir.visit import iter_stmts, map_stmt, replace_buffer, substitute
+
+__all__ = ["GroupKernel", "KernelBuild", "build_kernels", "build_group_kernel"]
+
+CHECK_TOLERANCE = 1e-5  # relative L2, float32: a kernel off by more than this is not used
+
+
+class NoRecipe(Exception):
+    """The group has a shape neither recipe takes."""
+
+
+@dataclass(frozen=True)
+class GroupKernel:
+    """A compiled kernel standing for a group; parameters are ``inputs`` then ``outputs``."""
+
+    group: KernelGroup
+    kernel: CompiledKernel
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    recipe: str  # "rows" or "loops"
+    trace: str  # how the schedule was made: a replayable Trace, or the row template used
+
+    @property
+    def source(self) -> str:
+        return self.kernel.source
+
+
+@dataclass
+class KernelBuild:
+    """The result of building every group: the kernels, and why the other groups were left."""
+
+    kernels: list[GroupKernel] = field(default_factory=list)
+    skipped: list[tuple[KernelGroup, str]] = field(default_factory=list)
+
+
+def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options) -> KernelBuild:
+    """A kernel per group where one can be built and checked; the reasons elsewhere."""
+    result = KernelBuild()
+    checked: dict[str, bool] = {}  # kernel source -> agreed with the library (repeated layers)
+    for group in groups:
+        built = build_group_kernel(group, options)
+        if isinstance(built, str):
+            result.skipped.append((group, built))
+            if built.startswith("no C compiler"):
+                result.skipped += [(g, built) for g in groups[len(result.kernels)
+                                                            + len(result.skipped):]]
+                break
+            continue
+        key = built.source + repr([v.type for v in built.inputs])
+        if key not in checked:
+            checked[key] = _agrees_with_library(graph, built)
+        if checked[key]:
+            result.kernels.append(built)
+        else:
+            warnings.warn(f"kiln: generated kernel {built.kernel.name} disagrees with the library "
+                          f"calls on random data; using the library calls", RuntimeWarning,
+                          stacklevel=2)
+            result.skipped.append((group, "disagreed with the library on random data"))
+    return result
+
+
+def build_group_kernel(group: KernelGroup, options: Options) -> GroupKernel | str:
+    """The group's compiled kernel, or a one-line reason why there is none."""
+    try:
+        if group.last.op in (Op.SOFTMAX, Op.LAYER_NORM):
+            func, trace, ins, outs = _rows(group)
+            recipe = "rows"
+        else:
+            func, trace, ins, outs = _loops(group)
+            recipe = "loops"
+        kernel = compile_kernel(func, options)
+    except (NotLowerable, NoRecipe, ScheduleError, UnsupportedForC) as err:
+        return f"not generated: {err}"
+    except CompileError as err:
+        warnings.warn(f"kiln: the C compiler rejected kernel {func.name}; using library calls "
+                      f"({str(err).splitlines()[0]})", RuntimeWarning, stacklevel=2)
+        return "the C compiler rejected the kernel"
+    if isinstance(kernel, CompilerUnavailable):
+        return f"no C compiler: {kernel.reason}"
+    return GroupKernel(group, kernel, tuple(ins), tuple(outs), recipe, trace)
+
+
+# -- loops: lower_chain + default schedule ----------------------------------------------------
+
+
+def _loops(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[Value]]:
+    lowered = lower_chain(group.nodes, outputs=group.outputs)
+    func, trace = default_schedule(lowered.func)
+    return compact_buffers(func), trace.as_python(), lowered.inputs, lowered.outputs
+
+
+# -- rows: a fused row kernel with the elementwise prologue inlined ---------------------------
+
+
+def _rows(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[Value]]:
+    norm = group.last
+    x, y = norm.inputs[0], norm.out(0)
+    shape = x.type.shape
+    n = shape[-1]
+    rows = math.prod(shape[:-1])
+    prologue = group.nodes[:-1]
+    if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
+        raise NoRecipe(f"{norm.name}: the group has outputs besides the row input and result")
+    if norm.op is Op.SOFTMAX:
+        base, extra = fused.softmax_rows(rows, n, name=_name(group)), ()
+    else:
+        w, b = norm.inputs[1], norm.inputs[2]
+        if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
+            raise NoRecipe(f"{norm.name}: weight and bias are not f32[{n}]")
+        eps = norm.attrs.eps  # type: ignore[attr-defined]
+        base, extra = fused.layernorm_rows(rows, n, eps, name=_name(group)), (w, b)
+    base = _renamed(base)  # row_x, row_w, ...: apart from the prologue's buffer names
+    template = f"kiln.codegen.fused.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
+    x_buf, out_buf = base.inputs[0], base.outputs[0]
+    if not prologue:
+        return base, f"# {template}({rows}, {n})", (x, *extra), (y,)
+    body_of, params, trace = _prologue(prologue, x, rows, n, taken={b.name for b in base.params})
+    outputs: list[Buffer] = []
+    if x in group.outputs:  # write each row once, then read it back
+        x_out = Buffer("row_x_out", (rows, n), DType.F32)
+        outputs.append(x_out)
+        loop = base.body
+        assert isinstance(loop, For)
+        write = _row_loop(loop.var, rows, n, lambda r, c: BufferStore(x_out, (r, c), body_of(r, c)))
+        body = map_stmt(loop, lambda s: Allocate(s.buffer, seq(write, s.body))
+                        if isinstance(s, Allocate) and s.buffer.name == "stat" else s)
+        body = _replace_loads(body, x_buf, lambda idx: Load(x_out, idx))
+        outs: tuple[Value, ...] = (x, y)
+    else:
+        body = _replace_loads(base.body, x_buf, lambda idx: body_of(*idx))
+        outs = (y,)
+    func = PrimFunc(base.name, (*params, *base.inputs[1:]), (*outputs, out_buf), body)
+    ins = (*_prologue_inputs(prologue, x), *extra)
+    text = f"{trace}\n# then {template}({rows}, {n}) reading the prologue for x"
+    return func, text, ins, outs
+
+
+def _prologue(nodes: Sequence[Node], x: Value, rows: int, n: int, taken: set[str]):  # noqa: ANN202
+    """The prologue's value at row-major position (r, c) of x, as an expression."""
+    lowered = lower_chain(nodes, outputs=[x])
+    sch = Schedule(lowered.func)
+    out_name = lowered.func.outputs[0].name
+    for name in sch.blocks():
+        block = _block(sch.func, name)
+        if not (isinstance(block.body, BufferStore) and block.body.buffer.name == out_name):
+            sch.compute_inline(name)  # raises ScheduleError where it cannot: no kernel then
+    blocks = [s for s in iter_stmts(sch.func.body) if isinstance(s, Block)]
+    if len(blocks) != 1 or not isinstance(blocks[0].body, BufferStore) or blocks[0].init:
+        raise NoRecipe("the prologue does not inline into one elementwise block")
+    store = blocks[0].body
+    ivs = [iv.var for iv in blocks[0].iter_vars]
+    if list(store.indices) != ivs:
+        raise NoRecipe("the prologue does not store x element by element")
+    params = lowered.func.inputs
+    clash = [p.name for p in params if p.name in taken]
+    if clash:
+        raise NoRecipe(f"prologue buffer name {clash[0]} clashes with the row kernel's")
+    shape = x.type.shape
+
+    def at(r: Expr, c: Expr) -> Expr:
+        mapping: dict[Var, Expr] = {ivs[-1]: c}
+        inner = 1
+        for k in range(len(shape) - 2, -1, -1):
+            idx = r if inner == 1 else r // inner
+            mapping[ivs[k]] = idx % shape[k] if k > 0 else idx
+            if shape[k] == 1:
+                mapping[ivs[k]] = const(0, DType.I64)
+            inner *= shape[k]
+        return substitute(store.value, mapping)
+    return at, params, sch.trace.as_python()
+
+
+def _renamed(func: PrimFunc) -> PrimFunc:
+    body = func.body
+    params = []
+    for buf in func.params:
+        new = dataclasses.replace(buf, name=f"row_{buf.name}")
+        body = replace_buffer(body, buf, new)
+        params.append(new)
+    k = len(func.inputs)
+    return PrimFunc(func.name, tuple(params[:k]), tuple(params[k:]), body)
+
+
+def _prologue_inputs(nodes: Sequence[Node], x: Value) -> tuple[Value, ...]:
+    return lower_chain(nodes, outputs=[x]).inputs
+
+
+def _block(func: PrimFunc, name: str) -> Block:
+    for s in iter_stmts(func.body):
+        if isinstance(s, Block) and s.name == name:
+            return s
+    raise NoRecipe(f"no block {name}")
+
+
+def _row_loop(r: Var, rows: int, n: int, body) -> Stmt:  # noqa: ANN001
+    """``for j in vectorized(n): body(vr, vj)`` inside the row loop ``r``."""
+    j = Var("kiln_j")
+    vr, vj = IterVar(Var("kiln_vr"), rows), IterVar(Var("kiln_vj"), n)
+    block = Block("prologue", (vr, vj), (r, j), body(vr.var, vj.var))
+    return For(j, n, block, ForKind.VECTORIZED)
+
+
+def _replace_loads(stmt: Stmt, buf: Buffer, make) -> Stmt:  # noqa: ANN001
+    """Every load of ``buf`` becomes ``make(indices)``."""
+    def efn(e: Expr) -> Expr:
+        return make(e.indices) if isinstance(e, Load) and e.buffer == buf else e
+    return map_stmt(stmt, efn=efn)
+
+
+def _name(group: KernelGroup) -> str:
+    text = "_".join(dict.fromkeys(n.op.text for n in group.nodes))
+    return "kiln_" + "".join(c if c.isalnum() else "_" for c in text)[:50]
+
+
+# -- the safety net ---------------------------------------------------------------------------
+
+
+def _agrees_with_library(graph: Graph, gk: GroupKernel) -> bool:
+    """Run the kernel and the group's library calls on the same random data; compare."""
+    gen = torch.Generator().manual_seed(0)
+    env: dict[Value, object] = {}
+    for v in gk.group.inputs:
+        t = v.type
+        if t.dtype is DType.BOOL:
+            env[v] = torch.randint(0, 2, t.shape, generator=gen).bool()
+        else:
+            env[v] = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
+    with torch.no_grad():
+        for node in gk.group.nodes:
+            results = evaluate_node(node, [env[v] if v in env else v.node.attrs.value  # type: ignore
+                                           for v in node.inputs], graph)
+            env.update(zip(node.outputs, results))
+        outs = [torch.full(v.type.shape, float("nan")) for v in gk.outputs]
+        gk.kernel.run_unchecked(*[env[v].data_ptr() for v in gk.inputs],  # type: ignore
+                                *[o.data_ptr() for o in outs])
+    for got, v in zip(outs, gk.outputs):
+        want = env[v]
+        assert isinstance(want, torch.Tensor)
+        err = torch.linalg.vector_norm((got - want).double())
+        scale = torch.linalg.vector_norm(want.double()).clamp_min(1e-30)
+        if not float(err / scale) < CHECK_TOLERANCE:  # NaN fails too
+            return False
+    return True
