@@ -14,6 +14,7 @@ from kiln.passes.base import Pass
 from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
+from kiln.passes.layout import to_channels_last
 from kiln.rewrite.engine import RuleStats, TraceEvent
 from kiln.rewrite.passes import RulePass
 
@@ -27,6 +28,8 @@ PIPELINE: tuple[Pass | RulePass, ...] = (
     RulePass("fuse.epilogue", rules.EPILOGUE, 2,
              "bias/residual/activation onto their contraction, before merging siblings"),
     RulePass("merge.parallel", rules.MERGE, 2, "one wide GEMM/conv per shared input"),
+    Pass("layout", to_channels_last, 3, "NHWC convolutions where measured faster; after merging, "
+         "so the merged weights are converted once"),
     Pass("fold.rewritten", fold_constants, 1, "compute the weights the rules built"),
     Pass("cse.final", eliminate_common_subexpressions, 1, "rewrites can make equal nodes"),
     Pass("dce.final", eliminate_dead_code, 0, "drop the sources folding left behind"),

@@ -1,0 +1,79 @@
+"""Channels-last layout: where conversions go, and results equal to the NCHW graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+from kiln import models
+from kiln.ir import parse_graph, print_graph, verify
+from kiln.ir.interp import interpret
+from kiln.passes import layout
+from kiln.runtime.executor import build_executor
+
+CHAIN = """graph(%x: f32[2, 3, 5, 5]) {
+  %w = constant {name='w'} : f32[4, 3, 3, 3]
+  %w2 = constant {name='w2'} : f32[4, 4, 1, 1]
+  %y = convolution(%x, %w) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[2, 4, 5, 5]
+  %r = relu(%y) : f32[2, 4, 5, 5]
+  %z = convolution(%r, %w2) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[2, 4, 5, 5]
+  %f = view(%z) {shape=(2, 100)} : f32[2, 100]
+  return %f, %r
+}"""  # noqa: E501
+
+
+def _chain():
+    gen = torch.Generator().manual_seed(0)
+    weights = {"w": torch.randn(4, 3, 3, 3, generator=gen),
+               "w2": torch.randn(4, 4, 1, 1, generator=gen)}
+    return parse_graph(CHAIN, weights)
+
+
+def test_conversions_at_the_edges_of_the_conv_chain() -> None:
+    graph = _chain()
+    nhwc = layout.to_channels_last(graph, decide=True)
+    verify(nhwc)
+    text = print_graph(nhwc)
+    # the input and both weights enter NHWC; the relu between the convs needs nothing
+    assert text.count("to_layout(") == 3
+    assert "%x_nhwc = to_layout(%x) {channels_last=True}" in text
+    # the flattening view and the graph output %r each get an NCHW copy
+    assert "%z_nchw = clone(%z)" in text and "view(%z_nchw)" in text
+    assert "%r_nchw = clone(%r)" in text and "return %f, %r_nchw" in text
+
+
+def test_results_and_output_layout_match_nchw() -> None:
+    graph = _chain()
+    nhwc = layout.to_channels_last(graph, decide=True)
+    x = torch.randn(2, 3, 5, 5)
+    expected = interpret(graph, [x])
+    run, _ = build_executor(nhwc, None, [0])
+    actual = run([x])
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+        assert a.is_contiguous()  # eager returns NCHW, so kiln does too
+
+
+def test_no_change_when_not_faster_or_no_convolution() -> None:
+    graph = _chain()
+    assert layout.to_channels_last(graph, decide=False) is graph
+    plain = parse_graph("graph(%x: f32[2]) {\n  %y = relu(%x) : f32[2]\n  return %y\n}")
+    assert layout.to_channels_last(plain) is plain
+
+
+def test_measurement_gives_times_for_both_layouts() -> None:
+    node = next(n for n in _chain().nodes if n.op.text == "convolution")
+    standard, nhwc = layout._conv_times(layout._signature(node))
+    assert standard > 0 and nhwc > 0
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "inception"])
+def test_zoo_models_in_nhwc_match_eager(name, monkeypatch) -> None:
+    monkeypatch.setattr(layout, "_measured_faster", lambda convs: True)
+    model, inputs = models.build(name, quick=True)
+    compiled = kiln.compile(model, inputs, kiln.Options(opt_level=3, debug=True, strict=True))
+    assert compiled.report.op_counts()["to_layout"] >= 1
+    with torch.no_grad():
+        actual, expected = compiled(*inputs), model(*inputs)
+    assert ((actual - expected).norm() / expected.norm()).item() < 1e-4
