@@ -1,0 +1,63 @@
+"""Every zoo model with generated kernels on still matches eager PyTorch; the report lists the
+kernels (generated and library) of every computing node."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+import kiln_test_support as support
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.engine import compile_graph
+from kiln.ir import Op
+
+TOLERANCE = 1e-4  # relative L2, as tests/e2e/test_zoo_e2e.py at opt level 2
+TRANSFORMERS = ("bert", "gpt2", "vit_b16")
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory: pytest.TempPathFactory) -> kiln.Options:
+    opts = kiln.Options(generated_kernels=True, debug=True,
+                        kernel_cache_dir=str(tmp_path_factory.mktemp("kernels")))
+    if isinstance(toolchain(opts), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    return opts
+
+
+@pytest.mark.parametrize("name", support.NAMES)
+def test_zoo_model_with_generated_kernels_matches_eager(options: kiln.Options,
+                                                        name: str) -> None:
+    case = support.capture(name)
+    compiled = compile_graph(case.graph, options, range(len(case.graph.inputs)))
+    for _ in range(2):  # a second call reuses the arena and the kernels
+        with torch.no_grad():
+            outputs = compiled(list(case.inputs))
+        for actual, expected in zip(outputs, case.expected, strict=True):
+            assert support.relative_error(actual, expected) < TOLERANCE
+    kernels = compiled.report.kernels
+    covered = [op for k in kernels for op in k.ops]
+    computing = [n.op.text for n in compiled.graph.nodes
+                 if n.op not in (Op.CONSTANT, Op.SCALAR)]
+    assert sorted(covered) == sorted(computing)  # every computing node, exactly once
+    generated = [k for k in kernels if k.kind == "generated"]
+    assert all(k.source and "void " in k.source and k.trace for k in generated)
+    assert all(k.source is None for k in kernels if k.kind == "library")
+    if name in TRANSFORMERS:  # residual add + layer norm at least, in every layer
+        assert any(k.ops == ("add", "layer_norm") for k in generated)
+        assert source_calls(compiled.source) == len(generated)
+
+
+def source_calls(source: str) -> int:
+    return sum(1 for line in source.splitlines() if "KERNEL" in line and "(" in line)
+
+
+def test_kiln_compile_reports_the_kernels(options: kiln.Options) -> None:
+    model, inputs = kiln.models.build("gpt2", quick=True)
+    compiled = kiln.compile(model, inputs, options)
+    with torch.no_grad():
+        assert support.relative_error(compiled(*inputs), model(*inputs)) < TOLERANCE
+    ops = {k.ops for k in compiled.report.kernels if k.kind == "generated"}
+    assert ops == {("add", "layer_norm"), ("where", "softmax")}
+    plain = kiln.compile(model, inputs, kiln.Options(kernel_cache_dir=options.kernel_cache_dir))
+    assert all(k.kind == "library" for k in plain.report.kernels)

@@ -1,0 +1,138 @@
+"""The partitioner: which nodes form one generated kernel, on small hand-built graphs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln_test_support as support
+from kiln.ir import parse_graph, verify
+from kiln.passes.partition import gather, partition
+
+
+def _weights() -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    return {"w": torch.randn(16, 16), "g": torch.randn(16), "b": torch.randn(16),
+            "mask": torch.rand(1, 1, 8, 8) > 0.5, "neg": torch.tensor(-1e9)}
+
+
+def _groups(text: str) -> list[tuple[list[str], list[str], list[str]]]:
+    """(node names, input names, output names) per group."""
+    graph = parse_graph(text, _weights())
+    verify(graph)
+    return [([n.name for n in g.nodes], [repr(v) for v in g.inputs], [repr(v) for v in g.outputs])
+            for g in partition(graph)]
+
+
+def test_bias_gelu_after_a_gemm_is_one_group_and_the_gemm_stays_out() -> None:
+    assert _groups("""\
+graph(%x: f32[4, 16]) {
+  %w = constant {name='w'} : f32[16, 16]
+  %b = constant {name='b'} : f32[16]
+  %m = mm(%x, %w) : f32[4, 16]
+  %a = add(%m, %b) : f32[4, 16]
+  %y = gelu(%a) {approximate='tanh'} : f32[4, 16]
+  return %y
+}""") == [(["a", "y"], ["%m", "%b"], ["%y"])]
+
+
+def test_residual_add_and_layernorm_keep_the_sum_when_it_is_read_later() -> None:
+    assert _groups("""\
+graph(%x: f32[2, 4, 16], %h: f32[2, 4, 16]) {
+  %g = constant {name='g'} : f32[16]
+  %b = constant {name='b'} : f32[16]
+  %s = add(%x, %h) : f32[2, 4, 16]
+  %ln = layer_norm(%s, %g, %b) {normalized_shape=(16,), eps=1e-05} : (f32[2, 4, 16], f32[2, 4, 1], f32[2, 4, 1])
+  %t = mul(%s, %ln#0) : f32[2, 4, 16]
+  return %t
+}""") == [(["s", "ln"], ["%x", "%h", "%g", "%b"], ["%s", "%ln#0"])]  # noqa: E501
+
+
+def test_scale_mask_softmax_is_one_group_with_no_intermediate_output() -> None:
+    assert _groups("""\
+graph(%x: f32[1, 2, 8, 8]) {
+  %mask = constant {name='mask'} : bool[1, 1, 8, 8]
+  %neg = constant {name='neg'} : f32[]
+  %c = scalar {value=0.125} : f64[]
+  %s = mul(%x, %c) : f32[1, 2, 8, 8]
+  %m = where(%mask, %neg, %s) : f32[1, 2, 8, 8]
+  %p = softmax(%m) {dim=3} : f32[1, 2, 8, 8]
+  return %p
+}""") == [(["s", "m", "p"], ["%x", "%mask", "%neg"], ["%p"])]
+
+
+def test_normalization_closes_a_group_and_lone_ops_stay_library_calls() -> None:
+    groups = _groups("""\
+graph(%x: f32[4, 16]) {
+  %p = softmax(%x) {dim=1} : f32[4, 16]
+  %e = exp(%p) : f32[4, 16]
+  %q = softmax(%e) {dim=0} : f32[4, 16]
+  %g = constant {name='g'} : f32[16]
+  %b = constant {name='b'} : f32[16]
+  %ln = layer_norm(%q, %g, %b) {normalized_shape=(16,), eps=1e-05} : (f32[4, 16], f32[4, 1], f32[4, 1])
+  return %ln#0
+}""")  # noqa: E501
+    # softmax alone: the library's is as fast; exp cannot join it (no epilogues); softmax
+    # over dim 0 is not a row kernel; a lone layer norm is kept (its row kernel is faster)
+    assert groups == [(["ln"], ["%q", "%g", "%b"], ["%ln#0"])]
+
+
+def test_a_group_never_runs_after_an_outside_reader_of_its_values() -> None:
+    # %t reads %a between %a and %c: %c cannot join %a's group (the kernel would run at %c)
+    groups = _groups("""\
+graph(%x: f32[4, 16]) {
+  %w = constant {name='w'} : f32[16, 16]
+  %a = exp(%x) : f32[4, 16]
+  %b = tanh(%a) : f32[4, 16]
+  %t = mm(%a, %w) : f32[4, 16]
+  %c = add(%b, %t) : f32[4, 16]
+  %d = relu(%c) : f32[4, 16]
+  return %d
+}""")
+    assert groups == [(["a", "b"], ["%x"], ["%a", "%b"]), (["c", "d"], ["%b", "%t"], ["%d"])]
+
+
+@pytest.mark.parametrize("text", [
+    """\
+graph(%x: f64[4, 16]) {
+  %a = exp(%x) : f64[4, 16]
+  %b = tanh(%a) : f64[4, 16]
+  return %b
+}""",
+    """\
+graph(%x: f32[4, 16]) {
+  %t = call(%x) {target=aten.t.default, args=(arg(0),), kwargs=()} : f32[16, 4]
+  %a = exp(%t) : f32[16, 4]
+  return %a
+}""",
+    """\
+graph(%x: f32[4, 16], %y: f32[4, 16]) {
+  %a = lt(%x, %y) : bool[4, 16]
+  %b = logical_not(%a) : bool[4, 16]
+  return %b
+}""",
+], ids=["float64", "opaque_then_one_op", "bool_results"])
+def test_no_group_for_other_dtypes_or_single_ops(text: str) -> None:
+    assert _groups(text) == []
+
+
+def test_gather_moves_members_together_and_keeps_the_meaning() -> None:
+    text = """\
+graph(%x: f32[4, 16]) {
+  %w = constant {name='w'} : f32[16, 16]
+  %a = exp(%x) : f32[4, 16]
+  %t = mm(%x, %w) : f32[4, 16]
+  %b = add(%a, %t) : f32[4, 16]
+  return %b, %t
+}"""
+    graph = parse_graph(text, _weights())
+    groups = partition(graph)
+    assert [[n.name for n in g.nodes] for g in groups] == [["a", "b"]]
+    moved = gather(graph, groups)
+    verify(moved)
+    assert [n.name for n in moved.nodes] == ["w", "t", "a", "b"]
+    inputs = tuple(support.random_inputs(graph))
+    for got, want in zip(support.run_interpreter(moved, inputs),
+                         support.run_interpreter(graph, inputs)):
+        support.assert_identical(got, want)
+    assert gather(graph, []) is graph

@@ -1,0 +1,159 @@
+"""Generated kernels for partition groups, run by the executor, against the interpreter.
+
+Float32 kernels reassociate reductions (lane-wise partial sums), so results are compared with
+a relative L2 tolerance, not bit for bit; every fallback path must give the library's answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import kiln_test_support as support
+from kiln.ir import Graph, parse_graph, verify
+from kiln.options import Options
+from kiln.passes.partition import gather, partition
+from kiln.runtime import kernels as K
+from kiln.runtime.executor import build_executor
+from kiln.runtime.memory import plan_memory
+
+TOLERANCE = 1e-5
+
+
+def _graph(kind: str, shape: tuple[int, ...]) -> Graph:
+    """A hand-built graph whose one group is ``kind``, at ``shape`` (last axis: the row)."""
+    n = shape[-1]
+    t = f"f32{list(shape)}"
+    stats = f"f32{[*shape[:-1], 1]}"
+    mask = f"bool{[1] * (len(shape) - 2) + list(shape[-2:])}"
+    body = {
+        "add_layernorm": f"""\
+  %s = add(%x, %h) : {t}
+  %ln = layer_norm(%s, %g, %b) {{normalized_shape=({n},), eps=1e-05}} : ({t}, {stats}, {stats})
+  %t = mul(%s, %ln#0) : {t}
+  return %t""",
+        "add_layernorm_no_residual": f"""\
+  %s = add(%x, %h) : {t}
+  %ln = layer_norm(%s, %g, %b) {{normalized_shape=({n},), eps=1e-05}} : ({t}, {stats}, {stats})
+  return %ln#0""",
+        "layernorm": f"""\
+  %ln = layer_norm(%x, %g, %b) {{normalized_shape=({n},), eps=1e-05}} : ({t}, {stats}, {stats})
+  return %ln#0""",
+        "scale_mask_softmax": f"""\
+  %mask = constant {{name='mask'}} : {mask}
+  %neg = constant {{name='neg'}} : f32[]
+  %c = scalar {{value=0.125}} : f64[]
+  %q = mul(%x, %c) : {t}
+  %m = where(%mask, %neg, %q) : {t}
+  %p = softmax(%m) {{dim={len(shape) - 1}}} : {t}
+  return %p""",
+        "bias_gelu_residual": f"""\
+  %a = add(%x, %b) : {t}
+  %y = gelu(%a) {{approximate='none'}} : {t}
+  %z = add(%y, %h) : {t}
+  return %z""",
+    }[kind]
+    head = f"graph(%x: {t}, %h: {t}) {{\n"
+    head += f"  %g = constant {{name='g'}} : f32[{n}]\n  %b = constant {{name='b'}} : f32[{n}]\n"
+    torch.manual_seed(0)
+    weights = {"g": torch.randn(n), "b": torch.randn(n), "neg": torch.tensor(-1e9),
+               "mask": torch.rand(*([1] * (len(shape) - 2)), *shape[-2:]) > 0.5}
+    graph = parse_graph(head + body + "\n}", weights)
+    verify(graph)
+    return graph
+
+
+def _compiled(graph: Graph, options: Options):  # noqa: ANN202
+    built = K.build_kernels(graph, partition(graph), options)
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, source = build_executor(moved, plan_memory(moved), range(len(graph.inputs)),
+                                 built.kernels)
+    return built, run, source
+
+
+def _check(run, graph: Graph, inputs: list[torch.Tensor]) -> None:  # noqa: ANN001
+    with torch.no_grad():
+        actual = run(list(inputs))
+    expected = support.run_interpreter(graph, tuple(inputs))
+    for a, e in zip(actual, expected, strict=True):
+        assert support.relative_error(a, e) < TOLERANCE
+
+
+CASES = [
+    ("add_layernorm", (2, 7, 37)), ("add_layernorm", (1, 3, 768)),
+    ("add_layernorm_no_residual", (5, 16)), ("layernorm", (3, 1)),
+    ("scale_mask_softmax", (1, 3, 9, 9)), ("scale_mask_softmax", (2, 2, 17, 17)),
+    ("bias_gelu_residual", (3, 50)), ("bias_gelu_residual", (1, 1)),
+]
+
+
+@pytest.mark.parametrize(("kind", "shape"), CASES, ids=[f"{k}-{s}" for k, s in CASES])
+def test_generated_kernels_match_the_interpreter(kernel_options: Options, kind: str,
+                                                 shape: tuple[int, ...]) -> None:
+    graph = _graph(kind, shape)
+    built, run, source = _compiled(graph, kernel_options)
+    assert len(built.kernels) == 1 and not built.skipped, built.skipped
+    kernel = built.kernels[0]
+    assert kernel.recipe == ("loops" if kind.startswith("bias") else "rows")
+    assert "KERNEL" in source and kernel.trace
+    for seed in range(2):
+        _check(run, graph, support.random_inputs(graph, seed))
+
+
+def test_intermediates_stay_in_registers_and_the_residual_is_written(
+        kernel_options: Options) -> None:
+    graph = _graph("add_layernorm", (2, 4, 16))
+    built, run, source = _compiled(graph, kernel_options)
+    kernel = built.kernels[0]
+    assert [repr(v) for v in kernel.outputs] == ["%s", "%ln#0"]
+    assert "K_add" not in source.split("else:")[0]  # the add runs in the kernel
+    assert "K_layer_norm" not in source.split("else:")[0]
+
+
+def test_a_strided_input_takes_the_library_calls(kernel_options: Options) -> None:
+    graph = _graph("add_layernorm", (2, 6, 16))
+    _, run, source = _compiled(graph, kernel_options)
+    assert "is_contiguous()" in source
+    x, h = support.random_inputs(graph, 0)
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    assert not strided.is_contiguous()
+    _check(run, graph, [strided, h])
+
+
+def test_missing_compiler_warns_and_keeps_library_calls(kernel_options: Options,
+                                                        tmp_path) -> None:  # noqa: ANN001
+    options = dataclasses.replace(kernel_options, c_compiler=str(tmp_path / "no-such-cc"))
+    graph = _graph("scale_mask_softmax", (1, 2, 8, 8))
+    with pytest.warns(RuntimeWarning, match="could not find"):
+        built, run, source = _compiled(graph, options)
+    assert built.kernels == [] and "no C compiler" in built.skipped[0][1]
+    assert "KERNEL" not in source
+    _check(run, graph, support.random_inputs(graph, 0))
+
+
+def test_a_kernel_that_disagrees_with_the_library_is_not_used(
+        kernel_options: Options, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(K, "CHECK_TOLERANCE", 0.0)  # no kernel can pass: the net must catch it
+    graph = _graph("bias_gelu_residual", (3, 20))
+    with pytest.warns(RuntimeWarning, match="disagrees"):
+        built, run, source = _compiled(graph, kernel_options)
+    assert built.kernels == [] and "KERNEL" not in source
+    _check(run, graph, support.random_inputs(graph, 0))
+
+
+def test_an_op_without_a_loop_definition_stays_a_library_call(kernel_options: Options) -> None:
+    graph = parse_graph("""\
+graph(%x: f32[4, 16]) {
+  %a = exp(%x) : f32[4, 16]
+  %b = sin(%a) : f32[4, 16]
+  %c = floor(%b) : f32[4, 16]
+  return %c
+}""")
+    groups = partition(graph)
+    assert len(groups) == 1
+    built = K.build_kernels(graph, groups, kernel_options)
+    assert len(built.kernels) + len(built.skipped) == 1  # generated or skipped, never raised
+    _, run, _ = _compiled(graph, kernel_options)
+    _check(run, graph, support.random_inputs(graph, 0))
