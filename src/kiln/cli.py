@@ -3,6 +3,7 @@
     kiln bench --models mlp,resnet18 --quick --peers inductor --json out.json
     kiln explain resnet18 --quick --after fold
     kiln explain bert --quick --rule merge-parallel-addmm
+    kiln explain gpt2 --quick --kernels
     kiln --version
 
 User mistakes (unknown model, pass or peer) print one line to stderr and exit 2, no traceback.
@@ -81,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where rewrite rule NAME fired, and why it did not elsewhere")
     e.add_argument("--fast-math", action="store_true",
                    help="also run rules that hold for real numbers only")
+    e.add_argument("--kernels", action="store_true",
+                   help="the kernels with generated kernels on: generated (C source and "
+                        "schedule) or library, covering every computing node")
     e.set_defaults(run=_explain)
     return parser
 
@@ -260,6 +264,9 @@ def _explain(args: argparse.Namespace) -> int:
         print(f"kiln: error: cannot capture {args.model}: {bench.describe_error(err)}",
               file=sys.stderr)
         return 1
+    if args.kernels:
+        show_kernels(graph, options, args.counts_only)
+        return 0
     traced = [args.rule] if args.rule else []
     _, records, snapshots = run_pipeline(graph, options, keep_snapshots=True,
                                          trace_rules=traced)
@@ -309,6 +316,29 @@ def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
         program = torch.export.export(model, inputs).run_decompositions()
     frozen, _ = _freeze(program)
     return import_fx(program.graph_module, frozen).graph
+
+
+def show_kernels(graph: Graph, options: kiln.Options, brief: bool = False) -> None:
+    """Compile with generated kernels on and print every kernel; ``brief``: no C, no trace."""
+    import dataclasses
+
+    from kiln.engine import compile_graph
+
+    # the compiler and kernel cache come from the environment (CC, KILN_CACHE_DIR)
+    options = dataclasses.replace(kiln.Options.from_env(), opt_level=options.opt_level,
+                                  fast_math=options.fast_math, generated_kernels=True)
+    kernels = compile_graph(graph, options, range(len(graph.inputs))).report.kernels
+    generated = sum(k.kind == "generated" for k in kernels)
+    print(f"== kernels: {generated} generated, {len(kernels) - generated} library ==")
+    for k in kernels:
+        print(k)
+        if k.kind == "generated" and not brief:
+            print("  schedule:\n" + _indent(k.trace or ""))
+            print("  source:\n" + _indent(k.source or ""))
+
+
+def _indent(text: str) -> str:
+    return "\n".join(f"    {line}" for line in text.strip().splitlines())
 
 
 def _show(title: str, graph: Graph, counts_only: bool) -> None:
