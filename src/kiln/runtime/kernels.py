@@ -193,7 +193,9 @@ def _rows(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[
         outs = (y,)
     func = PrimFunc(base.name, (*params, *base.inputs[1:]), (*outputs, out_buf), body)
     ins = (*_prologue_inputs(prologue, x), *extra)
-    text = f"{trace}\n# then {template}({rows}, {n}) reading the prologue for x"
+    ops = ", ".join(n.op.text for n in prologue)
+    text = (f"# {template}({rows}, {n}); its loads of x compute the prologue ({ops}), "
+            f"inlined by:\n{trace.strip() or '# (one op: nothing to inline)'}")
     return func, text, ins, outs
 
 
