@@ -64,6 +64,10 @@ from kiln.tir.visit import iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["GroupKernel", "KernelBuild", "build_kernels", "build_group_kernel"]
 
+# below this many output elements a kernel runs on one thread, as ATen's parallel_for does
+# (at::internal::GRAIN_SIZE): waking the OpenMP team costs more than it saves, and on a busy
+# machine a descheduled team member stalls the call for a whole scheduler time slice
+GRAIN = 32768
 CHECK_TOLERANCE = 1e-5  # relative L2, float32: a kernel off by more than this is not used
 
 
@@ -130,6 +134,9 @@ def build_group_kernel(group: KernelGroup, options: Options) -> GroupKernel | st
         else:
             func, trace, ins, outs = _loops(group)
             recipe = "loops"
+        if sum(v.type.numel for v in outs) < GRAIN:
+            func = _serial(func)
+            trace += f"\n# parallel loops made serial: fewer than {GRAIN} output elements"
         kernel = compile_kernel(func, options)
     except (NotLowerable, NoRecipe, ScheduleError, UnsupportedForC) as err:
         return f"not generated: {err}"
@@ -140,6 +147,15 @@ def build_group_kernel(group: KernelGroup, options: Options) -> GroupKernel | st
     if isinstance(kernel, CompilerUnavailable):
         return f"no C compiler: {kernel.reason}"
     return GroupKernel(group, kernel, tuple(ins), tuple(outs), recipe, trace)
+
+
+def _serial(func: PrimFunc) -> PrimFunc:
+    """``func`` with its parallel loops run serially."""
+    def fn(s: Stmt) -> Stmt:
+        if isinstance(s, For) and s.kind is ForKind.PARALLEL:
+            return For(s.var, s.extent, s.body, ForKind.SERIAL)
+        return s
+    return func.with_body(map_stmt(func.body, fn))
 
 
 # -- loops: lower_chain + default schedule ----------------------------------------------------
