@@ -7,6 +7,7 @@ a relative L2 tolerance, not bit for bit; every fallback path must give the libr
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -86,6 +87,9 @@ CASES = [
     ("add_layernorm_no_residual", (5, 16)), ("layernorm", (3, 1)),
     ("scale_mask_softmax", (1, 3, 9, 9)), ("scale_mask_softmax", (2, 2, 17, 17)),
     ("bias_gelu_residual", (3, 50)), ("bias_gelu_residual", (1, 1)),
+    # above kernels.GRAIN: parallel loops
+    ("add_layernorm", (1, 65, 768)), ("scale_mask_softmax", (1, 4, 97, 97)),
+    ("bias_gelu_residual", (64, 1001)),
 ]
 
 
@@ -98,6 +102,8 @@ def test_generated_kernels_match_the_interpreter(kernel_options: Options, kind: 
     kernel = built.kernels[0]
     assert kernel.recipe == ("loops" if kind.startswith("bias") else "rows")
     assert "KERNEL" in source and kernel.trace
+    parallel = math.prod(shape) >= K.GRAIN
+    assert ("#pragma omp parallel" in kernel.source) == parallel
     for seed in range(2):
         _check(run, graph, support.random_inputs(graph, seed))
 
