@@ -30,7 +30,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.types import DType
 
-__all__ = ["KernelGroup", "gather", "partition"]
+__all__ = ["KernelGroup", "gather", "partition", "without_last"]
 
 _NORMALIZATIONS = (Op.SOFTMAX, Op.LAYER_NORM)
 
@@ -136,6 +136,21 @@ def _describe(nodes: list[Node], users: dict[Node, list[Node]],
                     for v in user.inputs if v.node is n}
     outputs = [v for n in nodes for v in n.outputs if v in read_outside or v in returned]
     return KernelGroup(tuple(nodes), tuple(inputs), tuple(outputs))
+
+
+def without_last(group: KernelGroup) -> KernelGroup | None:
+    """The group's elementwise prologue as a group of its own (its normalization left to the
+    library), or None when there is no prologue."""
+    if len(group.nodes) < 2:
+        return None
+    nodes = group.nodes[:-1]
+    members = set(nodes)
+    inputs = tuple(dict.fromkeys(v for n in nodes for v in n.inputs
+                                 if v.node not in members and v.node.op is not Op.SCALAR))
+    read_by_last = [v for v in group.last.inputs if v.node in members]
+    outputs = tuple(dict.fromkeys([*(v for v in group.outputs if v.node in members),
+                                   *read_by_last]))
+    return KernelGroup(nodes, inputs, outputs)
 
 
 def gather(graph: Graph, groups: Sequence[KernelGroup]) -> Graph:

@@ -38,7 +38,7 @@ from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup
+from kiln.passes.partition import KernelGroup, without_last
 from kiln.tir.compact import compact_buffers
 from kiln.tir.lower import lower_chain
 from kiln.tir.nodes import (
@@ -46,12 +46,15 @@ from kiln.tir.nodes import (
     Block,
     Buffer,
     BufferStore,
+    CmpOp,
+    Compare,
     Expr,
     For,
     ForKind,
     IterVar,
     Load,
     PrimFunc,
+    Select,
     Stmt,
     Var,
     const,
@@ -60,7 +63,7 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import ScheduleError
 from kiln.tir.schedule import Schedule
 from kiln.tir.te import NotLowerable
-from kiln.tir.visit import iter_stmts, map_stmt, replace_buffer, substitute
+from kiln.tir.visit import iter_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["GroupKernel", "KernelBuild", "build_kernels", "build_group_kernel"]
 
@@ -73,6 +76,9 @@ CHECK_TOLERANCE = 1e-5  # relative L2, float32: a kernel off by more than this i
 
 class NoRecipe(Exception):
     """The group has a shape neither recipe takes."""
+
+
+NO_ROW_KERNEL = "no row kernel"
 
 
 @dataclass(frozen=True)
@@ -103,13 +109,16 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options)
     """A kernel per group where one can be built and checked; the reasons elsewhere."""
     result = KernelBuild()
     checked: dict[str, bool] = {}  # kernel source -> agreed with the library (repeated layers)
-    for group in groups:
-        built = build_group_kernel(group, options)
+    for i, group in enumerate(groups):
+        built = build_group_kernel(graph, group, options)
+        prologue = without_last(group)
+        if isinstance(built, str) and built.startswith(NO_ROW_KERNEL) and prologue:
+            # the normalization stays a library call; its prologue still fuses
+            built = build_group_kernel(graph, prologue, options)
         if isinstance(built, str):
             result.skipped.append((group, built))
-            if built.startswith("no C compiler"):
-                result.skipped += [(g, built) for g in groups[len(result.kernels)
-                                                            + len(result.skipped):]]
+            if built.startswith("no C compiler"):  # (warned once, by codegen.build)
+                result.skipped += [(g, built) for g in groups[i + 1:]]
                 break
             continue
         key = built.source + repr([v.type for v in built.inputs])
@@ -125,20 +134,23 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options)
     return result
 
 
-def build_group_kernel(group: KernelGroup, options: Options) -> GroupKernel | str:
+def build_group_kernel(graph: Graph, group: KernelGroup, options: Options) -> GroupKernel | str:
     """The group's compiled kernel, or a one-line reason why there is none."""
     try:
         if group.last.op in (Op.SOFTMAX, Op.LAYER_NORM):
-            func, trace, ins, outs = _rows(group)
+            func, trace, ins, outs = _rows(graph, group)
             recipe = "rows"
         else:
-            func, trace, ins, outs = _loops(group)
+            func, trace, ins, outs = _loops(graph, group)
             recipe = "loops"
+        func = _bools_as_bytes(func)
         if sum(v.type.numel for v in outs) < GRAIN:
             func = _serial(func)
             trace += f"\n# parallel loops made serial: fewer than {GRAIN} output elements"
         kernel = compile_kernel(func, options)
-    except (NotLowerable, NoRecipe, ScheduleError, UnsupportedForC) as err:
+    except NoRecipe as err:
+        return f"{NO_ROW_KERNEL if group.last.op in (Op.SOFTMAX, Op.LAYER_NORM) else ''}: {err}"
+    except (NotLowerable, ScheduleError, UnsupportedForC) as err:
         return f"not generated: {err}"
     except CompileError as err:
         warnings.warn(f"kiln: the C compiler rejected kernel {func.name}; using library calls "
@@ -147,6 +159,22 @@ def build_group_kernel(group: KernelGroup, options: Options) -> GroupKernel | st
     if isinstance(kernel, CompilerUnavailable):
         return f"no C compiler: {kernel.reason}"
     return GroupKernel(group, kernel, tuple(ins), tuple(outs), recipe, trace)
+
+
+def _bools_as_bytes(func: PrimFunc) -> PrimFunc:
+    """Bool inputs read as bytes (``m[i] != 0``, the same memory): gcc 12 does not vectorize
+    a loop that selects floats on a C ``bool`` load, and does on a ``uint8_t`` one."""
+    body = func.body
+    params = []
+    for buf in func.inputs:
+        if buf.dtype is DType.BOOL:
+            byte = dataclasses.replace(buf, dtype=DType.U8)
+            zero = const(0, DType.U8)
+            body = map_stmt(body, efn=lambda e, b=buf, u=byte, z=zero: Compare(
+                CmpOp.NE, Load(u, e.indices), z) if isinstance(e, Load) and e.buffer == b else e)
+            buf = byte
+        params.append(buf)
+    return PrimFunc(func.name, tuple(params), func.outputs, body)
 
 
 def _serial(func: PrimFunc) -> PrimFunc:
@@ -161,16 +189,37 @@ def _serial(func: PrimFunc) -> PrimFunc:
 # -- loops: lower_chain + default schedule ----------------------------------------------------
 
 
-def _loops(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[Value]]:
+def _loops(graph: Graph, group: KernelGroup
+           ) -> tuple[PrimFunc, str, Sequence[Value], Sequence[Value]]:
     lowered = lower_chain(group.nodes, outputs=group.outputs)
-    func, trace = default_schedule(lowered.func)
-    return compact_buffers(func), trace.as_python(), lowered.inputs, lowered.outputs
+    body, params, values = _inline_scalars(graph, lowered.func.body, lowered.func.inputs,
+                                           lowered.inputs)
+    func = PrimFunc(lowered.func.name, params, lowered.func.outputs, body)
+    func, trace = default_schedule(func)
+    return compact_buffers(func), trace.as_python(), values, lowered.outputs
+
+
+def _inline_scalars(graph: Graph, body: Stmt, params: Sequence[Buffer], values: Sequence[Value]
+                    ) -> tuple[Stmt, tuple[Buffer, ...], tuple[Value, ...]]:
+    """One-element weights become literals: no load, and no masked load under a select,
+    which gcc cannot vectorize (``where(mask, -inf, x)``)."""
+    literal: dict[Buffer, Expr] = {}
+    for buf, v in zip(params, values):
+        if v.node.op is Op.CONSTANT and v.type.numel == 1 and v.type.dtype in (DType.F32,
+                                                                              DType.BOOL):
+            literal[buf] = const(graph.constant(v.node).item(), v.type.dtype)
+    if not literal:
+        return body, tuple(params), tuple(values)
+    body = map_stmt(body, efn=lambda e: literal.get(e.buffer, e) if isinstance(e, Load) else e)
+    kept = [(b, v) for b, v in zip(params, values) if b not in literal]
+    return body, tuple(b for b, _ in kept), tuple(v for _, v in kept)
 
 
 # -- rows: a fused row kernel with the elementwise prologue inlined ---------------------------
 
 
-def _rows(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[Value]]:
+def _rows(graph: Graph, group: KernelGroup
+          ) -> tuple[PrimFunc, str, Sequence[Value], Sequence[Value]]:
     norm = group.last
     x, y = norm.inputs[0], norm.out(0)
     shape = x.type.shape
@@ -192,7 +241,8 @@ def _rows(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[
     x_buf, out_buf = base.inputs[0], base.outputs[0]
     if not prologue:
         return base, f"# {template}({rows}, {n})", (x, *extra), (y,)
-    body_of, params, trace = _prologue(prologue, x, rows, n, taken={b.name for b in base.params})
+    body_of, params, values, trace = _prologue(graph, prologue, x,
+                                               taken={b.name for b in base.params})
     outputs: list[Buffer] = []
     if x in group.outputs:  # write each row once, then read it back
         x_out = Buffer("row_x_out", (rows, n), DType.F32)
@@ -208,14 +258,14 @@ def _rows(group: KernelGroup) -> tuple[PrimFunc, str, Sequence[Value], Sequence[
         body = _replace_loads(base.body, x_buf, lambda idx: body_of(*idx))
         outs = (y,)
     func = PrimFunc(base.name, (*params, *base.inputs[1:]), (*outputs, out_buf), body)
-    ins = (*_prologue_inputs(prologue, x), *extra)
+    ins = (*values, *extra)
     ops = ", ".join(n.op.text for n in prologue)
     text = (f"# {template}({rows}, {n}); its loads of x compute the prologue ({ops}), "
             f"inlined by:\n{trace.strip() or '# (one op: nothing to inline)'}")
     return func, text, ins, outs
 
 
-def _prologue(nodes: Sequence[Node], x: Value, rows: int, n: int, taken: set[str]):  # noqa: ANN202
+def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, taken: set[str]):  # noqa: ANN202
     """The prologue's value at row-major position (r, c) of x, as an expression."""
     lowered = lower_chain(nodes, outputs=[x])
     sch = Schedule(lowered.func)
@@ -231,7 +281,13 @@ def _prologue(nodes: Sequence[Node], x: Value, rows: int, n: int, taken: set[str
     ivs = [iv.var for iv in blocks[0].iter_vars]
     if list(store.indices) != ivs:
         raise NoRecipe("the prologue does not store x element by element")
-    params = lowered.func.inputs
+    value, params, values = _inline_scalars(graph, store, lowered.func.inputs, lowered.inputs)
+    assert isinstance(value, BufferStore)
+    if any(isinstance(e, Select) and _loads(e.true_value, e.false_value)
+           for e in iter_exprs(value.value)):
+        # the row kernel's 16-lane loops then need masked loads, which gcc 12 does not
+        # vectorize: measured 5x slower than the library's where + softmax at GPT-2 size
+        raise NoRecipe("a select between loads in a row-kernel prologue does not vectorize")
     clash = [p.name for p in params if p.name in taken]
     if clash:
         raise NoRecipe(f"prologue buffer name {clash[0]} clashes with the row kernel's")
@@ -246,8 +302,8 @@ def _prologue(nodes: Sequence[Node], x: Value, rows: int, n: int, taken: set[str
             if shape[k] == 1:
                 mapping[ivs[k]] = const(0, DType.I64)
             inner *= shape[k]
-        return substitute(store.value, mapping)
-    return at, params, sch.trace.as_python()
+        return substitute(value.value, mapping)
+    return at, params, values, sch.trace.as_python()
 
 
 def _renamed(func: PrimFunc) -> PrimFunc:
@@ -261,8 +317,8 @@ def _renamed(func: PrimFunc) -> PrimFunc:
     return PrimFunc(func.name, tuple(params[:k]), tuple(params[k:]), body)
 
 
-def _prologue_inputs(nodes: Sequence[Node], x: Value) -> tuple[Value, ...]:
-    return lower_chain(nodes, outputs=[x]).inputs
+def _loads(*exprs: Expr) -> bool:
+    return any(isinstance(e, Load) for x in exprs for e in iter_exprs(x))
 
 
 def _block(func: PrimFunc, name: str) -> Block:
@@ -296,12 +352,15 @@ def _name(group: KernelGroup) -> str:
 
 
 def _agrees_with_library(graph: Graph, gk: GroupKernel) -> bool:
-    """Run the kernel and the group's library calls on the same random data; compare."""
+    """Run the kernel and the group's library calls on the same random inputs (and the real
+    weights); compare."""
     gen = torch.Generator().manual_seed(0)
     env: dict[Value, object] = {}
     for v in gk.group.inputs:
         t = v.type
-        if t.dtype is DType.BOOL:
+        if v.node.op is Op.CONSTANT:  # the real weight: kernels may bake in small ones
+            env[v] = graph.constant(v.node)
+        elif t.dtype is DType.BOOL:
             env[v] = torch.randint(0, 2, t.shape, generator=gen).bool()
         else:
             env[v] = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
@@ -313,11 +372,17 @@ def _agrees_with_library(graph: Graph, gk: GroupKernel) -> bool:
         outs = [torch.full(v.type.shape, float("nan")) for v in gk.outputs]
         gk.kernel.run_unchecked(*[env[v].data_ptr() for v in gk.inputs],  # type: ignore
                                 *[o.data_ptr() for o in outs])
-    for got, v in zip(outs, gk.outputs):
-        want = env[v]
-        assert isinstance(want, torch.Tensor)
-        err = torch.linalg.vector_norm((got - want).double())
-        scale = torch.linalg.vector_norm(want.double()).clamp_min(1e-30)
-        if not float(err / scale) < CHECK_TOLERANCE:  # NaN fails too
-            return False
-    return True
+    return all(_close(got, env[v]) for got, v in zip(outs, gk.outputs))  # type: ignore
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Infinities and NaNs at the same places (masks put -inf in), finite values within
+    CHECK_TOLERANCE in relative L2."""
+    finite = torch.isfinite(want)
+    if not torch.equal(finite, torch.isfinite(got)):
+        return False
+    if not torch.equal(got[~finite].nan_to_num(), want[~finite].nan_to_num()):
+        return False
+    a, b = got[finite].double(), want[finite].double()
+    err = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30)
+    return float(err) < CHECK_TOLERANCE
