@@ -16,8 +16,8 @@ Rules, each there for a reason:
 * a normalization ends its group: the row kernels take an elementwise prologue, no epilogue;
 * every user outside the group comes after the group's last node, so the kernel can run at
   that node's place (this also keeps groups free of cycles through outside nodes);
-* a lone elementwise op or a lone softmax is left to the library, which is as fast
-  (measured: benchmarks/e2e_kernels.py); a lone layer norm is kept (its row kernel is faster).
+* a lone elementwise op or a lone softmax is left to the library, which is about as fast;
+  a lone layer norm is kept (its row kernel measured 1.5x faster than ATen's at BERT size).
 """
 
 from __future__ import annotations

@@ -10,8 +10,16 @@ Two recipes, chosen by the group's shape:
 
   When ``x`` itself is needed after the group (GPT-2's residual stream) each row is first
   written to it once, then the row passes read it back from L1.
+  A prologue that selects between loads (``where(mask, -inf, scores)``) takes no row kernel:
+  its 16-lane loops would need masked loads, which gcc 12 leaves scalar (5x slower than the
+  library at GPT-2 size). The prologue is then a kernel of its own and the softmax a library
+  call.
 * **loops** — an elementwise-only group: `kiln.tir.lower.lower_chain`, the default schedule of
   `kiln.codegen.heuristics` (intermediates inlined, vectorized, parallel), buffer compaction.
+
+Both: one-element weights become literals, bool inputs are read as bytes (gcc vectorizes a
+select on ``uint8_t`` loads, not on ``bool`` ones), and kernels with fewer than `GRAIN` output
+elements run on one thread.
 
 Any failure (the op has no loop definition, a schedule primitive refuses, no C compiler, the
 compiler rejects the source, the built kernel disagrees with the library on random data)
