@@ -11,10 +11,11 @@ from kiln.ir.graph import Graph
 from kiln.ir.ops import Op
 from kiln.ir.verify import verify
 from kiln.options import Options
-from kiln.passes.partition import gather, partition
+from kiln.passes.partition import gather, gemms, partition
 from kiln.passes.pipeline import run_pipeline
 from kiln.report import GraphReport, KernelInfo
 from kiln.runtime.executor import build_executor
+from kiln.runtime.gemm import build_gemm_kernels
 from kiln.runtime.kernels import GroupKernel, build_kernels
 from kiln.runtime.memory import MemoryPlan, plan_memory
 
@@ -43,6 +44,9 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     kernels: list[GroupKernel] = []
     if options.generated_kernels:
         kernels = build_kernels(optimized, partition(optimized), options).kernels
+    if options.generated_gemm:  # where it measures faster than the library
+        kernels += build_gemm_kernels(optimized, gemms(optimized), options).kernels
+    if kernels:
         optimized = gather(optimized, [k.group for k in kernels])
     plan = plan_memory(optimized) if options.memory_plan else None
     run, source = build_executor(optimized, plan, input_positions, kernels)

@@ -30,7 +30,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.types import DType
 
-__all__ = ["KernelGroup", "gather", "partition", "without_last"]
+__all__ = ["KernelGroup", "gather", "gemms", "partition", "without_last"]
 
 _NORMALIZATIONS = (Op.SOFTMAX, Op.LAYER_NORM)
 
@@ -136,6 +136,31 @@ def _describe(nodes: list[Node], users: dict[Node, list[Node]],
                     for v in user.inputs if v.node is n}
     outputs = [v for n in nodes for v in n.outputs if v in read_outside or v in returned]
     return KernelGroup(tuple(nodes), tuple(inputs), tuple(outputs))
+
+
+def gemms(graph: Graph) -> list[KernelGroup]:
+    """Single-node groups for the float32 ``mm`` and ``addmm`` (beta = alpha = 1, bias over
+    the columns) nodes, which a generated GEMM may run instead of the library."""
+    if graph.device.type != "cpu":
+        return []
+    users = graph.users()
+    returned = set(graph.outputs)
+    found = []
+    for node in graph.nodes:
+        if node.op is Op.MM:
+            operands = node.inputs
+        elif node.op is Op.ADDMM:
+            attrs = node.attrs
+            assert isinstance(attrs, A.AddmmAttrs)
+            bias = node.inputs[0]
+            if attrs.beta != 1 or attrs.alpha != 1 or bias.type.shape != node.type.shape[1:]:
+                continue
+            operands = node.inputs
+        else:
+            continue
+        if all(v.node.op is not Op.SCALAR and v.type.dtype is DType.F32 for v in operands):
+            found.append(_describe([node], users, returned))
+    return found
 
 
 def without_last(group: KernelGroup) -> KernelGroup | None:

@@ -142,7 +142,7 @@ def _kernel_lines(env: dict[str, Any], gk: GroupKernel, graph: Graph,
     pointers = []
     for v in gk.inputs:
         if v.node.op is Op.CONSTANT:
-            tensor = graph.constant(v.node).contiguous()  # kept alive by env
+            tensor = gk.weight(graph, v)  # kept alive by env
             _bind(env, "W", tensor)
             pointers.append(_bind(env, "P", tensor.data_ptr()))
         else:

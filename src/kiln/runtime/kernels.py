@@ -73,7 +73,8 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.te import NotLowerable
 from kiln.tir.visit import iter_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
-__all__ = ["GroupKernel", "KernelBuild", "build_kernels", "build_group_kernel"]
+__all__ = ["GroupKernel", "KernelBuild", "agrees_with_library", "build_group_kernel",
+           "build_kernels", "random_operands", "serial"]
 
 # below this many output elements a kernel runs on one thread, as ATen's parallel_for does
 # (at::internal::GRAIN_SIZE): waking the OpenMP team costs more than it saves, and on a busy
@@ -97,12 +98,20 @@ class GroupKernel:
     kernel: CompiledKernel
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
-    recipe: str  # "rows" or "loops"
+    recipe: str  # "rows", "loops" or "gemm"
     trace: str  # how the schedule was made: a replayable Trace, or the row template used
+    # the tensor to pass for a weight input, where not the weight made contiguous (a GEMM
+    # reads a transposed weight in place: no copy of GPT-2's 154 MB LM head)
+    weights: dict[Value, torch.Tensor] = field(default_factory=dict, compare=False)
 
     @property
     def source(self) -> str:
         return self.kernel.source
+
+    def weight(self, graph: Graph, v: Value) -> torch.Tensor:
+        """What the kernel reads for the weight input ``v``."""
+        found = self.weights.get(v)
+        return found if found is not None else graph.constant(v.node).contiguous()
 
 
 @dataclass
@@ -131,7 +140,7 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options)
             continue
         key = built.source + repr([v.type for v in built.inputs])
         if key not in checked:
-            checked[key] = _agrees_with_library(graph, built)
+            checked[key] = agrees_with_library(graph, built)
         if checked[key]:
             result.kernels.append(built)
         else:
@@ -153,7 +162,7 @@ def build_group_kernel(graph: Graph, group: KernelGroup, options: Options) -> Gr
             recipe = "loops"
         func = _bools_as_bytes(func)
         if sum(v.type.numel for v in outs) < GRAIN:
-            func = _serial(func)
+            func = serial(func)
             trace += f"\n# parallel loops made serial: fewer than {GRAIN} output elements"
         kernel = compile_kernel(func, options)
     except NoRecipe as err:
@@ -185,7 +194,7 @@ def _bools_as_bytes(func: PrimFunc) -> PrimFunc:
     return PrimFunc(func.name, tuple(params), func.outputs, body)
 
 
-def _serial(func: PrimFunc) -> PrimFunc:
+def serial(func: PrimFunc) -> PrimFunc:
     """``func`` with its parallel loops run serially."""
     def fn(s: Stmt) -> Stmt:
         if isinstance(s, For) and s.kind is ForKind.PARALLEL:
@@ -359,12 +368,11 @@ def _name(group: KernelGroup) -> str:
 # -- the safety net ---------------------------------------------------------------------------
 
 
-def _agrees_with_library(graph: Graph, gk: GroupKernel) -> bool:
-    """Run the kernel and the group's library calls on the same random inputs (and the real
-    weights); compare."""
+def random_operands(graph: Graph, group: KernelGroup) -> dict[Value, torch.Tensor]:
+    """Random tensors for the group's inputs (bool masks 0/1), the real weights for weights."""
     gen = torch.Generator().manual_seed(0)
-    env: dict[Value, object] = {}
-    for v in gk.group.inputs:
+    env: dict[Value, torch.Tensor] = {}
+    for v in group.inputs:
         t = v.type
         if v.node.op is Op.CONSTANT:  # the real weight: kernels may bake in small ones
             env[v] = graph.constant(v.node)
@@ -372,13 +380,21 @@ def _agrees_with_library(graph: Graph, gk: GroupKernel) -> bool:
             env[v] = torch.randint(0, 2, t.shape, generator=gen).bool()
         else:
             env[v] = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
+    return env
+
+
+def agrees_with_library(graph: Graph, gk: GroupKernel) -> bool:
+    """Run the kernel and the group's library calls on the same operands; compare."""
+    env: dict[Value, object] = dict(random_operands(graph, gk.group))
     with torch.no_grad():
         for node in gk.group.nodes:
             results = evaluate_node(node, [env[v] if v in env else v.node.attrs.value  # type: ignore
                                            for v in node.inputs], graph)
             env.update(zip(node.outputs, results))
         outs = [torch.full(v.type.shape, float("nan")) for v in gk.outputs]
-        gk.kernel.run_unchecked(*[env[v].data_ptr() for v in gk.inputs],  # type: ignore
+        operands = [gk.weight(graph, v) if v.node.op is Op.CONSTANT else env[v]
+                    for v in gk.inputs]
+        gk.kernel.run_unchecked(*[t.data_ptr() for t in operands],  # type: ignore
                                 *[o.data_ptr() for o in outs])
     return all(_close(got, env[v]) for got, v in zip(outs, gk.outputs))  # type: ignore
 
