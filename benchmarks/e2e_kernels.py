@@ -1,9 +1,10 @@
 """End to end: transformer zoo models with kiln's generated fused kernels.
 
-    python benchmarks/e2e_kernels.py [--quick] [--models bert,gpt2,vit_b16] [--rounds 15]
+    python benchmarks/e2e_kernels.py [--quick] [--gemm] [--models bert,gpt2,vit_b16] [--rounds 15]
 
 For each model, in one process: eager PyTorch, kiln with library calls only
-(``generated_kernels=False``) and kiln with generated kernels (``generated_kernels=True``).
+(``generated_kernels=False``), kiln with generated kernels (``generated_kernels=True``) and,
+with ``--gemm``, kiln with generated GEMMs too where they measure faster at compile time.
 The three contenders are timed in interleaved rounds (each round runs every contender for a
 batch of calls long enough to measure), so a burst of load on a shared machine hits all of
 them alike; medians are reported, with the interquartile spread, the ratios, the relative error
@@ -67,14 +68,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).double().norm() / b.double().norm().clamp_min(1e-30))
 
 
-def bench_model(name: str, quick: bool, rounds: int, min_sample_s: float) -> dict[str, object]:
+def bench_model(name: str, quick: bool, rounds: int, min_sample_s: float,
+                gemm: bool = False) -> dict[str, object]:
     model, inputs = models.build(name, quick=quick)
     compiled = {}
     compile_s = {}
-    for label, generated in (("kiln lib", False), ("kiln gen", True)):
+    variants = [("kiln lib", kiln.Options()), ("kiln gen", kiln.Options(generated_kernels=True))]
+    if gemm:
+        variants.append(("kiln gen+gemm", kiln.Options(generated_kernels=True,
+                                                       generated_gemm=True)))
+    for label, options in variants:
         start = time.perf_counter()
-        compiled[label] = kiln.compile(model, inputs,
-                                       kiln.Options(generated_kernels=generated))
+        compiled[label] = kiln.compile(model, inputs, options)
         compile_s[label] = time.perf_counter() - start
     with torch.no_grad():
         expected = model(*inputs)
@@ -88,7 +93,10 @@ def bench_model(name: str, quick: bool, rounds: int, min_sample_s: float) -> dic
         samples = interleaved(contenders, rounds, min_sample_s)
     kernels = compiled["kiln gen"].report.kernels
     generated = [k for k in kernels if k.kind == "generated"]
+    gemms = [k for k in compiled.get("kiln gen+gemm", compiled["kiln gen"]).report.kernels
+             if k.kind == "generated" and k.ops in (("mm",), ("addmm",))]
     return {
+        "gemms": sorted({f"{k.nodes[0]}: {k.trace.splitlines()[-1]}" for k in gemms}),  # type: ignore
         "model": name, "samples": samples, "errors": errors, "compile_s": compile_s,
         "generated": len(generated), "kernels": len(kernels),
         "fused": sorted({"+".join(k.ops) for k in generated}),
@@ -98,14 +106,20 @@ def bench_model(name: str, quick: bool, rounds: int, min_sample_s: float) -> dic
 def table(results: list[dict[str, object]]) -> str:
     header = ["model", "eager ms", "kiln lib ms", "kiln gen ms", "gen vs lib", "gen vs eager",
               "lib vs eager", "spread e/l/g", "rel err gen", "kernels gen/all", "compile s l/g"]
+    if any("kiln gen+gemm" in r["samples"] for r in results):  # type: ignore
+        header[4:4] = ["gen+gemm ms", "gen+gemm vs lib"]
     rows = [header]
     for r in results:
         med = {k: statistics.median(v) for k, v in r["samples"].items()}  # type: ignore
         sp = "/".join(f"{spread(v):.0%}" for v in r["samples"].values())  # type: ignore
         cs = r["compile_s"]
+        extra = []
+        if "kiln gen+gemm" in med:
+            g = med["kiln gen+gemm"]
+            extra = [f"{g * 1e3:.3f}", f"{med['kiln lib'] / g:.2f}x"]
         rows.append([
             str(r["model"]), f"{med['eager'] * 1e3:.3f}", f"{med['kiln lib'] * 1e3:.3f}",
-            f"{med['kiln gen'] * 1e3:.3f}", f"{med['kiln lib'] / med['kiln gen']:.2f}x",
+            f"{med['kiln gen'] * 1e3:.3f}", *extra, f"{med['kiln lib'] / med['kiln gen']:.2f}x",
             f"{med['eager'] / med['kiln gen']:.2f}x", f"{med['eager'] / med['kiln lib']:.2f}x",
             sp, f"{r['errors']['kiln gen']:.1e}",  # type: ignore
             f"{r['generated']}/{r['kernels']}",
@@ -123,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds")
     parser.add_argument("--min-sample-ms", type=float, default=20.0)
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
+    parser.add_argument("--gemm", action="store_true",
+                        help="also kiln with generated_gemm=True (GEMMs timed at compile time)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -132,10 +148,12 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.models.split(","):
         results.append(bench_model(name.strip(), args.quick, args.rounds,
-                                   args.min_sample_ms / 1e3))
+                                   args.min_sample_ms / 1e3, args.gemm))
     print(table(results))
     for r in results:
         print(f"* {r['model']}: generated kernels: {', '.join(r['fused'])}")  # type: ignore
+        for line in r["gemms"]:  # type: ignore
+            print(f"  - generated GEMM {line}")
     print(f"load average after: {os.getloadavg()}")
     return 0
 
