@@ -191,3 +191,18 @@ graph(%x: f32[4, 16]) {
     assert len(built.kernels) + len(built.skipped) == 1  # generated or skipped, never raised
     _, run, _ = _compiled(graph, kernel_options)
     _check(run, graph, support.random_inputs(graph, 0))
+
+
+def test_a_bug_in_lowering_costs_speed_not_the_model(kernel_options: Options,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        raise RuntimeError("boom")
+    monkeypatch.setattr(K, "lower_chain", broken)
+    graph = _graph("bias_gelu_residual", (3, 20))
+    with pytest.warns(RuntimeWarning, match="boom"):
+        built, run, source = _compiled(graph, kernel_options)
+    assert built.kernels == [] and "KERNEL" not in source
+    _check(run, graph, support.random_inputs(graph, 0))
+    strict = dataclasses.replace(kernel_options, strict=True)
+    with pytest.raises(RuntimeError, match="boom"):
+        K.build_kernels(graph, partition(graph), strict)

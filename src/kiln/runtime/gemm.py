@@ -55,14 +55,19 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup],
         weights = {}
         if b.node.op is Op.CONSTANT and _transposed(graph.constant(b.node)):
             weights[b] = graph.constant(b.node).t()  # [N, K], contiguous: read in place
-        func = gemm_func(m, n, k, config, b_transposed=bool(weights), bias=bias is not None,
-                         name=f"kiln_gemm_{m}x{n}x{k}")
-        if m * n * k < SERIAL_MACS:
-            func = serial(func)
         try:
+            func = gemm_func(m, n, k, config, b_transposed=bool(weights),
+                             bias=bias is not None, name=f"kiln_gemm_{m}x{n}x{k}")
+            if m * n * k < SERIAL_MACS:
+                func = serial(func)
             kernel = compile_kernel(func, options)
         except CompileError:
             result.skipped.append((group, "the C compiler rejected the GEMM"))
+            continue
+        except Exception as err:  # noqa: BLE001 - a bug here must cost speed, not the model
+            if options.strict:
+                raise
+            result.skipped.append((group, f"internal error: {type(err).__name__}: {err}"))
             continue
         if isinstance(kernel, CompilerUnavailable):
             result.skipped += [(g, f"no C compiler: {kernel.reason}") for g in groups]

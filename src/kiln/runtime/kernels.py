@@ -169,6 +169,12 @@ def build_group_kernel(graph: Graph, group: KernelGroup, options: Options) -> Gr
         return f"{NO_ROW_KERNEL if group.last.op in (Op.SOFTMAX, Op.LAYER_NORM) else ''}: {err}"
     except (NotLowerable, ScheduleError, UnsupportedForC) as err:
         return f"not generated: {err}"
+    except Exception as err:  # noqa: BLE001 - a bug in lowering must cost speed, not the model
+        if options.strict:
+            raise
+        warnings.warn(f"kiln: could not generate a kernel for {group} ({type(err).__name__}: "
+                      f"{err}); using library calls", RuntimeWarning, stacklevel=2)
+        return f"internal error: {type(err).__name__}: {err}"
     except CompileError as err:
         warnings.warn(f"kiln: the C compiler rejected kernel {func.name}; using library calls "
                       f"({str(err).splitlines()[0]})", RuntimeWarning, stacklevel=2)
