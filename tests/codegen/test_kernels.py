@@ -49,7 +49,7 @@ def test_default_gemm_config_balances_threads() -> None:
     cfg = default_gemm_config(1024, 1024, 1024, threads=2)
     tiles = -(-1024 // cfg.mr)
     blocks = -(-1024 // cfg.mc)
-    assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.kc <= 256
+    assert cfg.mc % cfg.mr == 0 and cfg.nc % cfg.nr == 0 and cfg.kc <= GemmConfig().kc
     per_thread = -(-blocks // 2) * (cfg.mc // cfg.mr)
     assert per_thread <= -(-tiles // 2) + cfg.mc // cfg.mr
 

@@ -20,9 +20,10 @@ primitives give it (the BLIS loop nest; GemmConfig holds the tile sizes)::
 Tails are handled by zero padding inside the packed panels (out-of-range loads are guarded
 by a Select) and by predicates on the final store, so any M, N, K (also 0 and 1) works.
 The tile sizes come from ``default_gemm_config``: MR×NR = 14×32 for AVX-512 fp32 (28 zmm
-accumulators), KC·NR floats of B (one panel) in L1, a small MC (a few MR tiles of A, in L1)
-swept over all of a KC×NC packed B block in L2, the M tiles balanced over the threads.
-Measured on Zen 4 (2 threads, 1024³): MC=14..28 ≈ 180 GFLOP/s, MC=112 ≈ 135.
+accumulators), a small MC (one or two MR tiles of A) swept over all of a KC×NC packed B block
+(1 MiB, about the L2 of a Zen 4 core), the M tiles balanced over the threads. Measured on
+Zen 4 with 2 threads: MC=14..28 ≈ 180-200 GFLOP/s at 1024³ where MC=112 gave 135; at 2048³
+KC=256 gave 100-120 (C is re-read and re-written K/KC times) where KC=512 gives 185-200.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ class GemmConfig:
 
     mr: int = 14  # rows of the register tile
     nr: int = 32  # columns of the register tile (2 AVX-512 vectors)
-    kc: int = 256  # depth of a packed panel (KC*NR floats of B stay in L1)
+    kc: int = 512  # depth of a packed panel; C is read and written K/KC times
     mc: int = 28  # rows of A packed at a time (MC*KC floats in L1/L2); the threads split these
-    nc: int = 1024  # columns of B packed at once (KC*NC floats, streamed from L2/L3)
+    nc: int = 512  # columns of B packed at once (KC*NC floats = 1 MiB, about L2)
 
 
 def _ceil_div(a: int, b: int) -> int:
