@@ -216,3 +216,9 @@ def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
     torch.testing.assert_close(y[~normal], ref[~normal], atol=1e-37, rtol=0, equal_nan=True)
     assert torch.isnan(y[-14]) and y[-13] == math.inf and y[-12] == 0.0
     assert y[-8] == math.inf and y[-3] == 0.0  # overflow to inf, underflow to 0
+
+
+def test_parallel_loops_with_much_work_schedule_dynamically() -> None:
+    assert "schedule(static)" in render_c(_add(4, 8))  # tiny iterations: static
+    big = render_c(_add(4, 1 << 17))
+    assert "#pragma omp parallel for schedule(dynamic, 1)" in big

@@ -64,6 +64,7 @@ from kiln.tir.nodes import (
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
 
 LOCAL_STACK_LIMIT = 64 * 1024  # bytes; larger LOCAL buffers go on the heap (thread stacks)
+DYNAMIC_WORK = 1 << 16  # statements per parallel iteration from which scheduling is dynamic
 INDENT = "  "
 
 
@@ -234,7 +235,10 @@ class CRenderer:
     def loop_pragma(self, loop: For, collapse: int) -> str | None:
         if loop.kind is ForKind.PARALLEL:
             extra = f" collapse({collapse})" if collapse > 1 else ""
-            return f"#pragma omp parallel for schedule(static){extra}"
+            # iterations with much work are handed out one by one, so a thread that the OS
+            # preempts (a shared machine) does not hold the others up at the barrier
+            policy = "dynamic, 1" if _work(loop.body) >= DYNAMIC_WORK else "static"
+            return f"#pragma omp parallel for schedule({policy}){extra}"
         if loop.kind is ForKind.VECTORIZED:
             return "#pragma omp simd"
         if loop.kind is ForKind.UNROLLED:
@@ -501,6 +505,19 @@ def _nonneg(expr: Expr) -> bool:
                                                 BinOp.FLOORMOD, BinOp.MIN, BinOp.MAX):
         return _nonneg(expr.a) and _nonneg(expr.b)
     return False
+
+
+def _work(stmt: Stmt) -> int:
+    """Statements executed by ``stmt``: loop extents multiplied down the nest."""
+    if isinstance(stmt, For):
+        return stmt.extent * _work(stmt.body)
+    if isinstance(stmt, SeqStmt):
+        return sum(_work(s) for s in stmt.stmts)
+    if isinstance(stmt, (Allocate, Block)):
+        return _work(stmt.body)
+    if isinstance(stmt, IfThenElse):
+        return _work(stmt.then_body) + (_work(stmt.else_body) if stmt.else_body else 0)
+    return 1
 
 
 def _walk(stmt: Stmt) -> Iterator[Stmt]:
