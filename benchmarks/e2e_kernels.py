@@ -105,7 +105,7 @@ def bench_model(name: str, quick: bool, rounds: int, min_sample_s: float,
 
 def table(results: list[dict[str, object]]) -> str:
     header = ["model", "eager ms", "kiln lib ms", "kiln gen ms", "gen vs lib", "gen vs eager",
-              "lib vs eager", "spread e/l/g", "rel err gen", "kernels gen/all", "compile s l/g"]
+              "lib vs eager", "spread (each)", "rel err gen", "kernels gen/all", "compile s l/g"]
     if any("kiln gen+gemm" in r["samples"] for r in results):  # type: ignore
         header[4:4] = ["gen+gemm ms", "gen+gemm vs lib"]
     rows = [header]
