@@ -61,3 +61,16 @@ def test_kiln_compile_reports_the_kernels(options: kiln.Options) -> None:
     assert ops == {("add", "layer_norm"), ("where",)}  # softmax: see test_runtime_kernels
     plain = kiln.compile(model, inputs, kiln.Options(kernel_cache_dir=options.kernel_cache_dir))
     assert all(k.kind == "library" for k in plain.report.kernels)
+
+
+def test_kiln_explain_kernels_prints_every_kernel(options: kiln.Options, capsys,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln import cli
+
+    monkeypatch.setenv("KILN_CACHE_DIR", options.kernel_cache_dir)
+    assert cli.main(["explain", "gpt2", "--quick", "--kernels"]) == 0
+    text = capsys.readouterr().out
+    generated = [line for line in text.splitlines() if line.startswith("generated")]
+    assert text.startswith(f"== kernels: {len(generated)} generated, ")
+    assert "(add), " in generated[0] and generated[0].endswith("(layer_norm)")
+    assert "  schedule:" in text and "  source:" in text and "void " in text
