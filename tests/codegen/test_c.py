@@ -220,5 +220,5 @@ def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
 
 def test_parallel_loops_with_much_work_schedule_dynamically() -> None:
     assert "schedule(static)" in render_c(_add(4, 8))  # tiny iterations: static
-    big = render_c(_add(4, 1 << 17))
+    big = render_c(_add(4, 1 << 14))
     assert "#pragma omp parallel for schedule(dynamic, 1)" in big

@@ -64,7 +64,7 @@ from kiln.tir.nodes import (
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
 
 LOCAL_STACK_LIMIT = 64 * 1024  # bytes; larger LOCAL buffers go on the heap (thread stacks)
-DYNAMIC_WORK = 1 << 16  # statements per parallel iteration from which scheduling is dynamic
+DYNAMIC_WORK = 1 << 13  # statements per parallel iteration from which scheduling is dynamic
 INDENT = "  "
 
 
