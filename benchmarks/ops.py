@@ -20,25 +20,33 @@ measured (>= ~2 ms), the spread (interquartile range / median) is printed next t
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import statistics
-import sys
-import time
-import warnings
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
 
-import numpy as np
-import torch
-import torch.nn.functional as F
+# OpenBLAS (numpy's BLAS) keeps its worker threads spinning for 2^28 cycles (~0.1 s) after
+# each call; interleaved with other contenders they then compete for the cores with whatever
+# runs next (measured: kiln's 2048^3 GEMM ran at 105 GFLOP/s right after numpy, 190 after
+# torch.mm). 2^4 cycles makes them sleep at once; numpy's own times do not change measurably.
+# Set before numpy is imported; an explicit setting in the environment wins.
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
-from kiln.codegen import fused
-from kiln.codegen.build import CompilerUnavailable, build
-from kiln.codegen.gemm import gemm_func
-from kiln.codegen.kernel import compile_kernel
-from kiln.options import Options
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import warnings  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import asdict, dataclass, field  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from kiln.codegen import fused  # noqa: E402
+from kiln.codegen.build import CompilerUnavailable, build  # noqa: E402
+from kiln.codegen.gemm import gemm_func  # noqa: E402
+from kiln.codegen.kernel import compile_kernel  # noqa: E402
+from kiln.options import Options  # noqa: E402
 
 Fn = Callable[[], object]
 
