@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 
 import pytest
@@ -212,7 +213,7 @@ def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
     normal = ref.abs() >= torch.finfo(torch.float32).tiny
     ulp = (torch.nextafter(ref, torch.tensor(math.inf)) - ref).double()
     err_ulp = ((y.double() - exact).abs() / ulp)[normal & torch.isfinite(ref)]
-    assert err_ulp.max().item() <= 1.5
+    assert err_ulp.max().item() <= 3.0  # libmvec's expf: 2.6 ulp; kiln_expf: 1.02 ulp
     torch.testing.assert_close(y[~normal], ref[~normal], atol=1e-37, rtol=0, equal_nan=True)
     assert torch.isnan(y[-14]) and y[-13] == math.inf and y[-12] == 0.0
     assert y[-8] == math.inf and y[-3] == 0.0  # overflow to inf, underflow to 0
@@ -222,3 +223,28 @@ def test_parallel_loops_with_much_work_schedule_dynamically() -> None:
     assert "schedule(static)" in render_c(_add(4, 8))  # tiny iterations: static
     big = render_c(_add(4, 1 << 14))
     assert "#pragma omp parallel for schedule(dynamic, 1)" in big
+
+
+def test_plain_arithmetic_exp_without_libmvec(options: Options, tmp_path) -> None:  # noqa: ANN001
+    """A build without KILN_LIBMVEC uses kiln_expf: as accurate, and still vectorized."""
+    import dataclasses
+
+    from kiln.codegen import build as build_mod
+    chain = build_mod.toolchain(options)
+    assert not isinstance(chain, build_mod.CompilerUnavailable)
+    x = torch.cat([torch.linspace(-87.3, 88.7, 20_011), torch.tensor([math.nan, -math.inf,
+                                                                      math.inf, 89.0, -110.0])])
+    func = _unary_kernel(UnOp.EXP, x.numel())
+    source = render_c(func).replace("#ifdef KILN_LIBMVEC", "#ifdef KILN_NEVER_DEFINED")
+    opts = dataclasses.replace(options, kernel_cache_dir=str(tmp_path))
+    lib = build_mod.build(source, "exp_plain", opts)
+    assert isinstance(lib, build_mod.BuiltLibrary)
+    fn = lib.function("unary_exp")
+    y = torch.empty_like(x)
+    fn(ctypes.c_void_p(x.data_ptr()), ctypes.c_void_p(y.data_ptr()))
+    ref = torch.exp(x.double())
+    ulp = (torch.nextafter(ref.float(), torch.tensor(math.inf)) - ref.float()).double()
+    finite = torch.isfinite(ref.float()) & (ref.float().abs() >= torch.finfo(torch.float32).tiny)
+    assert ((y.double() - ref).abs() / ulp)[finite].max().item() <= 1.5
+    assert torch.isnan(y[-5]) and y[-4] == 0.0 and y[-3] == math.inf and y[-2] == math.inf
+    assert y[-1] == 0.0

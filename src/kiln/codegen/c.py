@@ -19,9 +19,10 @@ becomes ``collapse``; one nested deeper runs serially inside the outer region); 
 ``#pragma omp simd``; UNROLLED → ``#pragma GCC unroll``. A loop that would race (a REDUCE iter
 var bound to a parallel or vectorized loop) is rendered serial with a comment, never wrong.
 
-Math calls (erff, tanhf, logf, ...) are declared ``omp declare simd`` when the build defines
-KILN_LIBMVEC (glibc's vector math library), so vectorized loops call the SIMD versions; f32
-exp is ``kiln_expf``, plain arithmetic in the prologue that vector loops inline (≤ 1.02 ulp).
+Math calls (expf, erff, tanhf, logf, ...) are declared ``omp declare simd`` when the build
+defines KILN_LIBMVEC (glibc's vector math library), so vectorized loops call the SIMD versions
+(expf within 2.6 ulp). Without libmvec, f32 exp is ``kiln_expf``, plain arithmetic in the
+prologue that vector loops inline (within 1.02 ulp), so softmax still vectorizes.
 A backend for another C dialect subclasses CRenderer and overrides the hooks (``dtype_name``,
 ``const``, ``unary_call``, ``loop_pragma``, ``prologue``).
 """
@@ -113,8 +114,9 @@ _CMP = {CmpOp.EQ: "==", CmpOp.NE: "!=", CmpOp.LT: "<", CmpOp.LE: "<=", CmpOp.GT:
         CmpOp.GE: ">="}
 
 _EXPF = """\
-/* expf in plain arithmetic, so vector loops inline it: Cephes' polynomial on
-   r = x - k ln2, times 2^k built from the exponent bits in two halves (k may be -150..128).
+/* expf in plain arithmetic, so vector loops inline it without a vector math library:
+   Cephes' polynomial on r = x - k ln2, times 2^k built from the exponent bits in two
+   halves (k may be -150..128).
    Within 1.02 ulp of exp where the result is a normal float; NaN, +-inf, overflow to inf
    and underflow to 0 as expf. */
 #pragma omp declare simd notinbranch
@@ -140,6 +142,11 @@ static inline __attribute__((always_inline)) float kiln_expf(float x) {
   y = x < -103.97207641601562f ? 0.0f : y;
   return x != x ? x : y;
 }
+#ifdef KILN_LIBMVEC
+#define kiln_exp_f32 expf  /* glibc's SIMD expf measured faster (0.38 vs 0.50 ns/element) */
+#else
+#define kiln_exp_f32 kiln_expf
+#endif
 """
 
 _HELPERS = _EXPF + """\
@@ -253,7 +260,7 @@ class CRenderer:
         if dtype.is_floating:
             one = "1.0f" if dtype is DType.F32 else "1.0"
             suffix = "" if dtype is DType.F32 else "drop"
-            exp = "kiln_expf" if dtype is DType.F32 else "exp"
+            exp = "kiln_exp_f32" if dtype is DType.F32 else "exp"
             if op is UnOp.RSQRT:
                 return f"({one} / {self._math('sqrtf', suffix)}({arg}))"
             if op is UnOp.SIGMOID:
