@@ -20,33 +20,25 @@ measured (>= ~2 ms), the spread (interquartile range / median) is printed next t
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 
-# OpenBLAS (numpy's BLAS) keeps its worker threads spinning for 2^28 cycles (~0.1 s) after
-# each call; interleaved with other contenders they then compete for the cores with whatever
-# runs next (measured: kiln's 2048^3 GEMM ran at 105 GFLOP/s right after numpy, 190 after
-# torch.mm). 2^4 cycles makes them sleep at once; numpy's own times do not change measurably.
-# Set before numpy is imported; an explicit setting in the environment wins.
-os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+import numpy as np
+import torch
+import torch.nn.functional as F
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-import warnings  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-
-from kiln.codegen import fused  # noqa: E402
-from kiln.codegen.build import CompilerUnavailable, build  # noqa: E402
-from kiln.codegen.gemm import gemm_func  # noqa: E402
-from kiln.codegen.kernel import compile_kernel  # noqa: E402
-from kiln.options import Options  # noqa: E402
+from kiln.codegen import fused
+from kiln.codegen.build import CompilerUnavailable, build
+from kiln.codegen.gemm import gemm_func
+from kiln.codegen.kernel import compile_kernel
+from kiln.options import Options
 
 Fn = Callable[[], object]
 
@@ -59,8 +51,16 @@ class Timing:
 
 
 def measure(contenders: dict[str, Fn], min_sample_s: float = 2e-3, samples: int = 15,
-            ) -> dict[str, Timing]:
-    """Median time per call of each contender; samples of all contenders are interleaved."""
+            settle_s: float = 0.0) -> dict[str, Timing]:
+    """Median time per call of each contender; samples of all contenders are interleaved.
+
+    ``settle_s`` is a pause, then one untimed call, before each sample: thread pools spin for
+    a while after a call (libgomp, used by torch and kiln, for several ms; OpenBLAS, used by
+    numpy, for 2^28 cycles, ~80 ms), and one library's spinning pool steals the cores from
+    the next contender's pool. Measured at 1024^3: numpy right after torch.mm or kiln 115 GFLOP/s,
+    alone 187; at 2048^3 kiln right after numpy 105, alone 192. The untimed call wakes the
+    contender's own pool and clocks after the pause.
+    """
     inner = {}
     for name, fn in contenders.items():
         fn()  # warm up (first-call allocation, compilation, page faults)
@@ -78,6 +78,9 @@ def measure(contenders: dict[str, Fn], min_sample_s: float = 2e-3, samples: int 
     for _ in range(samples):
         for name, fn in contenders.items():
             n = inner[name]
+            if settle_s:  # let other pools stop spinning, then wake this one (untimed)
+                time.sleep(settle_s)
+                fn()
             t0 = time.perf_counter()
             for _ in range(n):
                 fn()
@@ -219,7 +222,7 @@ def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
             torch.testing.assert_close(c_kiln, a @ b, rtol=1e-4, atol=1e-3 * n ** 0.5)
             ptrs = (a.data_ptr(), b.data_ptr(), c_kiln.data_ptr())
             contenders["kiln"] = lambda k=kernel, p=ptrs: k.run_unchecked(*p)
-        timings = measure(contenders, samples=7 if n >= 2048 else 11)
+        timings = measure(contenders, samples=7 if n >= 2048 else 11, settle_s=0.1)
         flops = 2 * n ** 3
         best_lib = max(flops / timings[k].median_s for k in ("torch.mm", "numpy matmul"))
         for name, t in timings.items():
