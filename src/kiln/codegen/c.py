@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.ir.types import DType
@@ -61,6 +61,7 @@ from kiln.tir.nodes import (
     UnOp,
     Var,
 )
+from kiln.tir.visit import iter_stmts
 
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
 
@@ -527,23 +528,6 @@ def _work(stmt: Stmt) -> int:
     return 1
 
 
-def _walk(stmt: Stmt) -> Iterator[Stmt]:
-    yield stmt
-    if isinstance(stmt, SeqStmt):
-        for s in stmt.stmts:
-            yield from _walk(s)
-    elif isinstance(stmt, (For, Allocate)):
-        yield from _walk(stmt.body)
-    elif isinstance(stmt, Block):
-        if stmt.init is not None:
-            yield from _walk(stmt.init)
-        yield from _walk(stmt.body)
-    elif isinstance(stmt, IfThenElse):
-        yield from _walk(stmt.then_body)
-        if stmt.else_body is not None:
-            yield from _walk(stmt.else_body)
-
-
 def _uses(expr: Expr, name: str) -> bool:
     if isinstance(expr, Var):
         return expr.name == name
@@ -562,7 +546,7 @@ def _uses(expr: Expr, name: str) -> bool:
 
 def _binds_reduce(body: Stmt, loop_var: str) -> bool:
     """Does some block under ``body`` bind a REDUCE iter var to an expression of loop_var?"""
-    for stmt in _walk(body):
+    for stmt in iter_stmts(body):
         if isinstance(stmt, Block):
             for iv, binding in zip(stmt.iter_vars, stmt.bindings):
                 if iv.kind is IterKind.REDUCE and _uses(binding, loop_var):

@@ -14,14 +14,11 @@ from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.rewrite.pattern import FloatDType, Number, On, Var, Weight
 from kiln.rewrite.rule import EXACT, FAST_MATH, IEEE, Match, Rule
-from kiln.rules.support import combine, is_finite_nonzero, is_power_of_two
+from kiln.rules.support import combine, is_finite_nonzero, is_power_of_two, true_division
 
 x = Var("x")
 fx = Var("x", FloatDType())
 
-
-def _true_division(attrs) -> bool:
-    return attrs.rounding_mode is None
 
 
 def _scaled_self_pow2(m: Match) -> str | None:
@@ -56,11 +53,11 @@ RULES = (
          lambda m: m.op(Op.MUL, m["x"], m.op(Op.ADD, m["a"], m["b"])),
          FAST_MATH),  # x*a+x*b -> x*(a+b)
     Rule("div-const-pow2",
-         On(Op.DIV, x, Number("c", is_power_of_two, "±2**k"), where=_true_division,
+         On(Op.DIV, x, Number("c", is_power_of_two, "±2**k"), where=true_division,
             describe="true division"),
          _reciprocal, EXACT, guard=_wide_float),  # x/c -> x*(1/c), c = ±2**k
     Rule("div-const",
          On(Op.DIV, x, Number("c", is_finite_nonzero, "a finite nonzero number"),
-            where=_true_division, describe="true division"),
+            where=true_division, describe="true division"),
          _reciprocal, IEEE, guard=_wide_float),  # x/c -> x*(1/c)
 )

@@ -10,14 +10,11 @@ from __future__ import annotations
 from kiln.ir.ops import Op
 from kiln.rewrite.pattern import FloatDType, On, Var, Weight
 from kiln.rewrite.rule import FAST_MATH, Match, Rule
-from kiln.rules.support import combine
+from kiln.rules.support import combine, true_division
 
 x = Var("x", FloatDType())
 c1, c2 = Var("c1", Weight()), Var("c2", Weight())
 
-
-def _true_division(attrs) -> bool:
-    return attrs.rounding_mode is None
 
 
 def _chain(outer: Op, inner: Op, merge: Op):
@@ -34,7 +31,7 @@ RULES = (
          _chain(Op.MUL, Op.MUL, Op.MUL), FAST_MATH),  # (x*c2)*c1 -> x*(c1*c2)
     Rule("sub-sub-const", On(Op.SUB, On(Op.SUB, x, c2), c1),
          _chain(Op.SUB, Op.SUB, Op.ADD), FAST_MATH),  # (x-c2)-c1 -> x-(c1+c2)
-    Rule("div-div-const", On(Op.DIV, On(Op.DIV, x, c2, where=_true_division), c1,
-                             where=_true_division),
+    Rule("div-div-const", On(Op.DIV, On(Op.DIV, x, c2, where=true_division), c1,
+                             where=true_division),
          _chain(Op.DIV, Op.DIV, Op.MUL), FAST_MATH),  # (x/c2)/c1 -> x/(c1*c2)
 )

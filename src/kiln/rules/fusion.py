@@ -23,15 +23,12 @@ from kiln.ir.graph import Value
 from kiln.ir.ops import Op
 from kiln.rewrite.pattern import FloatDType, Number, On, Var, Weight
 from kiln.rewrite.rule import EXACT, IEEE, Match, Rule
-from kiln.rules.support import is_finite_nonzero, numel
+from kiln.rules.support import is_finite_nonzero, numel, plain_gemm
 
 MOVES = frozenset({Op.VIEW, Op.PERMUTE, Op.EXPAND, Op.SQUEEZE, Op.UNSQUEEZE})
 w_ = Weight()
 bn_operands = (Var("gamma", w_), Var("beta", w_), Var("mean", w_), Var("var", w_))
 
-
-def _plain(attrs) -> bool:
-    return attrs.beta == 1 and attrs.alpha == 1
 
 
 def _not_transposed(attrs) -> bool:
@@ -145,7 +142,7 @@ RULES = (
     Rule("conv-bn", On(Op.BATCH_NORM, conv_pattern, *bn_operands), _fold_bn_into_conv, IEEE,
          guard=_conv_weights_only),  # bn(conv(x, W, B)) -> conv(x, W*R, B*R + P)
     Rule("linear-bn", On(Op.BATCH_NORM, On(Op.ADDMM, Var("b", w_), Var("x"), Var("w", w_),
-                                           name="mm", where=_plain, describe="beta=alpha=1"),
+                                           name="mm", where=plain_gemm, describe="beta=alpha=1"),
                          *bn_operands),
          _fold_bn_into_addmm, IEEE),  # bn(addmm(b, x, W)) -> addmm(b*R + P, x, W*R)
     Rule("conv-bias", On(Op.ADD, On(Op.CONVOLUTION, Var("x"), Var("w"), name="conv",
@@ -164,7 +161,7 @@ RULES = (
     Rule("scale-into-matmul", On(Op.MUL, On({Op.MM, Op.BMM}, Var("a"), Var("b"), name="mm"), scale),
          _scale_into_matmul, IEEE, guard=_scale_side),  # (a@b)*s -> (a*s)@b
     Rule("scale-into-addmm", On(Op.MUL, On(Op.ADDMM, Var("b", w_), Var("x"), Var("w", w_),
-                                           name="mm", where=_plain, describe="beta=alpha=1"),
+                                           name="mm", where=plain_gemm, describe="beta=alpha=1"),
                                 scale),
          _scale_into_addmm, IEEE),  # addmm(b, x, W)*s -> addmm(b*s, x, W*s)
 )

@@ -12,6 +12,7 @@ from kiln.ir.attrs import AddmmAttrs
 from kiln.ir.ops import Op
 from kiln.rewrite.pattern import On, Rank, Var
 from kiln.rewrite.rule import IEEE, Match, Rule
+from kiln.rules.support import plain_gemm
 
 
 def _row_bias(m: Match) -> str | None:
@@ -20,9 +21,6 @@ def _row_bias(m: Match) -> str | None:
         return "the bias must be a vector or matrix of the result's dtype"
     return None
 
-
-def _plain(attrs) -> bool:
-    return attrs.beta == 1 and attrs.alpha == 1
 
 
 RULES = (
@@ -33,7 +31,7 @@ RULES = (
     Rule("mm-skip-copy", On(Op.MM, On(Op.CLONE, Var("x")), Var("w")),
          lambda m: m.op(Op.MM, m["x"], m["w"]), IEEE),  # mm(contiguous(x), w) -> mm(x, w)
     Rule("addmm-skip-copy", On(Op.ADDMM, Var("b"), On(Op.CLONE, Var("x")), Var("w"),
-                               where=_plain, describe="beta = alpha = 1"),
+                               where=plain_gemm, describe="beta = alpha = 1"),
          lambda m: m.op(Op.ADDMM, m["b"], m["x"], m["w"], attrs=m.root.attrs),
          IEEE),  # addmm(b, contiguous(x), w) -> addmm(b, x, w)
     Rule("bmm-skip-copy", On(Op.BMM, On(Op.CLONE, Var("x")), Var("w")),

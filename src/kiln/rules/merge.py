@@ -18,13 +18,14 @@ from typing import Any
 
 import torch
 
-from kiln.ir.attrs import AddmmActAttrs, DimAttrs, PermuteAttrs, SplitAttrs
+from kiln.ir.attrs import DimAttrs, PermuteAttrs, SplitAttrs
 from kiln.ir.graph import Value
 from kiln.ir.infer import META, meta_operand
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import lower_node, run_call
 from kiln.rewrite.pattern import On, Siblings, Var, Weight
 from kiln.rewrite.rule import IEEE, Match, Rule
+from kiln.rules.support import plain_gemm
 
 w_ = Weight()
 
@@ -135,16 +136,10 @@ def _views_accept(value: Value, tensor: torch.Tensor, m: Match) -> str | None:
     return None
 
 
-def _plain(attrs) -> bool:
-    return getattr(attrs, "beta", 1) == 1 and getattr(attrs, "alpha", 1) == 1
-
-
-def _addmm_act_ok(attrs) -> bool:
-    return not isinstance(attrs, AddmmActAttrs) or _plain(attrs)
 
 
 parallel_addmm = On({Op.ADDMM, Op.ADDMM_ACT}, Var("b", w_), Var("x"), Var("w", w_),
-                    where=lambda a: _plain(a) and _addmm_act_ok(a), describe="beta=alpha=1")
+                    where=plain_gemm, describe="beta=alpha=1")
 parallel_conv = On({Op.CONVOLUTION, Op.CONV_ACT}, Var("x"), Var("w", w_), exact_arity=False)
 
 RULES = (

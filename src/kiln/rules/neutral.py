@@ -12,6 +12,7 @@ from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.rewrite.pattern import FloatDType, IntDType, On, Uniform, Var
 from kiln.rewrite.rule import EXACT, FAST_MATH, Match, Rule
+from kiln.rules.support import true_division
 
 
 def _zeros(m: Match):
@@ -19,15 +20,12 @@ def _zeros(m: Match):
     return m.op(Op.FULL, attrs=FullAttrs(t.shape, False if t.dtype is DType.BOOL else 0, t.dtype))
 
 
-def _true_division(attrs) -> bool:
-    return attrs.rounding_mode is None
-
 
 x = Var("x")
 
 RULES = (
     Rule("mul-one", On(Op.MUL, x, Uniform(1)), lambda m: m["x"], EXACT),  # x*1 -> x
-    Rule("div-one", On(Op.DIV, x, Uniform(1), where=_true_division, describe="true division"),
+    Rule("div-one", On(Op.DIV, x, Uniform(1), where=true_division, describe="true division"),
          lambda m: m["x"], EXACT),  # x/1 -> x
     Rule("pow-one", On(Op.POW, x, Uniform(1)), lambda m: m["x"], EXACT),  # x**1 -> x
     Rule("add-neg-zero", On(Op.ADD, x, Uniform(-0.0)), lambda m: m["x"], EXACT),  # x+(-0.0) -> x

@@ -43,3 +43,13 @@ def combine(m: Match, op: Op, a: Value, b: Value) -> Value:
 
 def numel(value: Value) -> int:
     return math.prod(value.type.shape)
+
+
+def true_division(attrs: Any) -> bool:
+    """div without rounding (rounding_mode None), the only form x/c = x*(1/c) holds for."""
+    return attrs.rounding_mode is None
+
+
+def plain_gemm(attrs: Any) -> bool:
+    """addmm/addmm_act with beta = alpha = 1: bias + x @ w, nothing scaled."""
+    return attrs.beta == 1 and attrs.alpha == 1

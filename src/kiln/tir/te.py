@@ -43,6 +43,7 @@ from kiln.tir.nodes import (
     const,
     seq,
 )
+from kiln.tir.visit import fresh
 
 Number = bool | int | float
 
@@ -162,12 +163,7 @@ class Builder:
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in base) or "t"
         if base[0].isdigit():
             base = "t" + base
-        name, k = base, 0
-        while name in taken:
-            k += 1
-            name = f"{base}_{k}"
-        taken.add(name)
-        return name
+        return fresh(taken, base)
 
     def buffer(self, base: str, shape: Sequence[int], dtype: DType) -> Buffer:
         return Buffer(self.fresh(base), tuple(shape), dtype)

@@ -245,3 +245,13 @@ def replace_node(root: Stmt, target: Stmt, new: Stmt) -> Stmt:
     if not found:
         raise ValueError("statement to replace is not in the tree")
     return result
+
+
+def fresh(taken: set[str], base: str) -> str:
+    """``base``, or ``base_1``, ``base_2`` ... whichever is not in ``taken``; records it."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

@@ -35,12 +35,12 @@ from kiln.tir.primitives.common import (
     blocks_under,
     find_block,
     find_loop,
-    fresh,
     loop_vars_of_kind,
     taken_names,
 )
 from kiln.tir.primitives.compute_location import written_buffer
 from kiln.tir.visit import (
+    fresh,
     loads_of,
     replace_buffer,
     replace_node,

@@ -90,15 +90,6 @@ def taken_names(func: PrimFunc) -> set[str]:
     return names
 
 
-def fresh(taken: set[str], base: str) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def binding_map(block: Block) -> dict[Var, Expr]:
     return {iv.var: b for iv, b in zip(block.iter_vars, block.bindings)}
 

@@ -41,13 +41,13 @@ from kiln.tir.primitives.common import (
     blocks_under,
     find_block,
     find_loop,
-    fresh,
     outer_points,
     region_under,
     taken_names,
     walk_with_path,
 )
 from kiln.tir.visit import (
+    fresh,
     loads_of,
     map_stmt,
     replace_node,

@@ -36,7 +36,6 @@ from kiln.tir.primitives.common import (
     accesses,
     blocks_under,
     find_loop,
-    fresh,
     loop_ranges,
     loop_vars_of_kind,
     region_under,
@@ -44,6 +43,7 @@ from kiln.tir.primitives.common import (
     walk_with_path,
 )
 from kiln.tir.visit import (
+    fresh,
     map_stmt,
     replace_node,
     stores_of,
