@@ -17,7 +17,7 @@ from kiln.report import GraphReport, KernelInfo
 from kiln.runtime.executor import build_executor
 from kiln.runtime.gemm import build_gemm_kernels
 from kiln.runtime.kernels import GroupKernel, build_kernels
-from kiln.runtime.memory import MemoryPlan, plan_memory
+from kiln.runtime.memory import FusedCall, MemoryPlan, plan_memory
 
 
 @dataclass
@@ -48,7 +48,8 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         kernels += build_gemm_kernels(optimized, gemms(optimized), options).kernels
     if kernels:
         optimized = gather(optimized, [k.group for k in kernels])
-    plan = plan_memory(optimized) if options.memory_plan else None
+    plan = plan_memory(optimized, [fused_call(k) for k in kernels]) \
+        if options.memory_plan else None
     run, source = build_executor(optimized, plan, input_positions, kernels)
     report = GraphReport(
         nodes_before=graph.num_ops(), nodes_after=optimized.num_ops(), passes=tuple(records),
@@ -60,6 +61,12 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0,
         kernels=kernel_infos(optimized, kernels))
     return CompiledGraph(optimized, graph, plan, source, report, run)
+
+
+def fused_call(kernel: GroupKernel) -> FusedCall:
+    nodes = kernel.group.nodes
+    internal = frozenset(v for n in nodes for v in n.outputs if v not in kernel.outputs)
+    return FusedCall(nodes, kernel.inputs, kernel.outputs, internal)
 
 
 def kernel_infos(graph: Graph, kernels: Sequence[GroupKernel]) -> tuple[KernelInfo, ...]:

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import threading
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import pytest
 import torch
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import Graph, GraphBuilder, Op, TensorType, parse_graph, verify
 from kiln.ir import attrs as A
 from kiln.ir.types import DType

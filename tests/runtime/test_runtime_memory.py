@@ -8,13 +8,18 @@ from its defining node to the last node that reads it or any view of it, and a g
 from __future__ import annotations
 
 import itertools
+import re
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import pytest
 import torch
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
+from kiln.engine import fused_call
 from kiln.ir import Graph, Op, OpGroup, Value, parse_graph, verify
-from kiln.runtime.memory import ALIGNMENT, OUT_VARIANTS, MemoryPlan, plan_memory
+from kiln.passes.partition import gather, partition
+from kiln.runtime.executor import build_executor
+from kiln.runtime.kernels import build_kernels
+from kiln.runtime.memory import ALIGNMENT, OUT_VARIANTS, FusedCall, MemoryPlan, plan_memory
 
 
 def _storage_sources(value: Value) -> set[Value]:
@@ -197,3 +202,58 @@ graph(%x: f32[8]) {
     plan = plan_memory(graph)
     check_plan(graph, plan)
     assert all(v.node.op not in (Op.INPUT, Op.CONSTANT, Op.SCALAR) for v in plan.offsets)
+
+
+FUSED = """\
+graph(%x: f32[32, 32], %y: f32[32, 32]) {
+  %e = exp(%x) : f32[32, 32]
+  %s = add(%e, %y) : f32[32, 32]
+  %r = relu(%s) : f32[32, 32]
+  %o = mul(%r, %r) : f32[32, 32]
+  return %o
+}
+"""
+
+
+def _fused_add_relu(graph: Graph) -> FusedCall:
+    by_name = {n.name: n for n in graph.nodes}
+    s, r = by_name["s"], by_name["r"]
+    return FusedCall((s, r), (by_name["e"].out(), graph.inputs[1].out()), (r.out(),),
+                     frozenset({s.out()}))
+
+
+def test_a_kernel_output_is_planned_and_never_shares_bytes_with_its_inputs() -> None:
+    graph = parse_graph(FUSED)
+    alone = plan_memory(graph)
+    assert sorted(str(v) for v in alone.offsets) == ["%e", "%s"]  # relu has no out= kernel
+    plan = plan_memory(graph, [_fused_add_relu(graph)])
+    assert sorted(str(v) for v in plan.offsets) == ["%e", "%r"]  # %s is never materialized
+    e, r = (v for v in plan.offsets if str(v) in ("%e", "%r"))
+    # %e's last library reader is %s, before %r's node, but the kernel reads %e while it
+    # writes %r: the two must not overlap
+    size = 32 * 32 * 4
+    assert abs(plan.offsets[e] - plan.offsets[r]) >= size
+    assert plan.intermediate_bytes == 2 * size  # %e and %r; %s never exists
+
+
+def test_kernel_outputs_are_placed_in_the_arena_by_the_executor(kernel_options) -> None:  # noqa: ANN001
+    graph = parse_graph("""\
+graph(%x: f32[8, 40], %y: f32[8, 40], %w: f32[40, 8]) {
+  %s = add(%x, %y) : f32[8, 40]
+  %r = relu(%s) : f32[8, 40]
+  %o = mm(%r, %w) : f32[8, 8]
+  return %o
+}""")
+    built = build_kernels(graph, partition(graph), kernel_options)
+    assert [[n.name for n in k.group.nodes] for k in built.kernels] == [["s", "r"]]
+    moved = gather(graph, [k.group for k in built.kernels])
+    plan = plan_memory(moved, [fused_call(k) for k in built.kernels])
+    assert "%r" in {str(v) for v in plan.offsets}
+    run, source = build_executor(moved, plan, range(3), built.kernels)
+    assert re.search(r"v\d+_r = buf\[\d+\]", source), source
+    x, y, w = torch.randn(8, 40), torch.randn(8, 40), torch.randn(40, 8)
+    expected = torch.relu(x + y) @ w
+    for _ in range(2):  # the arena is reused across calls
+        torch.testing.assert_close(run([x, y, w])[0], expected)
+    strided = x.t().contiguous().t()  # the library fallback allocates; same answer
+    torch.testing.assert_close(run([strided, y, w])[0], expected)

@@ -93,9 +93,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
                 and value not in internal):
             dies_at.setdefault(span.last, []).append(ref(value))
 
-    def library_line(node: Node) -> str:
+    def library_line(node: Node, use_slot: bool = True) -> str:
         targets = ", ".join(ref(v) for v in node.outputs)
-        out = f"buf[{slot[node.out()]}]" if node.out() in slot else None
+        out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
         return (f"{targets}{',' if len(node.types) > 1 else ''} = "
                 f"{_call_text(env, node, lower_node(node), ref, out, graph.device)}")
 
@@ -136,7 +136,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
 
 def _kernel_lines(env: dict[str, Any], gk: GroupKernel, graph: Graph,
                   ref: Callable[[Value], str], slot: dict[Value, int], contiguous: set[Value],
-                  library_line: Callable[[Node], str]) -> list[str]:
+                  library_line: Callable[[Node, bool], str]) -> list[str]:
     """The kernel call, behind a contiguity check of the operands not known to be contiguous;
     if the check fails (rare: a strided graph input), the group's library calls run instead."""
     pointers = []
@@ -161,8 +161,9 @@ def _kernel_lines(env: dict[str, Any], gk: GroupKernel, graph: Graph,
               if v.node.op is not Op.CONSTANT and v not in contiguous]
     if not checks:
         return [f"    {a}" for a in allocs] + [f"    {call}"]
-    fallback = [library_line(n) for n in gk.group.nodes]
-    fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs if v not in slot]
+    # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
+    fallback = [library_line(n, False) for n in gk.group.nodes]
+    fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs]
     named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
     fallback += [f"del {', '.join(named)}"] if named else []
     return ([f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]

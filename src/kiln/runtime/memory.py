@@ -1,17 +1,19 @@
 """Static memory planning: give intermediates offsets in one reused arena.
 
-A value is *planned* when an op writes it through an efficient ``out=`` ATen variant and it
-never escapes the graph (it is not an output, nor viewed by one). Each planned value lives
-from the node that defines it to the last node that reads it or any view of it; two values
-whose lifetimes overlap never share bytes. Offsets come from greedy-by-size placement (large
-tensors first, each at the lowest offset free over its lifetime), as TFLite's arena planner
-does.
+A value is *planned* when an op writes it through an efficient ``out=`` ATen variant, or a
+generated kernel writes it, and it never escapes the graph (it is not an output, nor viewed
+by one). A kernel's inputs live until its call and its outputs from its first node, so no
+output of a kernel shares bytes with what it reads; values inside a kernel never exist.
+Each planned value lives from the node that defines it to the last node that reads it or any
+view of it; two values whose lifetimes overlap never share bytes. Offsets come from
+greedy-by-size placement (large tensors first, each at the lowest offset free over its
+lifetime), as TFLite's arena planner does.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,6 +35,16 @@ OUT_VARIANTS: dict[Op, object] = {
     Op.SUM: aten.sum.IntList_out, Op.MEAN: aten.mean.out,
     Op.ADDMM_ACT: fused.addmm_act,
 }
+
+
+@dataclass(frozen=True)
+class FusedCall:
+    """One generated kernel standing for ``nodes``: what the planner must know of it."""
+
+    nodes: Sequence[Node]
+    inputs: Sequence[Value]
+    outputs: Sequence[Value]
+    internal: frozenset[Value] = field(default_factory=frozenset)  # never materialized
 
 
 @dataclass(frozen=True)
@@ -102,12 +114,18 @@ def escaping(graph: Graph) -> set[Value]:
     return escaped
 
 
-def plan_memory(graph: Graph) -> MemoryPlan:
+def plan_memory(graph: Graph, fused: Sequence[FusedCall] = ()) -> MemoryPlan:
     spans = lifetimes(graph)
+    internal = {v for call in fused for v in call.internal}
+    written = [v for call in fused for v in call.outputs]
+    spans.update(_kernel_spans(graph, spans, fused))
     escaped = escaping(graph)
     intermediates = [out for n in graph.nodes if not n.op.is_a(OpGroup.SOURCE)
-                     and not n.op.is_a(OpGroup.VIEW) for out in n.outputs if out not in escaped]
-    planned = [n.out() for n in graph.nodes if plannable(n) and n.out() not in escaped]
+                     and not n.op.is_a(OpGroup.VIEW) for out in n.outputs
+                     if out not in escaped and out not in internal]
+    candidates = [n.out() for n in graph.nodes if plannable(n)] + written
+    planned = [v for v in dict.fromkeys(candidates) if v not in escaped and v not in internal
+               and v.type.nbytes > 0]
     planned.sort(key=lambda v: (-v.type.nbytes, spans[v].first))
     placed: list[tuple[int, int, Lifetime]] = []  # (offset, size, lifetime)
     offsets: dict[Value, int] = {}
@@ -126,6 +144,25 @@ def plan_memory(graph: Graph) -> MemoryPlan:
     arena = max((off + sz for off, sz, _ in placed), default=0)
     return MemoryPlan(offsets, arena, sum(v.type.nbytes for v in intermediates),
                       sum(_aligned(v.type.nbytes) for v in planned))
+
+
+def _kernel_spans(graph: Graph, spans: dict[Value, Lifetime],
+                  fused: Sequence[FusedCall]) -> dict[Value, Lifetime]:
+    """A kernel reads all its inputs and writes all its outputs in one call: inputs live
+    until its last node, outputs from its first."""
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    changed: dict[Value, Lifetime] = {}
+    for call in fused:
+        lo = min(index[n] for n in call.nodes)
+        hi = max(index[n] for n in call.nodes)
+        for v in call.inputs:
+            if v in spans:
+                span = changed.get(v, spans[v])
+                changed[v] = Lifetime(span.first, max(span.last, hi))
+        for v in call.outputs:
+            span = changed.get(v, spans[v])
+            changed[v] = Lifetime(min(span.first, lo), max(span.last, hi))
+    return changed
 
 
 def _aligned(n: int) -> int:
