@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,24 @@ def test_bench_prints_table_and_writes_json(tmp_path: Path, capsys) -> None:
     (result,) = document["results"]
     assert result["model"] == "mlp"
     assert [c["name"] for c in result["contenders"]] == ["eager", "kiln-O2"]
+
+
+def test_bench_kernel_modes_are_contenders(tmp_path: Path, capsys,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kernels"))
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--models", "bert", "--quick", "--kernels", "library", "generated",
+            "--json", str(out)]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("| bert -O2-generated ") for line in lines)
+    document = json.loads(out.read_text())
+    assert document["kernels"] == ["library", "generated"]
+    contenders = {c["name"]: c for c in document["results"][0]["contenders"]}
+    assert list(contenders) == ["eager", "kiln-O2", "kiln-O2-generated"]
+    assert contenders["kiln-O2-generated"]["rel_err"] < 1e-4
+    if shutil.which("cc") or shutil.which("gcc"):  # the kernels were built into the cache
+        assert any((tmp_path / "kernels").rglob("*.so"))
 
 
 @pytest.mark.parametrize("argv, known", [

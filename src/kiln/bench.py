@@ -158,8 +158,16 @@ PEERS: dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Callable[
 }
 
 
-def kiln_name(opt_level: int) -> str:
-    return f"kiln-O{opt_level}"
+# which kernels kiln may generate, per contender: the Options fields each mode turns on
+KERNEL_MODES: dict[str, dict[str, bool]] = {
+    "library": {},  # every op a library call (the default Options)
+    "generated": {"generated_kernels": True},  # fused elementwise/row kernels in C
+    "gemm": {"generated_kernels": True, "generated_gemm": True},  # and GEMMs where faster
+}
+
+
+def kiln_name(opt_level: int, kernels: str = "library") -> str:
+    return f"kiln-O{opt_level}" + ("" if kernels == "library" else f"-{kernels}")
 
 
 def is_kiln(contender: str) -> bool:
@@ -171,7 +179,7 @@ def is_kiln(contender: str) -> bool:
 
 def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
               peers: Sequence[str] = (), opt_levels: Sequence[int] = (2,),
-              threads: int | None = None, seed: int = 0, timing: TimingConfig | None = None,
+              kernels: Sequence[str] = ("library",), threads: int | None = None, seed: int = 0, timing: TimingConfig | None = None,
               progress: ProgressFn | None = None) -> list[BenchResult]:
     """Benchmark each model (all built-in ones by default); one failure never stops the run."""
     names = list(model_names) if model_names is not None else models.names()
@@ -187,7 +195,8 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
                     progress(Progress(name, index, len(names), step, (index + done) / len(names)))
 
             results.append(bench_model(name, quick=quick, peers=peers, opt_levels=opt_levels,
-                                       seed=seed, timing=timing, report=report))
+                                       kernels=kernels, seed=seed, timing=timing,
+                                       report=report))
         return results
     finally:
         torch.set_num_threads(old_threads)
@@ -201,8 +210,8 @@ class _Runner:
 
 
 def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
-                opt_levels: Sequence[int] = (2,), seed: int = 0,
-                timing: TimingConfig | None = None,
+                opt_levels: Sequence[int] = (2,), kernels: Sequence[str] = ("library",),
+                seed: int = 0, timing: TimingConfig | None = None,
                 report: Callable[[str, float], None] | None = None) -> BenchResult:
     """Benchmark one model; errors land in the result instead of propagating."""
     timing = timing or TimingConfig.for_size(quick)
@@ -220,7 +229,8 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
         return result
     torch._dynamo.reset()  # a fresh Dynamo cache per model, so no recompile limits carry over
     runners = [_Runner(ContenderResult(EAGER), model)]
-    candidates = [(kiln_name(level), _kiln_compiler(level)) for level in opt_levels]
+    candidates = [(kiln_name(level, mode), _kiln_compiler(level, mode))
+                  for level in opt_levels for mode in kernels]
     candidates += [(peer, PEERS.get(peer)) for peer in peers]
     for i, (contender, make) in enumerate(candidates):
         step(f"compile {contender}", 0.6 * i / len(candidates))
@@ -243,9 +253,13 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
     return result
 
 
-def _kiln_compiler(level: int) -> Callable[..., Any]:
+def _kiln_compiler(level: int, kernels: str = "library") -> Callable[..., Any]:
+    # the environment still picks the compiler and the kernel cache (CC, KILN_CACHE_DIR)
+    options = dataclasses.replace(kiln.Options.from_env(), opt_level=level,
+                                  **KERNEL_MODES[kernels])
+
     def make(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
-        return kiln.compile(model, inputs, options=kiln.Options(opt_level=level))
+        return kiln.compile(model, inputs, options=options)
 
     return make
 

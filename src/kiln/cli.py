@@ -66,6 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"also time these: {', '.join(bench.PEERS)}")
     b.add_argument("--opt-level", nargs="+", action="extend", type=int, choices=range(4),
                    metavar="N", dest="opt_levels", help="kiln opt level(s) (default: 2)")
+    b.add_argument("--kernels", nargs="+", action="extend", choices=list(bench.KERNEL_MODES),
+                   metavar="MODE", help="kiln contender(s) per opt level: library (default), "
+                   "generated (fused C kernels), gemm (also generated GEMMs where faster)")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)
@@ -106,10 +109,12 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise UsageError(f"--json {args.json}: no such directory")
     opt_levels = list(dict.fromkeys(args.opt_levels or [2]))
+    kernel_modes = list(dict.fromkeys(args.kernels or ["library"]))
     bar = ProgressBar(sys.stderr)
     try:
         results = bench.run_bench(names, quick=args.quick, peers=peers, opt_levels=opt_levels,
-                                  threads=args.threads, progress=bar.update)
+                                  kernels=kernel_modes, threads=args.threads,
+                                  progress=bar.update)
     finally:
         bar.close()
     print(markdown_table(results))
@@ -117,7 +122,7 @@ def _bench(args: argparse.Namespace) -> int:
         document = {
             "kiln": kiln.__version__, "torch": torch.__version__, "quick": args.quick,
             "threads": args.threads or torch.get_num_threads(), "opt_levels": opt_levels,
-            "peers": peers, "results": [r.to_dict() for r in results],
+            "kernels": kernel_modes, "peers": peers, "results": [r.to_dict() for r in results],
         }
         try:
             with open(args.json, "w") as f:
