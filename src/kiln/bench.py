@@ -179,7 +179,8 @@ def is_kiln(contender: str) -> bool:
 
 def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
               peers: Sequence[str] = (), opt_levels: Sequence[int] = (2,),
-              kernels: Sequence[str] = ("library",), threads: int | None = None, seed: int = 0, timing: TimingConfig | None = None,
+              kernels: Sequence[str] = ("library",), threads: int | None = None,
+              seed: int = 0, timing: TimingConfig | None = None,
               progress: ProgressFn | None = None) -> list[BenchResult]:
     """Benchmark each model (all built-in ones by default); one failure never stops the run."""
     names = list(model_names) if model_names is not None else models.names()
