@@ -301,7 +301,7 @@ def fused_kernels(options: Options, quick: bool, copy_bw: float, inductor: bool,
                   notes: list[str]) -> list[Row]:
     rows = []
     for case in fused_cases(quick):
-        func = case.kernel()
+        func = case.kernel().func
         kernel = compile_kernel(func, options)
         expected = case.unfused(*case.inputs)
         contenders: dict[str, Fn] = {

@@ -50,7 +50,6 @@ from kiln.passes.partition import KernelGroup, without_last
 from kiln.tir.compact import compact_buffers
 from kiln.tir.lower import lower_chain
 from kiln.tir.nodes import (
-    Allocate,
     Block,
     Buffer,
     BufferStore,
@@ -252,18 +251,20 @@ def _rows(graph: Graph, group: KernelGroup
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRecipe(f"{norm.name}: the group has outputs besides the row input and result")
     if norm.op is Op.SOFTMAX:
-        base, extra = fused.softmax_rows(rows, n, name=_name(group)), ()
+        kernel, extra = fused.softmax_rows(rows, n, name=_name(group)), ()
     else:
         w, b = norm.inputs[1], norm.inputs[2]
         if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
             raise NoRecipe(f"{norm.name}: weight and bias are not f32[{n}]")
         eps = norm.attrs.eps  # type: ignore[attr-defined]
-        base, extra = fused.layernorm_rows(rows, n, eps, name=_name(group)), (w, b)
-    base = _renamed(base)  # row_x, row_w, ...: apart from the prologue's buffer names
+        kernel, extra = fused.layernorm_rows(rows, n, eps, name=_name(group)), (w, b)
+    base = _renamed(kernel.func)  # row_x, row_w, ...: apart from the prologue's buffer names
     template = f"kiln.codegen.fused.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
+    schedule = (f"# {template}({rows}, {n}): the row schedule\n"
+                f"{kernel.trace.as_python()}")
     x_buf, out_buf = base.inputs[0], base.outputs[0]
     if not prologue:
-        return base, f"# {template}({rows}, {n})", (x, *extra), (y,)
+        return base, schedule, (x, *extra), (y,)
     body_of, params, values, trace = _prologue(graph, prologue, x,
                                                taken={b.name for b in base.params})
     outputs: list[Buffer] = []
@@ -273,9 +274,8 @@ def _rows(graph: Graph, group: KernelGroup
         loop = base.body
         assert isinstance(loop, For)
         write = _row_loop(loop.var, rows, n, lambda r, c: BufferStore(x_out, (r, c), body_of(r, c)))
-        body = map_stmt(loop, lambda s: Allocate(s.buffer, seq(write, s.body))
-                        if isinstance(s, Allocate) and s.buffer.name == "stat" else s)
-        body = _replace_loads(body, x_buf, lambda idx: Load(x_out, idx))
+        body = _replace_loads(loop.body, x_buf, lambda idx: Load(x_out, idx))
+        body = For(loop.var, loop.extent, seq(write, body), loop.kind)
         outs: tuple[Value, ...] = (x, y)
     else:
         body = _replace_loads(base.body, x_buf, lambda idx: body_of(*idx))
@@ -283,8 +283,8 @@ def _rows(graph: Graph, group: KernelGroup
     func = PrimFunc(base.name, (*params, *base.inputs[1:]), (*outputs, out_buf), body)
     ins = (*values, *extra)
     ops = ", ".join(n.op.text for n in prologue)
-    text = (f"# {template}({rows}, {n}); its loads of x compute the prologue ({ops}), "
-            f"inlined by:\n{trace.strip() or '# (one op: nothing to inline)'}")
+    text = (f"{schedule}# its loads of x compute the prologue ({ops}), inlined by:\n"
+            f"{trace.strip() or '# (one op: nothing to inline)'}")
     return func, text, ins, outs
 
 
