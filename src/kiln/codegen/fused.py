@@ -130,6 +130,10 @@ def schedule_rows(func: PrimFunc) -> RowKernel:
     producers = [name for name in sch.blocks() if name != out]
     for name in reversed(producers):  # consumers first, so each producer's readers are inside
         sch.compute_at(name, row)
+    for prev, name in zip(producers, producers[1:]):
+        if name.endswith("_rf"):
+            _fuse_pass_into_partials(sch, prev, name)
+    vectorized: set[str] = set()
     for name in producers:
         block = _block(sch, name)
         loops = sch.get_loops(name)
@@ -138,13 +142,37 @@ def schedule_rows(func: PrimFunc) -> RowKernel:
             init = sch.get_loops(f"{name}_init")
             sch.vectorize(init[-1])
             sch.vectorize(loops[-1])
+            vectorized.add(loops[-1].name)
         elif block.is_reduction:
             sch.decompose_reduction(name, loops[-1])  # the write-back's init out of its loop
-        elif len(loops) > 2:
+        elif len(loops) > 2 and loops[-1].name not in vectorized:
             sch.vectorize(loops[-1])  # a row pass
     sch.vectorize(col)
     sch.parallel(row)
     return RowKernel(compact_buffers(sch.func), sch.trace, func)
+
+
+def _fuse_pass_into_partials(sch: Schedule, producer: str, rf: str) -> None:
+    """A row pass that writes what the next rf block folds (softmax's exp, then its sum)
+    runs in the same chunk loop: each 16 values are folded right after they are made.
+
+        for j in range(N): e[j] = ...            for jo in range(N / 16):
+        for jo in range(N / 16):          ->       for ji in range(16): e[jo * 16 + ji] = ...
+          for l in range(16): s[l] += e[..]        for l in range(16): s[l] += e[jo * 16 + l]
+    """
+    block = _block(sch, producer)
+    loops = find_block(sch.func, producer).loops
+    rf_loops = find_block(sch.func, rf).loops
+    if block.is_reduction or len(loops) != 3 or len(rf_loops) != 4:
+        return
+    chunks, lanes = rf_loops[2].extent, rf_loops[3].extent
+    if loops[1].extent != rf_loops[1].extent or loops[2].extent != chunks * lanes:
+        return
+    outer, col = sch.get_loops(producer)[1:]
+    jo, _ = sch.split(col, [chunks, lanes])
+    rf_outer, rf_jo, _ = sch.get_loops(rf)[1:]
+    sch.fusion(outer, rf_outer)
+    sch.fusion(jo, rf_jo)  # (the lane loops stay two: each one vector op per chunk)
 
 
 def _block(sch: Schedule, name: str) -> Block:
