@@ -30,12 +30,14 @@ A backend for another C dialect subclasses CRenderer and overrides the hooks (``
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kiln.ir.types import DType
+from kiln.tir.arith import bounds
 from kiln.tir.nodes import (
     Allocate,
     Binary,
@@ -62,7 +64,7 @@ from kiln.tir.nodes import (
     UnOp,
     Var,
 )
-from kiln.tir.visit import iter_stmts
+from kiln.tir.visit import iter_exprs, iter_stmts, map_expr
 
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
 
@@ -208,6 +210,7 @@ class _Scope:
     names: dict[str, str] = field(default_factory=dict)
     used: set[str] = field(default_factory=set)
     in_parallel: bool = False
+    ranges: dict[Var, tuple[int, int]] = field(default_factory=dict)  # loop and iter vars
 
     def name(self, tir_name: str) -> str:
         if tir_name in self.names:
@@ -229,6 +232,7 @@ class CRenderer:
     node types to them."""
 
     def __init__(self) -> None:
+        self._hoisted = itertools.count()
         self._expr_table: dict[type, Callable[[Expr, _Scope], str]] = {
             Const: self._const,
             Var: self._var,
@@ -370,8 +374,10 @@ class CRenderer:
             lines.append(pragma)
         inner_scope = scope
         if kind is ForKind.PARALLEL:
-            inner_scope = _Scope(scope.names, scope.used, in_parallel=True)
+            inner_scope = _Scope(scope.names, scope.used, in_parallel=True,
+                                 ranges=scope.ranges)
         for depth, level in enumerate(nest):
+            scope.ranges[level.var] = (0, level.extent - 1)
             var = scope.name(level.var.name)
             lines.append(INDENT * depth + f"for (int64_t {var} = 0; {var} < {level.extent}; "
                          f"++{var}) {{")
@@ -384,6 +390,7 @@ class CRenderer:
     def _block(self, block: Block, scope: _Scope) -> list[str]:
         lines = [f"{{  /* block {block.name} */"]
         for iv, binding in zip(block.iter_vars, block.bindings):
+            scope.ranges[iv.var] = (0, iv.extent - 1)  # (the body runs inside the domain)
             lines.append(f"{INDENT}const int64_t {scope.name(iv.var.name)} = "
                          f"{_strip(self._expr(binding, scope))};")
         inner: list[str] = []
@@ -488,15 +495,36 @@ class CRenderer:
         raise UnsupportedForC(f"binary {expr.op.name}")
 
     def _unary(self, expr: Unary, scope: _Scope) -> str:
-        return self.unary_call(expr.op, expr.a.dtype, _strip(self._expr(expr.a, scope)))
+        arg = _strip(self._expr(expr.a, scope))
+        if expr.op is UnOp.EXP and expr.a.dtype is DType.F32 and _selects(expr.a):
+            return f"kiln_expf({arg})"
+        return self.unary_call(expr.op, expr.a.dtype, arg)
 
     def _compare(self, expr: Compare, scope: _Scope) -> str:
         return f"({self._expr(expr.a, scope)} {_CMP[expr.op]} {self._expr(expr.b, scope)})"
 
     def _select(self, expr: Select, scope: _Scope) -> str:
         cond = self._expr(expr.cond, scope)
-        return (f"({cond} ? {self._expr(expr.true_value, scope)} : "
-                f"{self._expr(expr.false_value, scope)})")
+        loads = _hoistable_loads(expr, scope.ranges)
+        if not loads:
+            return (f"({cond} ? {self._expr(expr.true_value, scope)} : "
+                    f"{self._expr(expr.false_value, scope)})")
+        return self._blend(expr, cond, loads, scope)
+
+    def _blend(self, expr: Select, cond: str, loads: list[Load], scope: _Scope) -> str:
+        """A select whose loads are in bounds whichever side is taken: the loads first (a GNU
+        statement expression), then ``?:`` on values, which gcc vectorizes as a blend; left
+        lazy, the loads would sit in branches and keep the loop scalar (a masked softmax)."""
+        temps: dict[Expr, Expr] = {}
+        decls = []
+        for ld in loads:
+            var = Var(f"hoisted{next(self._hoisted)}", ld.dtype)
+            temps[ld] = var
+            decls.append(f"{self.dtype_name(ld.dtype)} {scope.name(var.name)} = "
+                         f"{self._expr(ld, scope)};")
+        sides = [self._expr(map_expr(e, lambda x: temps.get(x, x)), scope)
+                 for e in (expr.true_value, expr.false_value)]
+        return f"({{ {' '.join(decls)} {cond} ? {sides[0]} : {sides[1]}; }})"
 
     def _cast(self, expr: Cast, scope: _Scope) -> str:
         value = self._expr(expr.value, scope)
@@ -518,8 +546,8 @@ def render_c(func: PrimFunc) -> str:
 
 def _strip(text: str) -> str:
     """Drop one pair of outer parentheses when they enclose the whole expression."""
-    if not (text.startswith("(") and text.endswith(")")):
-        return text
+    if not (text.startswith("(") and text.endswith(")")) or text.startswith("({"):
+        return text  # (a GNU statement expression keeps its parentheses)
     depth = 0
     for i, ch in enumerate(text):
         depth += ch == "("
@@ -568,6 +596,27 @@ def _uses(expr: Expr, name: str) -> bool:
     if isinstance(expr, Select):
         return any(_uses(e, name) for e in (expr.cond, expr.true_value, expr.false_value))
     return False
+
+
+def _selects(expr: Expr) -> bool:
+    """Whether ``expr`` holds a select: gcc if-converts it only in a loop without calls that
+    may set errno, so an exp of a select (a masked softmax) must not call libmvec's expf.
+    kiln_expf is plain arithmetic, and fast on -inf (libmvec's expf goes scalar below
+    -87.3: 6x slower on a causal mask's half of -inf)."""
+    return any(isinstance(e, Select) for e in iter_exprs(expr))
+
+
+def _hoistable_loads(expr: Select, ranges: dict[Var, tuple[int, int]]) -> list[Load]:
+    """The loads in the sides of ``expr`` when every one is in bounds for all values of the
+    enclosing loop and iter vars (so reading it whichever side is taken is safe); else []."""
+    loads = list(dict.fromkeys(e for side in (expr.true_value, expr.false_value)
+                               for e in iter_exprs(side) if isinstance(e, Load)))
+    for ld in loads:
+        for index, extent in zip(ld.indices, ld.buffer.shape):
+            box = bounds(index, ranges)
+            if box is None or box[0] < 0 or box[1] >= extent:
+                return []
+    return loads
 
 
 def _binds_reduce(body: Stmt, loop_var: str) -> bool:

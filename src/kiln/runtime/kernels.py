@@ -10,10 +10,9 @@ Two recipes, chosen by the group's shape:
 
   When ``x`` itself is needed after the group (GPT-2's residual stream) each row is first
   written to it once, then the row passes read it back from L1.
-  A prologue that selects between loads (``where(mask, -inf, scores)``) takes no row kernel:
-  its 16-lane loops would need masked loads, which gcc 12 leaves scalar (5x slower than the
-  library at GPT-2 size). The prologue is then a kernel of its own and the softmax a library
-  call.
+  A prologue that selects between loads (GPT-2's ``where(mask, scores, -inf)``) vectorizes
+  because the C renderer reads the loads that are in bounds either way before the select (a
+  blend, not a branch).
 * **loops** — an elementwise-only group: `kiln.tir.lower.lower_chain`, the default schedule of
   `kiln.codegen.heuristics` (intermediates inlined, vectorized, parallel), buffer compaction.
 
@@ -61,7 +60,6 @@ from kiln.tir.nodes import (
     IterVar,
     Load,
     PrimFunc,
-    Select,
     Stmt,
     Var,
     const,
@@ -70,7 +68,7 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import ScheduleError
 from kiln.tir.schedule import Schedule
 from kiln.tir.te import NotLowerable
-from kiln.tir.visit import iter_exprs, iter_stmts, map_stmt, replace_buffer, substitute
+from kiln.tir.visit import iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["GroupKernel", "KernelBuild", "agrees_with_library", "build_group_kernel",
            "build_kernels", "random_operands", "serial"]
@@ -248,19 +246,22 @@ def _rows(graph: Graph, group: KernelGroup
     n = shape[-1]
     rows = math.prod(shape[:-1])
     prologue = group.nodes[:-1]
+    reads_bytes = any(v.type.dtype is DType.BOOL for node in prologue for v in node.inputs)
+    lanes = fused.BYTE_LANES if reads_bytes else fused.LANES
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRecipe(f"{norm.name}: the group has outputs besides the row input and result")
     if norm.op is Op.SOFTMAX:
-        kernel, extra = fused.softmax_rows(rows, n, name=_name(group)), ()
+        kernel, extra = fused.softmax_rows(rows, n, name=_name(group), lanes=lanes), ()
     else:
         w, b = norm.inputs[1], norm.inputs[2]
         if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
             raise NoRecipe(f"{norm.name}: weight and bias are not f32[{n}]")
         eps = norm.attrs.eps  # type: ignore[attr-defined]
-        kernel, extra = fused.layernorm_rows(rows, n, eps, name=_name(group)), (w, b)
+        kernel = fused.layernorm_rows(rows, n, eps, name=_name(group), lanes=lanes)
+        extra = (w, b)
     base = _renamed(kernel.func)  # row_x, row_w, ...: apart from the prologue's buffer names
     template = f"kiln.codegen.fused.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
-    schedule = (f"# {template}({rows}, {n}): the row schedule\n"
+    schedule = (f"# {template}({rows}, {n}, lanes={lanes}): the row schedule\n"
                 f"{kernel.trace.as_python()}")
     x_buf, out_buf = base.inputs[0], base.outputs[0]
     if not prologue:
@@ -306,11 +307,6 @@ def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, taken: set[str]):  
         raise NoRecipe("the prologue does not store x element by element")
     value, params, values = _inline_scalars(graph, store, lowered.func.inputs, lowered.inputs)
     assert isinstance(value, BufferStore)
-    if any(isinstance(e, Select) and _loads(e.true_value, e.false_value)
-           for e in iter_exprs(value.value)):
-        # the row kernel's 16-lane loops then need masked loads, which gcc 12 does not
-        # vectorize: measured 5x slower than the library's where + softmax at GPT-2 size
-        raise NoRecipe("a select between loads in a row-kernel prologue does not vectorize")
     clash = [p.name for p in params if p.name in taken]
     if clash:
         raise NoRecipe(f"prologue buffer name {clash[0]} clashes with the row kernel's")
@@ -338,10 +334,6 @@ def _renamed(func: PrimFunc) -> PrimFunc:
         params.append(new)
     k = len(func.inputs)
     return PrimFunc(func.name, tuple(params[:k]), tuple(params[k:]), body)
-
-
-def _loads(*exprs: Expr) -> bool:
-    return any(isinstance(e, Load) for x in exprs for e in iter_exprs(x))
 
 
 def _block(func: PrimFunc, name: str) -> Block:
