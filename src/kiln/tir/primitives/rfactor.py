@@ -11,6 +11,9 @@ min, on either side) with the identity of ``op`` as its init, ``rfactor(block, l
 * a **write-back block** (the original name) that folds ``C_rf[s, 0..L)`` into ``C[s]``, in
   fresh loops: one per spatial iter var, then the reduction over ``L``.
 
+``C_rf`` is allocated around the whole body (as lowering allocates temporaries), so later
+compute_at moves keep it in scope; `kiln.tir.compact.compact_buffers` then shrinks it.
+
 rfactor(max, k0_1) after split(k0, [None, 16]) on a row max of f32[4, 37]::
 
     for i0 in range(4):                              alloc max_rf: f32[4, 16] local:
@@ -156,8 +159,10 @@ def rfactor(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc, str]:
 
     top = nest[0]
     factored = replace_node(top, red, rf_block)
-    new = Allocate(rf_buf, SeqStmt((factored, wb)))
-    return func.with_body(replace_node(func.body, top, new)), rf_block.name
+    body = replace_node(func.body, top, SeqStmt((factored, wb)))
+    # allocated around everything, as lowering allocates its temporaries: blocks moved later
+    # (compute_at) stay inside; compaction shrinks it into the innermost loop that uses it
+    return func.with_body(Allocate(rf_buf, body)), rf_block.name
 
 
 def _conjuncts(e: Expr | None) -> list[Expr]:
