@@ -261,3 +261,33 @@ def test_plain_arithmetic_exp_without_libmvec(options: Options, tmp_path) -> Non
     assert ((y.double() - ref).abs() / ulp)[finite].max().item() <= 1.5
     assert torch.isnan(y[-5]) and y[-4] == 0.0 and y[-3] == math.inf and y[-2] == math.inf
     assert y[-1] == 0.0
+
+
+def _select_kernel(shift: int) -> PrimFunc:
+    """y[i] = m[i] ? x[i + shift] * 2 : -inf, guarded where i + shift leaves x when shift."""
+    n = 40
+    x = Buffer("x", (n,), F32)
+    m = Buffer("m", (n,), DType.U8)
+    y = Buffer("y", (n,), F32)
+    i, vi = Var("i"), Var("vi")
+    cond = Compare(CmpOp.NE, m[vi], const(0, DType.U8))
+    if shift:
+        cond = Binary(BinOp.AND, cond, Compare(CmpOp.LT, vi + shift, const(n, DType.I64)))
+    value = Select(cond, x[vi + shift] * 2.0, const(-math.inf, F32))
+    block = Block("f", (IterVar(vi, n),), (i,), BufferStore(y, (vi,), value))
+    return PrimFunc(f"select{shift}", (x, m), (y,), For(i, n, block, ForKind.VECTORIZED))
+
+
+@pytest.mark.parametrize("shift", [0, 3])
+def test_a_select_reads_its_in_bounds_loads_first(options: Options, shift: int) -> None:
+    func = _select_kernel(shift)
+    source = render_c(func)
+    assert ("float hoisted0 = x[" in source) == (shift == 0)  # x[i + 3] may leave x: lazy
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    x = torch.randn(40)
+    m = torch.rand(40) > 0.5
+    y = torch.empty(40)
+    kernel(x, m.to(torch.uint8), y)
+    want = interp.run_torch(func, [x, m.to(torch.uint8)])[0]
+    assert torch.equal(y, want)
