@@ -139,17 +139,37 @@ def test_rfactor_refusals() -> None:
         Schedule(func).rfactor("red", "nope")
 
 
-def test_rfactor_refuses_a_nest_with_other_statements() -> None:
+def _copy_then_sum() -> PrimFunc:
     b = Builder()
     x = b.buffer("x", (4, 8), F32)
     y = b.buffer("y", (4, 8), F32)
     out = b.buffer("out", (4,), F32)
-    b.compute("copy", y, lambda v: x[v[0], v[1]])
+    b.compute("copy", y, lambda v: x[v[0], v[1]] * 2.0)
     b.reduce("red", out, (8,), BinOp.ADD, lambda v, r: y[v[0], r[0]])
-    sch = Schedule(PrimFunc("f", (x,), (y, out), b.body()))
-    with pytest.raises(ScheduleError, match="not under that loop"):
-        sch.rfactor("red", sch.get_loops("copy")[1])
+    return PrimFunc("f", (x,), (y, out), b.body())
+
+
+def test_rfactor_inside_a_loop_that_holds_other_statements() -> None:
+    """After compute_at the row loop holds the producer too: the write-back goes right after
+    the factored nest, inside the row loop, over that row only."""
+    sch = Schedule(_copy_then_sum())
     i0, _ = sch.get_loops("red")
     sch.compute_at("copy", i0)
-    with pytest.raises(ScheduleError, match="hold other statements"):
-        sch.rfactor("red", sch.get_loops("red")[-1])
+    _, k = sch.get_loops("red")
+    _, ki = sch.split(k, [None, 4])
+    sch.rfactor("red", ki)
+    text = print_func(sch.func)
+    assert "for k0_1_wb in range(4):" in text and "block red(vi0_1_wb: spatial[4] = i0_1," in text
+    x = torch.randn(4, 8)
+    y, out = run_torch(sch.func, [x])
+    torch.testing.assert_close(out, (x * 2.0).sum(1))
+
+
+def test_rfactor_refuses_a_reduction_loop_with_other_statements() -> None:
+    sch = Schedule(_copy_then_sum())
+    with pytest.raises(ScheduleError, match="not under that loop"):
+        sch.rfactor("red", sch.get_loops("copy")[1])
+    _, k = sch.get_loops("red")
+    sch.compute_at("copy", k)
+    with pytest.raises(ScheduleError, match="also holds other statements"):
+        sch.rfactor("red", k)

@@ -177,10 +177,21 @@ static inline __attribute__((always_inline)) float kiln_erff(float a) {
 """
 
 _HELPERS = _EXPF + _ERFF + """\
-static inline float kiln_max_f32(float a, float b) { return (a > b || a != a) ? a : b; }
-static inline float kiln_min_f32(float a, float b) { return (a < b || a != a) ? a : b; }
-static inline double kiln_max_f64(double a, double b) { return (a > b || a != a) ? a : b; }
-static inline double kiln_min_f64(double a, double b) { return (a < b || a != a) ? a : b; }
+/* NaN-propagating max/min in two selects, not one with ||: gcc makes the first a vmaxss and
+   the NaN test a predictable branch; (a > b || a != a) ? a : b became a branch per call, and
+   a row's combine of lane maxima mispredicted half of them */
+static inline float kiln_max_f32(float a, float b) {
+  float m = a > b ? a : b; return a != a ? a : m;
+}
+static inline float kiln_min_f32(float a, float b) {
+  float m = a < b ? a : b; return a != a ? a : m;
+}
+static inline double kiln_max_f64(double a, double b) {
+  double m = a > b ? a : b; return a != a ? a : m;
+}
+static inline double kiln_min_f64(double a, double b) {
+  double m = a < b ? a : b; return a != a ? a : m;
+}
 static inline int64_t kiln_floordiv_i64(int64_t a, int64_t b) {
   int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }

@@ -149,12 +149,34 @@ def schedule_rows(func: PrimFunc, lanes: int = LANES) -> RowKernel:
             sch.vectorize(loops[-1])
             vectorized.add(loops[-1].name)
         elif block.is_reduction:
-            sch.decompose_reduction(name, loops[-1])  # the write-back's init out of its loop
+            _tree_combine(sch, name)
         elif len(loops) > 2 and loops[-1].name not in vectorized:
             sch.vectorize(loops[-1])  # a row pass
     sch.vectorize(col)
     sch.parallel(row)
     return RowKernel(compact_buffers(sch.func), sch.trace, func)
+
+
+def _tree_combine(sch: Schedule, name: str) -> None:
+    """Fold the lane partials in halving steps, each one vector operation (rfactor on the
+    upper half), instead of a chain of scalar steps: 16 -> 8 -> 4 -> 2 -> 1.
+
+        for l in range(16): m = max(m, part[l])   ->   for h in vectorized(8):
+                                                          part8[h] = max(part[h], part[8 + h])
+                                                        ... for l in range(2): m = max(m, part2[l])
+    """
+    while True:
+        combine = sch.get_loops(name)[-1]
+        extent = find_block(sch.func, name).loops[-1].extent
+        if extent <= 2 or extent % 2:
+            break
+        _, half = sch.split(combine, [2, None])
+        rf = sch.rfactor(name, half)
+        loops = sch.get_loops(rf)
+        init = sch.decompose_reduction(rf, loops[-2])
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.vectorize(loops[-1])
+    sch.decompose_reduction(name, sch.get_loops(name)[-1])  # the init out of its loop
 
 
 def _fuse_pass_into_partials(sch: Schedule, producer: str, rf: str) -> None:

@@ -101,10 +101,13 @@ def rfactor(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc, str]:
     mixed = [f.var.name for f in reduce_loops if f.var in spatial_vars]
     if mixed:
         raise ScheduleError(f"{verb}: loop {mixed[0]} feeds spatial and reduction iter vars")
-    inner_seq = [s for s in loc.path[loc.path.index(nest[0]):] if not isinstance(s, For)]
-    if inner_seq:
-        raise ScheduleError(f"{verb}: the block's loops hold other statements; factor it "
-                            f"before moving anything into its nest")
+    # the block's own nest: the loops below its innermost non-loop ancestor
+    start = max((k + 1 for k, s in enumerate(loc.path) if not isinstance(s, For)), default=0)
+    chain = [s for s in loc.path[start:] if isinstance(s, For)]
+    outside = [f.var.name for f in reduce_loops if f not in chain]
+    if outside:
+        raise ScheduleError(f"{verb}: reduction loop {outside[0]} also holds other "
+                            f"statements; factor the block before moving others into it")
     taken = taken_names(func)
     dtype = store.buffer.dtype
     identity = identity_of(op, dtype)
@@ -142,22 +145,24 @@ def rfactor(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc, str]:
                      BufferStore(rf_buf, rf_idx, Binary(op, Load(rf_buf, rf_idx), value)),
                      BufferStore(rf_buf, rf_idx, identity), predicate)
 
-    # the write-back block: fresh loops over the spatial iter vars and the factored axis
-    ax = [Var(fresh(taken, f"ax{k}")) for k in range(len(spatial))]
+    # the write-back block: copies of the nest's spatial loops, then the factored axis
+    copied = [f for f in chain if f.var in spatial_vars]
+    ax = {f.var: Var(fresh(taken, f"ax{k}")) for k, f in enumerate(copied)}
     new_sp = {iv.var: Var(fresh(taken, f"{iv.var.name}_wb")) for iv, _ in spatial}
     red_loop = Var(fresh(taken, f"{for_.var.name}_wb"))
     red_iv = IterVar(Var(fresh(taken, f"v{red_loop.name}")), lanes, IterKind.REDUCE)
     idx = tuple(substitute(i, new_sp) for i in store.indices)
+    wb_pred = None if predicate is None else substitute(predicate, ax)
     wb: Stmt = Block(block, tuple(IterVar(new_sp[iv.var], iv.extent) for iv, _ in spatial)
-                     + (red_iv,), (*ax, red_loop),
+                     + (red_iv,), (*(substitute(b, ax) for _, b in spatial), red_loop),
                      BufferStore(store.buffer, idx, Binary(op, Load(store.buffer, idx),
                                                            Load(rf_buf, idx + (red_iv.var,)))),
-                     BufferStore(store.buffer, idx, identity))
+                     BufferStore(store.buffer, idx, identity), wb_pred)
     wb = For(red_loop, lanes, wb)
-    for v, (iv, _) in reversed(list(zip(ax, spatial))):
-        wb = For(v, iv.extent, wb)
+    for f in reversed(copied):
+        wb = For(ax[f.var], f.extent, wb)
 
-    top = nest[0]
+    top = chain[0]
     factored = replace_node(top, red, rf_block)
     body = replace_node(func.body, top, SeqStmt((factored, wb)))
     # allocated around everything, as lowering allocates its temporaries: blocks moved later
