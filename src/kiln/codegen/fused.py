@@ -14,8 +14,9 @@ The row schedule (`schedule_rows`): the output block's row loop runs in parallel
 reduction is split by ``LANES`` and rfactored into a local array of lane partials whose lane
 loop is vectorized (the rf init decomposed out of the loop); the write-back blocks, the
 reductions and every per-row intermediate are computed at the row loop, so a row is read
-from memory once and later passes hit L1; every pass over a row is vectorized. Softmax is
-max, exp (stored in a row of scratch) with its sum, and a scale by 1/sum.
+from memory once and later passes hit L1; every pass over a row is vectorized; the lane
+partials are combined in halving vector steps (rfactor again on each write-back). Softmax
+is max, exp (stored in a row of scratch) summed in the same chunk loop, and a scale by 1/sum.
 
 Softmax over the last axis of, say, f32[12, 128, 128] is ``softmax_rows(12 * 128, 128)`` on
 the same memory. NaN propagates as in torch (max keeps NaN; relu(NaN) is NaN).

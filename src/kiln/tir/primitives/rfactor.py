@@ -8,8 +8,11 @@ min, on either side) with the identity of ``op`` as its init, ``rfactor(block, l
 * an **rf block** ``C_rf`` in the original loops that folds into ``C_rf[s, l]``, a new local
   buffer with one more (last) axis indexed by ``loop``: the loop now feeds a *spatial* iter
   var, so vectorizing it is legal;
-* a **write-back block** (the original name) that folds ``C_rf[s, 0..L)`` into ``C[s]``, in
-  fresh loops: one per spatial iter var, then the reduction over ``L``.
+* a **write-back block** (the original name) that folds ``C_rf[s, 0..L)`` into ``C[s]``,
+  right after the block's own nest (the loops below its innermost non-loop ancestor), in
+  copies of that nest's spatial loops, then the reduction over ``L``. So a block already
+  moved into a row loop (compute_at) is factored per row, and the write-back can itself be
+  factored again (a tree of halving steps).
 
 ``C_rf`` is allocated around the whole body (as lowering allocates temporaries), so later
 compute_at moves keep it in scope; `kiln.tir.compact.compact_buffers` then shrinks it.
