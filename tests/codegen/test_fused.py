@@ -71,3 +71,20 @@ def test_row_kernels_keep_nan_and_infinities(options: Options, kind: str, n: int
     out = torch.empty(6, n)
     kernel(*args, out)
     torch.testing.assert_close(out, reference(*args), equal_nan=True, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+@pytest.mark.parametrize("rows,n", [(3, 0), (2, 1), (3, 63), (2, 64), (2, 130)])
+def test_byte_lane_row_kernels(options: Options, kind: str, rows: int, n: int) -> None:
+    """The 64-lane variant (rows whose prologue reads a bool mask) on awkward sizes."""
+    build, make_args, reference = KINDS[kind]
+    kernel = compile_kernel(build(rows, n, lanes=fused.BYTE_LANES).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    x = torch.randn(rows, n) * 3
+    if n > 2:
+        x[0, 1] = -math.inf
+    args = make_args(x)
+    out = torch.full((rows, n), math.nan)
+    kernel(*args, out)
+    torch.testing.assert_close(out, reference(*args), rtol=1e-5, atol=2e-6)
+
