@@ -128,24 +128,25 @@ def schedule_rows(func: PrimFunc, lanes: int = LANES) -> RowKernel:
     blocks = sch.blocks()
     out = blocks[-1]
     reductions = [name for name in blocks[:-1] if _block(sch, name).is_reduction]
+    partials: set[str] = set()  # the rf blocks
     for name in reductions:  # lane partials
         reduce_loop = sch.get_loops(name)[-1]
         _, lane = sch.split(reduce_loop, [None, lanes])
-        sch.rfactor(name, lane)
+        partials.add(sch.rfactor(name, lane).name)
     row, col = sch.get_loops(out)
     producers = [name for name in sch.blocks() if name != out]
     for name in reversed(producers):  # consumers first, so each producer's readers are inside
         sch.compute_at(name, row)
     for prev, name in zip(producers, producers[1:]):
-        if name.endswith("_rf"):
+        if name in partials:
             _fuse_pass_into_partials(sch, prev, name)
     vectorized: set[str] = set()
     for name in producers:
         block = _block(sch, name)
         loops = sch.get_loops(name)
-        if name.endswith("_rf"):
-            sch.decompose_reduction(name, loops[-2])  # the lane init out of the chunk loop
-            init = sch.get_loops(f"{name}_init")
+        if name in partials:
+            init_block = sch.decompose_reduction(name, loops[-2])  # lane init out of the chunks
+            init = sch.get_loops(init_block)
             sch.vectorize(init[-1])
             sch.vectorize(loops[-1])
             vectorized.add(loops[-1].name)
