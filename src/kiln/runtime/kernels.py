@@ -3,8 +3,10 @@
 Two recipes, chosen by the group's shape:
 
 * **rows** — a group closed by a last-axis softmax or layer norm: the row kernel of
-  `kiln.codegen.fused` (rows in parallel, vectorized passes, lane-wise reductions) whose loads
-  of its input ``x[r, c]`` are replaced by the group's elementwise prologue, inlined::
+  `kiln.codegen.fused` (its compute definition and the row schedule: rows in parallel,
+  vectorized passes, reductions rfactored into lane partials; the kernel's trace is that
+  schedule) whose loads of its input ``x[r, c]`` are replaced by the group's elementwise
+  prologue, inlined (compute_inline on the prologue's own lowering, then substitution)::
 
       x = where(mask, -inf, scores); y = softmax(x)   ->   y[r, :] = softmax(where(...)[r, :])
 
@@ -12,7 +14,7 @@ Two recipes, chosen by the group's shape:
   written to it once, then the row passes read it back from L1.
   A prologue that selects between loads (GPT-2's ``where(mask, scores, -inf)``) vectorizes
   because the C renderer reads the loads that are in bounds either way before the select (a
-  blend, not a branch).
+  blend, not a branch); with a bool mask the row kernel uses `fused.BYTE_LANES` lanes.
 * **loops** — an elementwise-only group: `kiln.tir.lower.lower_chain`, the default schedule of
   `kiln.codegen.heuristics` (intermediates inlined, vectorized, parallel), buffer compaction.
 
@@ -96,7 +98,7 @@ class GroupKernel:
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
     recipe: str  # "rows", "loops" or "gemm"
-    trace: str  # how the schedule was made: a replayable Trace, or the row template used
+    trace: str  # how the schedule was made: the replayable Trace(s), as Python
     # the tensor to pass for a weight input, where not the weight made contiguous (a GEMM
     # reads a transposed weight in place: no copy of GPT-2's 154 MB LM head)
     weights: dict[Value, torch.Tensor] = field(default_factory=dict, compare=False)
