@@ -400,6 +400,8 @@ class CRenderer:
 
     def _block(self, block: Block, scope: _Scope) -> list[str]:
         lines = [f"{{  /* block {block.name} */"]
+        # (rendered before the iter var ranges are known: the predicate is what keeps them)
+        pred = None if block.predicate is None else _strip(self._expr(block.predicate, scope))
         for iv, binding in zip(block.iter_vars, block.bindings):
             scope.ranges[iv.var] = (0, iv.extent - 1)  # (the body runs inside the domain)
             lines.append(f"{INDENT}const int64_t {scope.name(iv.var.name)} = "
@@ -415,9 +417,8 @@ class CRenderer:
             else:
                 inner += init
         inner += self._stmt(block.body, scope)
-        if block.predicate is not None:
-            inner = [f"if ({_strip(self._expr(block.predicate, scope))}) {{",
-                     *[INDENT + x for x in inner], "}"]
+        if pred is not None:
+            inner = [f"if ({pred}) {{", *[INDENT + x for x in inner], "}"]
         lines += [INDENT + x for x in inner]
         lines.append("}")
         return lines
