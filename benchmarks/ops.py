@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -240,7 +241,7 @@ def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
 @dataclass
 class FusedCase:
     name: str
-    kernel: Callable[[], object]  # -> PrimFunc
+    kernel: Callable[[], object]  # -> an object with .func, the PrimFunc to compile
     inputs: list[torch.Tensor]
     unfused: Callable[..., torch.Tensor]
     aten: Callable[..., torch.Tensor] | None
@@ -255,6 +256,13 @@ def fused_cases(quick: bool) -> list[FusedCase]:
         cases.append(FusedCase(
             f"softmax {heads}x{seq}x{seq}", lambda h=heads, s=seq: fused.softmax_rows(h * s, s),
             [x], _softmax_unfused, lambda t: torch.softmax(t, -1), 2 * x.numel() * 4,
+            x.numel()))
+    for heads, seq in ((12, 128),) if quick else ((12, 128), (12, 512)):
+        x = torch.randn(heads, seq, seq)
+        mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq)
+        cases.append(FusedCase(
+            f"masked softmax {heads}x{seq}", lambda h=heads, s=seq: _masked_softmax(h, s),
+            [x, mask], _masked_softmax_unfused, None, (2 * x.numel() + mask.numel()) * 4,
             x.numel()))
     for tokens in (128,) if quick else (128, 512):
         x, w, b = torch.randn(tokens, 768), torch.randn(768), torch.randn(768)
@@ -271,6 +279,36 @@ def fused_cases(quick: bool) -> list[FusedCase]:
             f"add+relu {tokens}x768", lambda t=tokens: fused.add_relu(t, 768),
             [x, y], lambda a, b: torch.relu(a + b), None, 3 * x.numel() * 4, x.numel()))
     return cases
+
+
+def _masked_softmax_unfused(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GPT-2's attention probabilities: scale, causal mask, softmax."""
+    return torch.softmax(torch.where(mask, x * 0.125, -math.inf), -1)
+
+
+def _masked_softmax(heads: int, seq: int) -> object:
+    """The row kernel kiln builds for GPT-2's scale + where + softmax group."""
+    from kiln.ir import parse_graph
+    from kiln.passes.partition import partition
+    from kiln.runtime.kernels import build_group_kernel
+
+    t = f"f32[1, {heads}, {seq}, {seq}]"
+    text = f"""graph(%x: {t}) {{
+  %mask = constant {{name='mask'}} : bool[1, 1, {seq}, {seq}]
+  %neg = constant {{name='neg'}} : f32[]
+  %c = scalar {{value=0.125}} : f64[]
+  %q = mul(%x, %c) : {t}
+  %m = where(%mask, %q, %neg) : {t}
+  %p = softmax(%m) {{dim=3}} : {t}
+  return %p
+}}"""
+    mask = torch.tril(torch.ones(seq, seq, dtype=torch.bool)).view(1, 1, seq, seq)
+    graph = parse_graph(text, {"mask": mask, "neg": torch.tensor(-math.inf)})
+    (group,) = partition(graph)
+    built = build_group_kernel(graph, group, Options.from_env())
+    assert not isinstance(built, str), built
+    assert [v.node.op.name for v in built.inputs] == ["INPUT", "CONSTANT"], built.inputs
+    return built.kernel
 
 
 def _softmax_unfused(x: torch.Tensor) -> torch.Tensor:
@@ -301,7 +339,7 @@ def fused_kernels(options: Options, quick: bool, copy_bw: float, inductor: bool,
                   notes: list[str]) -> list[Row]:
     rows = []
     for case in fused_cases(quick):
-        func = case.kernel()
+        func = case.kernel().func
         kernel = compile_kernel(func, options)
         expected = case.unfused(*case.inputs)
         contenders: dict[str, Fn] = {
@@ -317,7 +355,8 @@ def fused_kernels(options: Options, quick: bool, copy_bw: float, inductor: bool,
                 contenders["inductor"] = compiled
         if not isinstance(kernel, CompilerUnavailable):
             out = torch.empty_like(expected)
-            shaped = [t.reshape(b.shape) for t, b in zip(case.inputs, func.inputs)]
+            shaped = [(t.view(torch.uint8) if t.dtype == torch.bool else t).reshape(b.shape)
+                      for t, b in zip(case.inputs, func.inputs)]  # (kiln reads bools as bytes)
             kernel(*shaped, out.reshape(func.outputs[0].shape))
             torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
             ptrs = [t.data_ptr() for t in shaped] + [out.data_ptr()]

@@ -219,6 +219,19 @@ def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
     assert y[-8] == math.inf and y[-3] == 0.0  # overflow to inf, underflow to 0
 
 
+def test_vector_erf_is_accurate_and_handles_specials(options: Options) -> None:
+    special = torch.tensor([math.nan, math.inf, -math.inf, 0.0, -0.0, 4.0, -4.0, 1e-30])
+    x = torch.cat([torch.linspace(-6.0, 6.0, 200_003), special])
+    kernel = compile_kernel(_unary_kernel(UnOp.ERF, x.numel()), options)
+    assert isinstance(kernel, CompiledKernel)
+    y = torch.empty_like(x)
+    kernel(x, y)
+    err = (y.double() - torch.erf(x.double())).abs()
+    assert err[:-8].max().item() < 4.5e-7  # kiln_erff's rational approximation
+    assert torch.isnan(y[-8]) and y[-7] == 1.0 and y[-6] == -1.0
+    assert y[-5] == 0.0 and math.copysign(1.0, y[-4].item()) == -1.0
+
+
 def test_parallel_loops_with_much_work_schedule_dynamically() -> None:
     assert "schedule(static)" in render_c(_add(4, 8))  # tiny iterations: static
     big = render_c(_add(4, 1 << 14))
@@ -248,3 +261,33 @@ def test_plain_arithmetic_exp_without_libmvec(options: Options, tmp_path) -> Non
     assert ((y.double() - ref).abs() / ulp)[finite].max().item() <= 1.5
     assert torch.isnan(y[-5]) and y[-4] == 0.0 and y[-3] == math.inf and y[-2] == math.inf
     assert y[-1] == 0.0
+
+
+def _select_kernel(shift: int) -> PrimFunc:
+    """y[i] = m[i] ? x[i + shift] * 2 : -inf, guarded where i + shift leaves x when shift."""
+    n = 40
+    x = Buffer("x", (n,), F32)
+    m = Buffer("m", (n,), DType.U8)
+    y = Buffer("y", (n,), F32)
+    i, vi = Var("i"), Var("vi")
+    cond = Compare(CmpOp.NE, m[vi], const(0, DType.U8))
+    if shift:
+        cond = Binary(BinOp.AND, cond, Compare(CmpOp.LT, vi + shift, const(n, DType.I64)))
+    value = Select(cond, x[vi + shift] * 2.0, const(-math.inf, F32))
+    block = Block("f", (IterVar(vi, n),), (i,), BufferStore(y, (vi,), value))
+    return PrimFunc(f"select{shift}", (x, m), (y,), For(i, n, block, ForKind.VECTORIZED))
+
+
+@pytest.mark.parametrize("shift", [0, 3])
+def test_a_select_reads_its_in_bounds_loads_first(options: Options, shift: int) -> None:
+    func = _select_kernel(shift)
+    source = render_c(func)
+    assert ("float hoisted0 = x[" in source) == (shift == 0)  # x[i + 3] may leave x: lazy
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    x = torch.randn(40)
+    m = torch.rand(40) > 0.5
+    y = torch.empty(40)
+    kernel(x, m.to(torch.uint8), y)
+    want = interp.run_torch(func, [x, m.to(torch.uint8)])[0]
+    assert torch.equal(y, want)

@@ -71,7 +71,7 @@ CASES = {
 def test_fused_kernels_match_torch_and_interpreter(options: Options, kind: str, rows: int,
                                                    n: int) -> None:
     build_func, make_args, reference = CASES[kind]
-    func = build_func(rows, n)
+    func = build_func(rows, n).func
     kernel = compile_kernel(func, options)
     assert isinstance(kernel, CompiledKernel)
     torch.manual_seed(rows * 10 + n)
@@ -90,7 +90,7 @@ def test_fused_kernels_propagate_nan(options: Options) -> None:
     x[0, 3] = float("nan")
     for kind in ("softmax", "add_relu"):
         build_func, make_args, reference = CASES[kind]
-        kernel = compile_kernel(build_func(2, 20), options)
+        kernel = compile_kernel(build_func(2, 20).func, options)
         assert isinstance(kernel, CompiledKernel)
         args = make_args(x)
         out = torch.empty(2, 20)

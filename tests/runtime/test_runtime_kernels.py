@@ -124,16 +124,19 @@ def test_generated_kernels_match_the_interpreter(kernel_options: Options, kind: 
         _check(run, graph, support.random_inputs(graph, seed))
 
 
-def test_a_masked_softmax_fuses_its_prologue_only(kernel_options: Options) -> None:
-    # where(mask, -inf, x) before a softmax row kernel needs masked loads in 16-lane loops,
-    # which gcc 12 does not vectorize (5x slower than the library): the scale and mask become
-    # a loops kernel, the softmax stays a library call
-    graph = _graph("scale_mask_softmax", (1, 2, 8, 8))
+@pytest.mark.parametrize("shape", [(1, 2, 8, 8), (1, 2, 16, 16), (2, 3, 37, 37), (1, 4, 1, 1)])
+def test_a_masked_softmax_is_one_row_kernel(kernel_options: Options,
+                                            shape: tuple[int, ...]) -> None:
+    # where(mask, -1e9, x * c) then softmax: the renderer reads x before the select (a blend)
+    graph = _graph("scale_mask_softmax", shape)
     built, run, source = _compiled(graph, kernel_options)
-    assert [[n.name for n in k.group.nodes] for k in built.kernels] == [["q", "m"]]
-    assert [repr(v) for v in built.kernels[0].outputs] == ["%m"]
-    assert source.rindex("= K_softmax") > source.index("KERNEL")
-    _check(run, graph, support.random_inputs(graph, 0))
+    assert [[n.name for n in k.group.nodes] for k in built.kernels] == [["q", "m", "p"]]
+    assert built.kernels[0].recipe == "rows" and "sch.rfactor" in built.kernels[0].trace
+    assert "K_softmax" not in source.split("else:")[0]
+    if shape[-1] % 16 == 0:
+        assert "hoisted" in built.kernels[0].source
+    for seed in range(2):
+        _check(run, graph, support.random_inputs(graph, seed))
 
 
 def test_intermediates_stay_in_registers_and_the_residual_is_written(

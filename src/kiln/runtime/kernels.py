@@ -3,17 +3,18 @@
 Two recipes, chosen by the group's shape:
 
 * **rows** — a group closed by a last-axis softmax or layer norm: the row kernel of
-  `kiln.codegen.fused` (rows in parallel, vectorized passes, lane-wise reductions) whose loads
-  of its input ``x[r, c]`` are replaced by the group's elementwise prologue, inlined::
+  `kiln.codegen.fused` (its compute definition and the row schedule: rows in parallel,
+  vectorized passes, reductions rfactored into lane partials; the kernel's trace is that
+  schedule) whose loads of its input ``x[r, c]`` are replaced by the group's elementwise
+  prologue, inlined (compute_inline on the prologue's own lowering, then substitution)::
 
       x = where(mask, -inf, scores); y = softmax(x)   ->   y[r, :] = softmax(where(...)[r, :])
 
   When ``x`` itself is needed after the group (GPT-2's residual stream) each row is first
   written to it once, then the row passes read it back from L1.
-  A prologue that selects between loads (``where(mask, -inf, scores)``) takes no row kernel:
-  its 16-lane loops would need masked loads, which gcc 12 leaves scalar (5x slower than the
-  library at GPT-2 size). The prologue is then a kernel of its own and the softmax a library
-  call.
+  A prologue that selects between loads (GPT-2's ``where(mask, scores, -inf)``) vectorizes
+  because the C renderer reads the loads that are in bounds either way before the select (a
+  blend, not a branch); with a bool mask the row kernel uses `fused.BYTE_LANES` lanes.
 * **loops** — an elementwise-only group: `kiln.tir.lower.lower_chain`, the default schedule of
   `kiln.codegen.heuristics` (intermediates inlined, vectorized, parallel), buffer compaction.
 
@@ -50,7 +51,6 @@ from kiln.passes.partition import KernelGroup, without_last
 from kiln.tir.compact import compact_buffers
 from kiln.tir.lower import lower_chain
 from kiln.tir.nodes import (
-    Allocate,
     Block,
     Buffer,
     BufferStore,
@@ -62,7 +62,6 @@ from kiln.tir.nodes import (
     IterVar,
     Load,
     PrimFunc,
-    Select,
     Stmt,
     Var,
     const,
@@ -71,7 +70,7 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import ScheduleError
 from kiln.tir.schedule import Schedule
 from kiln.tir.te import NotLowerable
-from kiln.tir.visit import iter_exprs, iter_stmts, map_stmt, replace_buffer, substitute
+from kiln.tir.visit import iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["GroupKernel", "KernelBuild", "agrees_with_library", "build_group_kernel",
            "build_kernels", "random_operands", "serial"]
@@ -99,7 +98,7 @@ class GroupKernel:
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
     recipe: str  # "rows", "loops" or "gemm"
-    trace: str  # how the schedule was made: a replayable Trace, or the row template used
+    trace: str  # how the schedule was made: the replayable Trace(s), as Python
     # the tensor to pass for a weight input, where not the weight made contiguous (a GEMM
     # reads a transposed weight in place: no copy of GPT-2's 154 MB LM head)
     weights: dict[Value, torch.Tensor] = field(default_factory=dict, compare=False)
@@ -249,21 +248,26 @@ def _rows(graph: Graph, group: KernelGroup
     n = shape[-1]
     rows = math.prod(shape[:-1])
     prologue = group.nodes[:-1]
+    reads_bytes = any(v.type.dtype is DType.BOOL for node in prologue for v in node.inputs)
+    lanes = fused.BYTE_LANES if reads_bytes else fused.LANES
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRecipe(f"{norm.name}: the group has outputs besides the row input and result")
     if norm.op is Op.SOFTMAX:
-        base, extra = fused.softmax_rows(rows, n, name=_name(group)), ()
+        kernel, extra = fused.softmax_rows(rows, n, name=_name(group), lanes=lanes), ()
     else:
         w, b = norm.inputs[1], norm.inputs[2]
         if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
             raise NoRecipe(f"{norm.name}: weight and bias are not f32[{n}]")
         eps = norm.attrs.eps  # type: ignore[attr-defined]
-        base, extra = fused.layernorm_rows(rows, n, eps, name=_name(group)), (w, b)
-    base = _renamed(base)  # row_x, row_w, ...: apart from the prologue's buffer names
+        kernel = fused.layernorm_rows(rows, n, eps, name=_name(group), lanes=lanes)
+        extra = (w, b)
+    base = _renamed(kernel.func)  # row_x, row_w, ...: apart from the prologue's buffer names
     template = f"kiln.codegen.fused.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
+    schedule = (f"# {template}({rows}, {n}, lanes={lanes}): the row schedule\n"
+                f"{kernel.trace.as_python()}")
     x_buf, out_buf = base.inputs[0], base.outputs[0]
     if not prologue:
-        return base, f"# {template}({rows}, {n})", (x, *extra), (y,)
+        return base, schedule, (x, *extra), (y,)
     body_of, params, values, trace = _prologue(graph, prologue, x,
                                                taken={b.name for b in base.params})
     outputs: list[Buffer] = []
@@ -273,9 +277,8 @@ def _rows(graph: Graph, group: KernelGroup
         loop = base.body
         assert isinstance(loop, For)
         write = _row_loop(loop.var, rows, n, lambda r, c: BufferStore(x_out, (r, c), body_of(r, c)))
-        body = map_stmt(loop, lambda s: Allocate(s.buffer, seq(write, s.body))
-                        if isinstance(s, Allocate) and s.buffer.name == "stat" else s)
-        body = _replace_loads(body, x_buf, lambda idx: Load(x_out, idx))
+        body = _replace_loads(loop.body, x_buf, lambda idx: Load(x_out, idx))
+        body = For(loop.var, loop.extent, seq(write, body), loop.kind)
         outs: tuple[Value, ...] = (x, y)
     else:
         body = _replace_loads(base.body, x_buf, lambda idx: body_of(*idx))
@@ -283,8 +286,8 @@ def _rows(graph: Graph, group: KernelGroup
     func = PrimFunc(base.name, (*params, *base.inputs[1:]), (*outputs, out_buf), body)
     ins = (*values, *extra)
     ops = ", ".join(n.op.text for n in prologue)
-    text = (f"# {template}({rows}, {n}); its loads of x compute the prologue ({ops}), "
-            f"inlined by:\n{trace.strip() or '# (one op: nothing to inline)'}")
+    text = (f"{schedule}# its loads of x compute the prologue ({ops}), inlined by:\n"
+            f"{trace.strip() or '# (one op: nothing to inline)'}")
     return func, text, ins, outs
 
 
@@ -306,11 +309,6 @@ def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, taken: set[str]):  
         raise NoRecipe("the prologue does not store x element by element")
     value, params, values = _inline_scalars(graph, store, lowered.func.inputs, lowered.inputs)
     assert isinstance(value, BufferStore)
-    if any(isinstance(e, Select) and _loads(e.true_value, e.false_value)
-           for e in iter_exprs(value.value)):
-        # the row kernel's 16-lane loops then need masked loads, which gcc 12 does not
-        # vectorize: measured 5x slower than the library's where + softmax at GPT-2 size
-        raise NoRecipe("a select between loads in a row-kernel prologue does not vectorize")
     clash = [p.name for p in params if p.name in taken]
     if clash:
         raise NoRecipe(f"prologue buffer name {clash[0]} clashes with the row kernel's")
@@ -338,10 +336,6 @@ def _renamed(func: PrimFunc) -> PrimFunc:
         params.append(new)
     k = len(func.inputs)
     return PrimFunc(func.name, tuple(params[:k]), tuple(params[k:]), body)
-
-
-def _loads(*exprs: Expr) -> bool:
-    return any(isinstance(e, Load) for x in exprs for e in iter_exprs(x))
 
 
 def _block(func: PrimFunc, name: str) -> Block:

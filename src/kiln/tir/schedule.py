@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.tir.nodes import Block, ForKind, PrimFunc, Scope
-from kiln.tir.primitives import cache, compute_location, loops
+from kiln.tir.primitives import cache, compute_location, loops, rfactor
 from kiln.tir.primitives.common import ScheduleError, find_block, walk_with_path
 from kiln.tir.printer import print_func
 from kiln.tir.trace import Instruction, Trace, Verb
@@ -167,6 +167,13 @@ class Schedule:
         self._record(Verb.DECOMPOSE_REDUCTION, {"block": _n(block), "loop": _n(loop)}, [name])
         return BlockRV(name)
 
+    def rfactor(self, block: BlockLike, loop: LoopLike) -> BlockRV:
+        """Factor a reduction over ``loop`` into partials (the returned rf block) and a
+        write-back block; see `kiln.tir.primitives.rfactor`."""
+        self.func, name = rfactor.rfactor(self.func, _n(block), _n(loop))
+        self._record(Verb.RFACTOR, {"block": _n(block), "loop": _n(loop)}, [name])
+        return BlockRV(name)
+
     # -- replay --------------------------------------------------------------------------
 
     def replay(self, inst: Instruction) -> None:
@@ -202,6 +209,8 @@ class Schedule:
             out = self.cache_write(a["block"], Scope(a["scope"]))
         elif v is Verb.DECOMPOSE_REDUCTION:
             out = self.decompose_reduction(a["block"], a["loop"])
+        elif v is Verb.RFACTOR:
+            out = self.rfactor(a["block"], a["loop"])
         else:
             raise ScheduleError(f"cannot replay {v}")
         got = [] if out is None else [h.name for h in (out if isinstance(out, list) else [out])]

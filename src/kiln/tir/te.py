@@ -168,9 +168,11 @@ class Builder:
     def buffer(self, base: str, shape: Sequence[int], dtype: DType) -> Buffer:
         return Buffer(self.fresh(base), tuple(shape), dtype)
 
-    def temp(self, base: str, shape: Sequence[int], dtype: DType) -> Buffer:
-        """An intermediate buffer, allocated around the whole function body."""
-        buf = Buffer(self.fresh(base), tuple(shape), dtype, scope=Scope.GLOBAL)
+    def temp(self, base: str, shape: Sequence[int], dtype: DType,
+             scope: Scope = Scope.GLOBAL) -> Buffer:
+        """An intermediate buffer, allocated around the whole function body (LOCAL: one a
+        schedule will shrink to per-thread scratch, e.g. a row of a row kernel)."""
+        buf = Buffer(self.fresh(base), tuple(shape), dtype, scope=scope)
         self.temps.append(buf)
         return buf
 

@@ -37,6 +37,7 @@ class Verb(enum.Enum):
     DECOMPOSE_REDUCTION = "decompose_reduction"
     FISSION = "fission"
     FUSION = "fusion"
+    RFACTOR = "rfactor"
 
 
 # which arguments hold handles, and of what kind ("loop", "loops", "block")
@@ -100,7 +101,7 @@ class Trace:
                     args.append(f"{k}={_py(v)}")
             call = f"sch.{inst.verb.value}({', '.join(args)})"
             if inst.verb in (Verb.GET_BLOCK, Verb.CACHE_READ, Verb.CACHE_WRITE,
-                             Verb.DECOMPOSE_REDUCTION):
+                             Verb.DECOMPOSE_REDUCTION, Verb.RFACTOR):
                 lines.append(f"b_{inst.outputs[0]} = {call}")
             elif inst.outputs:
                 comma = "," if len(inst.outputs) == 1 and inst.verb is Verb.GET_LOOPS else ""

@@ -1,0 +1,90 @@
+"""The row kernels come from compute definitions and a recorded row schedule: the trace
+replays onto the definition; the compiled kernels match torch on awkward sizes and on rows
+holding NaN and infinities."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.codegen import fused
+from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.options import Options
+from kiln.tir.compact import compact_buffers
+from kiln.tir.trace import Trace, Verb
+
+KINDS = {
+    "softmax": (fused.softmax_rows, lambda x: (x,), lambda x: torch.softmax(x, -1)),
+    "layernorm": (fused.layernorm_rows,
+                  lambda x: (x, torch.randn(x.shape[1]), torch.randn(x.shape[1])),
+                  lambda x, w, b: F.layer_norm(x, (x.shape[1],), w, b)),
+    "bias_gelu": (fused.bias_gelu, lambda x: (x, torch.randn(x.shape[1])),
+                  lambda x, b: F.gelu(x + b)),
+    "add_relu": (fused.add_relu, lambda x: (x, torch.randn_like(x)),
+                 lambda x, y: torch.relu(x + y)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_the_trace_rebuilds_the_kernel(kind: str) -> None:
+    build = KINDS[kind][0]
+    kernel = build(5, 40)
+    again = Trace.from_json(kernel.trace.to_json()).apply(kernel.lowered)
+    assert compact_buffers(again.func) == kernel.func
+    verbs = {inst.verb for inst in kernel.trace.instructions}
+    assert {Verb.PARALLEL, Verb.VECTORIZE} <= verbs
+    if kind in ("softmax", "layernorm"):
+        assert {Verb.SPLIT, Verb.RFACTOR, Verb.COMPUTE_AT, Verb.DECOMPOSE_REDUCTION} <= verbs
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("rows,n", [(4, 0), (5, 17), (2, 1), (3, 15), (2, 48), (7, 130)])
+def test_row_kernels_on_awkward_sizes(options: Options, kind: str, rows: int, n: int) -> None:
+    build, make_args, reference = KINDS[kind]
+    kernel = compile_kernel(build(rows, n).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    torch.manual_seed(rows * 100 + n)
+    args = make_args(torch.randn(rows, n) * 3)
+    out = torch.full((rows, n), math.nan)
+    kernel(*args, out)
+    torch.testing.assert_close(out, reference(*args), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("n", [5, 16, 37])
+def test_row_kernels_keep_nan_and_infinities(options: Options, kind: str, n: int) -> None:
+    build, make_args, reference = KINDS[kind]
+    kernel = compile_kernel(build(6, n).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    x = torch.randn(6, n)
+    x[0, n // 2] = math.nan  # a NaN anywhere in the row
+    x[1, n - 1] = math.inf  # +inf: softmax gives NaN where torch does
+    x[2, 0] = -math.inf  # -inf: that element's probability is 0
+    x[3, :] = -math.inf  # a fully masked row: NaN, as torch
+    x[4, :] = math.inf
+    if kind == "bias_gelu":  # torch's vectorized gelu(+inf) is NaN; erf's form gives +inf
+        x[1, n - 1] = x[4, :] = 0.0
+    args = make_args(x)
+    out = torch.empty(6, n)
+    kernel(*args, out)
+    torch.testing.assert_close(out, reference(*args), equal_nan=True, rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "layernorm"])
+@pytest.mark.parametrize("rows,n", [(3, 0), (2, 1), (3, 63), (2, 64), (2, 130)])
+def test_byte_lane_row_kernels(options: Options, kind: str, rows: int, n: int) -> None:
+    """The 64-lane variant (rows whose prologue reads a bool mask) on awkward sizes."""
+    build, make_args, reference = KINDS[kind]
+    kernel = compile_kernel(build(rows, n, lanes=fused.BYTE_LANES).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    x = torch.randn(rows, n) * 3
+    if n > 2:
+        x[0, 1] = -math.inf
+    args = make_args(x)
+    out = torch.full((rows, n), math.nan)
+    kernel(*args, out)  # (a layer norm of a row holding -inf is NaN, as in torch)
+    torch.testing.assert_close(out, reference(*args), rtol=1e-5, atol=2e-6, equal_nan=True)
+
