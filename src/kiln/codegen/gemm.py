@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiln.ir.types import DType
+from kiln.tir.compact import compact_buffers
 from kiln.tir.nodes import (
     Allocate,
     Binary,
@@ -57,8 +58,13 @@ from kiln.tir.nodes import (
     const,
     seq,
 )
+from kiln.tir.primitives.common import find_block
+from kiln.tir.schedule import Schedule
+from kiln.tir.te import Builder
+from kiln.tir.trace import Trace
 
-__all__ = ["GemmConfig", "default_gemm_config", "gemm_func"]
+__all__ = ["GemmConfig", "default_gemm_config", "derived_gemm_func", "gemm_func", "matmul_func",
+           "schedule_gemm"]
 
 F32 = DType.F32
 
@@ -234,3 +240,93 @@ def _fill(c: Buffer, bias: Buffer | None, activation: Callable[[Expr], Expr] | N
         value = activation(value)
     block = Block("C", (vi, vj), (i, j), BufferStore(c, (vi.var, vj.var), value))
     return For(i, c.shape[0], For(j, c.shape[1], block, ForKind.VECTORIZED), ForKind.PARALLEL)
+
+
+# ---------------------------------------------------------------------------------------------
+# The same GEMM derived from the matmul lowering by schedule primitives, recorded in a Trace
+
+
+def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool = False,
+                name: str = "gemm") -> PrimFunc:
+    """``C = A @ B`` (``A @ B.T`` with ``b_transposed``; ``+ bias`` as the init) as the loop
+    lowering of mm/addmm gives it (`kiln.tir.lower_contract`): one reduction block ``C``
+    over loops ``i0, i1, k0``."""
+    b = Builder()
+    a_buf = b.buffer("A", (m, k), F32)
+    b_buf = b.buffer("B", (n, k) if b_transposed else (k, n), F32)
+    bias_buf = b.buffer("bias", (n,), F32) if bias else None
+    c_buf = b.buffer("C", (m, n), F32)
+
+    def product(v: tuple[Var, ...], r: tuple[Var, ...]) -> Expr:
+        rhs = b_buf[v[1], r[0]] if b_transposed else b_buf[r[0], v[1]]
+        return a_buf[v[0], r[0]] * rhs
+
+    finit = None if bias_buf is None else (lambda v: bias_buf[v[1]])
+    b.reduce("C", c_buf, (k,), BinOp.ADD, product, finit)
+    inputs = (a_buf, b_buf) if bias_buf is None else (a_buf, b_buf, bias_buf)
+    return PrimFunc(name, inputs, (c_buf,), b.body())
+
+
+def schedule_gemm(func: PrimFunc, config: GemmConfig, b_transposed: bool = False) -> Schedule:
+    """The BLIS schedule of `matmul_func`'s program, as primitives (see the module
+    docstring for the nest it gives): tiles (jc, pc, ic, jr, ir, p, i, j); C's init in its
+    own nest; the MR x NR tile of C in a local accumulator across p (cache_inplace); A and B
+    packed per ic and per (jc, pc) into panels (cache_read + compute_at + transform_layout)."""
+    sch = Schedule(func)
+    mr, nr, kc, mc, nc = config.mr, config.nr, config.kc, config.mc, config.nc
+    m, n = func.outputs[0].shape
+    if 0 in (m, n) or not find_block(func, "C").stmt.is_reduction:  # type: ignore[union-attr]
+        c = sch.get_block("C")
+        i, j = sch.get_loops(c)
+        if m * n:
+            sch.parallel(i)
+            sch.vectorize(j)
+        return sch
+    c = sch.get_block("C")
+    i, j, k = sch.get_loops(c)
+    ic, ir, ii = sch.split(i, [None, mc // mr, mr])
+    jc, jr, jj = sch.split(j, [None, nc // nr, nr])
+    pc, p = sch.split(k, [None, kc])
+    sch.reorder(jc, pc, ic, jr, ir, p, ii, jj)
+    init = sch.decompose_reduction(c, jc)
+    load, store = sch.cache_inplace(c, "C")
+    sch.reverse_compute_at(store, ir)
+    sch.compute_at(load, ir)
+    a_pack = sch.cache_read(c, "A")
+    sch.compute_at(a_pack, ic)
+    b_pack = sch.cache_read(c, "B", Scope.GLOBAL)
+    sch.compute_at(b_pack, pc)
+    a_local, b_local = f"A_{Scope.LOCAL.value}", f"B_{Scope.GLOBAL.value}"
+    sch.transform_layout(c, a_local, [(0, "//", mr), (1, "", 0), (0, "%", mr)])
+    n_dim = 0 if b_transposed else 1
+    sch.transform_layout(c, b_local, [(n_dim, "//", nr), (1 - n_dim, "", 0),
+                                      (n_dim, "%", nr)])
+    # the micro-kernel: unrolled rows, vector columns; threads share the M blocks
+    sch.unroll(ii)
+    sch.vectorize(jj)
+    sch.parallel(ic)
+    for block in (load, store):
+        rows, cols = sch.get_loops(block)[-2:]
+        sch.unroll(rows)
+        sch.vectorize(cols)
+    # packing B: panel by panel (parallel), NR lanes at a time
+    b_rows, b_cols = sch.get_loops(b_pack)[-2:]
+    n_loop, k_loop = (b_rows, b_cols) if b_transposed else (b_cols, b_rows)
+    panel, lane = sch.split(n_loop, [None, nr])
+    sch.reorder(panel, k_loop, lane) if b_transposed else sch.reorder(panel, k_loop, lane)
+    sch.parallel(panel)
+    sch.vectorize(lane)
+    init_loops = sch.get_loops(init)
+    sch.parallel(init_loops[1])  # ic
+    sch.vectorize(init_loops[-1])
+    return sch
+
+
+def derived_gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
+                      b_transposed: bool = False, bias: bool = False,
+                      name: str = "gemm") -> tuple[PrimFunc, Trace]:
+    """`gemm_func`'s program derived from `matmul_func` by `schedule_gemm`; returns the
+    compacted program and the Trace that replays onto ``matmul_func(...)``."""
+    cfg = config or default_gemm_config(m, n, k)
+    sch = schedule_gemm(matmul_func(m, n, k, b_transposed, bias, name), cfg, b_transposed)
+    return compact_buffers(sch.func), sch.trace
