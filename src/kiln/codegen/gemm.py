@@ -60,6 +60,8 @@ from kiln.tir.nodes import (
 )
 from kiln.tir.primitives.common import find_block
 from kiln.tir.schedule import Schedule
+from kiln.tir.indices import simplify_indices
+from kiln.tir.tails import version_tails
 from kiln.tir.te import Builder
 from kiln.tir.trace import Trace
 
@@ -267,11 +269,14 @@ def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool =
     return PrimFunc(name, inputs, (c_buf,), b.body())
 
 
-def schedule_gemm(func: PrimFunc, config: GemmConfig, b_transposed: bool = False) -> Schedule:
+def schedule_gemm(func: PrimFunc, config: GemmConfig,
+                  b_transposed: bool = False) -> tuple[Schedule, list[str]]:
     """The BLIS schedule of `matmul_func`'s program, as primitives (see the module
     docstring for the nest it gives): tiles (jc, pc, ic, jr, ir, p, i, j); C's init in its
     own nest; the MR x NR tile of C in a local accumulator across p (cache_inplace); A and B
-    packed per ic and per (jc, pc) into panels (cache_read + compute_at + transform_layout)."""
+    packed per ic and per (jc, pc) into panels (cache_read + compute_at + transform_layout).
+    Also returns the loops whose bodies `kiln.tir.tails.version_tails` should version: the
+    register tile (full tiles run without bounds checks) and the K step."""
     sch = Schedule(func)
     mr, nr, kc, mc, nc = config.mr, config.nr, config.kc, config.mc, config.nc
     m, n = func.outputs[0].shape
@@ -281,7 +286,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig, b_transposed: bool = False
         if m * n:
             sch.parallel(i)
             sch.vectorize(j)
-        return sch
+        return sch, []
     c = sch.get_block("C")
     i, j, k = sch.get_loops(c)
     ic, ir, ii = sch.split(i, [None, mc // mr, mr])
@@ -319,7 +324,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig, b_transposed: bool = False
     init_loops = sch.get_loops(init)
     sch.parallel(init_loops[1])  # ic
     sch.vectorize(init_loops[-1])
-    return sch
+    return sch, [jr.name, ir.name, p.name]
 
 
 def derived_gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
@@ -328,5 +333,6 @@ def derived_gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
     """`gemm_func`'s program derived from `matmul_func` by `schedule_gemm`; returns the
     compacted program and the Trace that replays onto ``matmul_func(...)``."""
     cfg = config or default_gemm_config(m, n, k)
-    sch = schedule_gemm(matmul_func(m, n, k, b_transposed, bias, name), cfg, b_transposed)
-    return compact_buffers(sch.func), sch.trace
+    sch, tails = schedule_gemm(matmul_func(m, n, k, b_transposed, bias, name), cfg,
+                               b_transposed)
+    return version_tails(simplify_indices(compact_buffers(sch.func)), tails), sch.trace

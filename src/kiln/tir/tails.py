@@ -1,0 +1,189 @@
+"""Tail versioning (TVM's loop partition, as a lowering step after compaction): the body of a
+loop whose blocks are all guarded by the same bounds checks is duplicated into a fast copy,
+taken where every check holds for all the iterations inside, with the checks dropped, and the
+original as the slow copy for the tail::
+
+    for ir in range(2):                            for ir in range(2):
+      for i, j:                                      if (ic * 2 + ir) * 14 + 13 < 100:
+        block C(...) where (ic*2 + ir)*14 + i < 100  ->  for i, j: block C(...)
+                                                     else:
+                                                       for i, j: block C(...) where ... < 100
+
+A guard is a conjunct ``e < bound`` of a block predicate with ``e`` affine in loop vars; it
+holds for the whole body when it holds with every loop var inside the body at the end of its
+range that makes ``e`` largest. Only guards shared by every block under the loop and changing
+with the loop's own var are used (a row guard is versioned at the row-tile loop, a column
+guard at the column-tile loop), so the condition is one test per iteration of the loop. The program means the same: the fast copy
+runs only where the dropped guards are true.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.tir.nodes import (
+    INDEX,
+    Allocate,
+    Binary,
+    BinOp,
+    Block,
+    CmpOp,
+    Compare,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    Var,
+    const,
+)
+from kiln.tir.visit import iter_stmts, map_stmt
+
+__all__ = ["version_tails"]
+
+Affine = dict[str, int]  # var name -> coefficient; "" -> constant
+
+
+def _affine(e: Expr) -> Affine | None:
+    if isinstance(e, Var):
+        return {e.name: 1}
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return {"": e.value}
+    if not isinstance(e, Binary):
+        return None
+    a, b = _affine(e.a), _affine(e.b)
+    if a is None or b is None:
+        return None
+    if e.op in (BinOp.ADD, BinOp.SUB):
+        sign = 1 if e.op is BinOp.ADD else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return {k: v for k, v in out.items() if v or k == ""}
+    if e.op is BinOp.MUL:
+        if set(a) <= {""}:
+            a, b = b, a
+        if set(b) <= {""}:
+            c = b.get("", 0)
+            return {k: v * c for k, v in a.items() if v * c or k == ""}
+    return None
+
+
+def _conjuncts(e: Expr | None) -> list[Expr]:
+    if e is None:
+        return []
+    if isinstance(e, Binary) and e.op is BinOp.AND:
+        return _conjuncts(e.a) + _conjuncts(e.b)
+    return [e]
+
+
+def _and(conds: Sequence[Expr]) -> Expr | None:
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else Binary(BinOp.AND, out, c)
+    return out
+
+
+Key = tuple[tuple[tuple[str, int], ...], int]
+
+
+def _full_key(guard: Expr, inner: dict[str, int]) -> Key | None:
+    """The guard ``e < bound`` with the inner loop vars at their worst value, as a canonical
+    key ``(sorted outer coefficients, constant)`` of ``sum coef*var + constant < 0``."""
+    if not (isinstance(guard, Compare) and guard.op is CmpOp.LT):
+        return None
+    a, b = _affine(guard.a), _affine(guard.b)
+    if a is None or b is None:
+        return None
+    diff = dict(a)
+    for k, v in b.items():
+        diff[k] = diff.get(k, 0) - v
+    constant = diff.pop("", 0)
+    outer = []
+    for name, coef in diff.items():
+        if name in inner:
+            constant += max(coef, 0) * (inner[name] - 1)
+        elif coef:
+            outer.append((name, coef))
+    return tuple(sorted(outer)), constant
+
+
+def _key_expr(key: Key) -> Expr:
+    terms, constant = key
+    lhs: Expr = const(0, INDEX)
+    for name, coef in terms:
+        term: Expr = Var(name) if coef == 1 else Var(name) * coef
+        lhs = term if lhs == const(0, lhs.dtype) else lhs + term
+    return Compare(CmpOp.LT, lhs, const(-constant, lhs.dtype))
+
+
+def _guards_by_block(body: Stmt) -> dict[str, list[tuple[Expr, Key | None]]]:
+    """Each block's predicate conjuncts with their keys, inner loops being those under body."""
+    found: dict[str, list[tuple[Expr, Key | None]]] = {}
+
+    def walk(s: Stmt, inner: dict[str, int]) -> None:
+        if isinstance(s, For):
+            walk(s.body, {**inner, s.var.name: s.extent})
+        elif isinstance(s, Block):
+            found[s.name] = [(c, _full_key(c, inner)) for c in _conjuncts(s.predicate)]
+        elif isinstance(s, IfThenElse):
+            walk(s.then_body, inner)
+            if s.else_body is not None:
+                walk(s.else_body, inner)
+        else:
+            for child in _children(s):
+                walk(child, inner)
+
+    walk(body, {})
+    return found
+
+
+def _children(s: Stmt) -> list[Stmt]:
+    if isinstance(s, SeqStmt):
+        return list(s.stmts)
+    if isinstance(s, Allocate):
+        return [s.body]
+    return []
+
+
+def _version(loop: For) -> For:
+    guards = _guards_by_block(loop.body)
+    if not guards:
+        return loop
+    common: set[Key] | None = None
+    for conj in guards.values():
+        keys = {k for _, k in conj if k is not None}
+        common = keys if common is None else common & keys
+    # a guard that does not change with this loop is versioned at the loop that does change it
+    common = {k for k in common or () if any(name == loop.var.name for name, _ in k[0])}
+    if not common:
+        return loop
+    dropped: dict[str, set[Expr]] = {name: {c for c, k in conj if k in common}
+                                     for name, conj in guards.items()}
+
+    def drop(s: Stmt) -> Stmt:
+        if isinstance(s, Block) and dropped.get(s.name):
+            kept = [c for c in _conjuncts(s.predicate) if c not in dropped[s.name]]
+            return Block(s.name, s.iter_vars, s.bindings, s.body, s.init, _and(kept))
+        return s
+
+    cond = _and([_key_expr(k) for k in sorted(common)])
+    assert cond is not None
+    fast = map_stmt(loop.body, drop)
+    return For(loop.var, loop.extent, IfThenElse(cond, fast, loop.body), loop.kind)
+
+
+def version_tails(func: PrimFunc, loops: Sequence[str]) -> PrimFunc:
+    """Version the body of every loop named in ``loops`` (in order; a loop copied by an
+    earlier versioning is versioned in each copy) on its common bounds guards."""
+    body = func.body
+    for name in loops:
+        body = map_stmt(body, lambda s, n=name: _version(s)
+                        if isinstance(s, For) and s.var.name == n else s)
+    return func.with_body(body)
+
+
+def loop_names(func: PrimFunc) -> list[str]:
+    return [s.var.name for s in iter_stmts(func.body) if isinstance(s, For)]
