@@ -61,7 +61,7 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import find_block
 from kiln.tir.schedule import Schedule
 from kiln.tir.indices import simplify_indices
-from kiln.tir.tails import version_tails
+from kiln.tir.tails import drop_dead_guards, version_tails
 from kiln.tir.te import Builder
 from kiln.tir.trace import Trace
 
@@ -335,4 +335,12 @@ def derived_gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
     cfg = config or default_gemm_config(m, n, k)
     sch, tails = schedule_gemm(matmul_func(m, n, k, b_transposed, bias, name), cfg,
                                b_transposed)
-    return version_tails(simplify_indices(compact_buffers(sch.func)), tails), sch.trace
+    return lower_gemm(sch.func, tails), sch.trace
+
+
+def lower_gemm(func: PrimFunc, tails: list[str]) -> PrimFunc:
+    """The lowering steps after the schedule: compaction (packed panels, register tile),
+    indices in loop vars, register tiles padded (their bounds checks dropped where only
+    unused values depend on them), the K tail's check hoisted out of the micro-kernel."""
+    func = simplify_indices(compact_buffers(func))
+    return version_tails(drop_dead_guards(func), tails)

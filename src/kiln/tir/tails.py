@@ -27,21 +27,34 @@ from kiln.tir.nodes import (
     Binary,
     BinOp,
     Block,
+    Buffer,
     CmpOp,
     Compare,
     Const,
     Expr,
     For,
     IfThenElse,
+    IterKind,
+    IterVar,
     PrimFunc,
     SeqStmt,
     Stmt,
     Var,
     const,
 )
-from kiln.tir.visit import iter_stmts, map_stmt
+from kiln.tir.arith import bounds
+from kiln.tir.primitives.common import loop_vars_of_kind, walk_with_path
+from kiln.tir.visit import (
+    iter_stmts,
+    loads_of,
+    map_stmt,
+    replace_node,
+    stores_of,
+    substitute,
+    vars_of,
+)
 
-__all__ = ["version_tails"]
+__all__ = ["drop_dead_guards", "version_tails"]
 
 Affine = dict[str, int]  # var name -> coefficient; "" -> constant
 
@@ -172,7 +185,11 @@ def _version(loop: For) -> For:
     cond = _and([_key_expr(k) for k in sorted(common)])
     assert cond is not None
     fast = map_stmt(loop.body, drop)
-    return For(loop.var, loop.extent, IfThenElse(cond, fast, loop.body), loop.kind)
+    # guards that do not change inside the body are false for all of it or for none of it
+    exact = all(_full_key(c, {}) == k for conj in guards.values() for c, k in conj
+                if k in common)
+    slow = None if exact else loop.body
+    return For(loop.var, loop.extent, IfThenElse(cond, fast, slow), loop.kind)
 
 
 def version_tails(func: PrimFunc, loops: Sequence[str]) -> PrimFunc:
@@ -187,3 +204,93 @@ def version_tails(func: PrimFunc, loops: Sequence[str]) -> PrimFunc:
 
 def loop_names(func: PrimFunc) -> list[str]:
     return [s.var.name for s in iter_stmts(func.body) if isinstance(s, For)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Padded register tiles
+
+
+def drop_dead_guards(func: PrimFunc) -> PrimFunc:
+    """Let a block that only touches allocated buffers run over its whole tile: a bounds guard
+    on an output position of the block is dropped when every other block that reads that
+    position is guarded by the same test (so the values computed there are never used) and
+    every access stays inside its (compacted) buffer. This is the zero-cost padding of a
+    register tile::
+
+        for i in unrolled(14):                      for i in unrolled(14):
+          for j in vectorized(32):                    for j in vectorized(32):
+            block C(vi0 = r*14 + i, ...)       ->       block C(vi0 = r*14 + i, ...):
+                where r*14 + i < 100:                     acc[i, j] = acc[i, j] + ...
+              acc[i, j] = acc[i, j] + ...
+        ... C[...] = acc[i2, j2] where r*14 + i2 < 100   (unchanged)
+
+    Guards on reduction positions are never dropped (the extra terms would reach used
+    values), nor guards of a block that reads or writes a function parameter. The block's
+    iter var domains widen to the padded ranges, so the reference interpreter still checks
+    every binding and access."""
+    params = set(func.params)
+    blocks = [loc for loc in walk_with_path(func.body) if isinstance(loc.stmt, Block)]
+    body = func.body
+    for loc in blocks:
+        block = loc.stmt
+        assert isinstance(block, Block)
+        new = _unguarded(block, loc.loops, [b.stmt for b in blocks], params)
+        if new is not block:
+            body = replace_node(body, block, new)
+    return func.with_body(body)
+
+
+def _unguarded(block: Block, loops: list[For], others: list[Stmt],
+               params: set[Buffer]) -> Block:
+    conj = _conjuncts(block.predicate)
+    if not conj or block.init is not None:
+        return block
+    stores = stores_of(block.body)
+    loads = loads_of(block.body)
+    if len(stores) != 1 or any(x.buffer in params for x in [*stores, *loads]):
+        return block
+    out = stores[0]
+    if not all(isinstance(i, Var) for i in out.indices):
+        return block
+    if any(ld.buffer == out.buffer and ld.indices != out.indices for ld in loads):
+        return block
+    reduce_vars = {v.name for v in loop_vars_of_kind(block, IterKind.REDUCE)}
+    position = {v.name for v in out.indices}  # type: ignore[union-attr]
+    readers = [b for b in others if isinstance(b, Block) and b is not block
+               and any(ld.buffer == out.buffer for ld in loads_of(b.body))]
+    dead = []
+    for g in conj:
+        names = {v.name for v in vars_of(g)}
+        if not names & position or names & reduce_vars:
+            continue
+        if all(_guarded_alike(g, out.indices, r, out.buffer) for r in readers):
+            dead.append(g)
+    if not dead:
+        return block
+    ranges = {f.var: (0, max(f.extent - 1, 0)) for f in loops}
+    for access in [*stores, *loads]:
+        for idx, extent in zip(access.indices, access.buffer.shape):
+            box = bounds(idx, ranges)
+            if box is None or box[0] < 0 or box[1] >= extent:
+                return block
+    ivs = []
+    for iv, b in zip(block.iter_vars, block.bindings):
+        box = bounds(b, ranges)
+        if box is None:
+            return block
+        ivs.append(IterVar(iv.var, max(iv.extent, box[1] + 1), iv.kind))
+    kept = [c for c in conj if c not in dead]
+    return Block(block.name, tuple(ivs), block.bindings, block.body, None, _and(kept))
+
+
+def _guarded_alike(guard: Expr, position: tuple[Expr, ...], reader: Block,
+                   buffer: Buffer) -> bool:
+    """Does every read of ``buffer`` in ``reader`` happen under ``guard`` (renamed from the
+    writer's position vars to the reader's indices)?"""
+    reads = [ld for ld in loads_of(reader.body) if ld.buffer == buffer]
+    conj = _conjuncts(reader.predicate)
+    for ld in reads:
+        renamed = substitute(guard, dict(zip(position, ld.indices)))  # type: ignore[arg-type]
+        if renamed not in conj:
+            return False
+    return True
