@@ -151,13 +151,16 @@ class Schedule:
 
     # -- caches and reductions -----------------------------------------------------------
 
-    def cache_read(self, block: BlockLike, buffer: str, scope: Scope = Scope.LOCAL) -> BlockRV:
+    def cache_read(self, block: BlockLike, buffer: str,
+                   scope: Scope | str = Scope.LOCAL) -> BlockRV:
+        scope = Scope(scope)  # also the trace's Python form: scope='local'
         self.func, name = cache.cache_read(self.func, _n(block), buffer, scope)
         self._record(Verb.CACHE_READ, {"block": _n(block), "buffer": buffer,
                                        "scope": scope.value}, [name])
         return BlockRV(name)
 
-    def cache_write(self, block: BlockLike, scope: Scope = Scope.LOCAL) -> BlockRV:
+    def cache_write(self, block: BlockLike, scope: Scope | str = Scope.LOCAL) -> BlockRV:
+        scope = Scope(scope)  # also the trace's Python form: scope='local'
         self.func, name = cache.cache_write(self.func, _n(block), scope)
         self._record(Verb.CACHE_WRITE, {"block": _n(block), "scope": scope.value}, [name])
         return BlockRV(name)
@@ -168,9 +171,10 @@ class Schedule:
         return BlockRV(name)
 
     def cache_inplace(self, block: BlockLike, buffer: str,
-                      scope: Scope = Scope.LOCAL) -> list[BlockRV]:
+                      scope: Scope | str = Scope.LOCAL) -> list[BlockRV]:
         """The load and write-back blocks of a local copy of ``buffer`` that ``block``
         updates in place (see `kiln.tir.primitives.cache.cache_inplace`)."""
+        scope = Scope(scope)  # also the trace's Python form: scope='local'
         self.func, names = cache.cache_inplace(self.func, _n(block), buffer, scope)
         self._record(Verb.CACHE_INPLACE, {"block": _n(block), "buffer": buffer,
                                           "scope": scope.value}, names)

@@ -1,7 +1,9 @@
-"""Tail versioning (TVM's loop partition, as a lowering step after compaction): the body of a
-loop whose blocks are all guarded by the same bounds checks is duplicated into a fast copy,
-taken where every check holds for all the iterations inside, with the checks dropped, and the
-original as the slow copy for the tail::
+"""Bounds checks of tiled programs, lowering steps after compaction (TVM's loop partition and
+padding, done where they are provably the same program).
+
+`version_tails` duplicates the body of a loop whose blocks are all guarded by the same bounds
+check into a fast copy without it, taken where the check holds for every iteration inside, and
+the original as the slow copy for the tail::
 
     for ir in range(2):                            for ir in range(2):
       for i, j:                                      if (ic * 2 + ir) * 14 + 13 < 100:
@@ -13,14 +15,18 @@ A guard is a conjunct ``e < bound`` of a block predicate with ``e`` affine in lo
 holds for the whole body when it holds with every loop var inside the body at the end of its
 range that makes ``e`` largest. Only guards shared by every block under the loop and changing
 with the loop's own var are used (a row guard is versioned at the row-tile loop, a column
-guard at the column-tile loop), so the condition is one test per iteration of the loop. The program means the same: the fast copy
-runs only where the dropped guards are true.
+guard at the column-tile loop), so the condition is one test per iteration of the loop. A
+guard with no var inside the body is false for all of it at once: no slow copy then (a K
+tail's check becomes one test per K step).
+
+`drop_dead_guards` lets a register tile compute over its padding (see its docstring).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kiln.tir.arith import bounds
 from kiln.tir.nodes import (
     INDEX,
     Allocate,
@@ -42,7 +48,6 @@ from kiln.tir.nodes import (
     Var,
     const,
 )
-from kiln.tir.arith import bounds
 from kiln.tir.primitives.common import loop_vars_of_kind, walk_with_path
 from kiln.tir.visit import (
     iter_stmts,
