@@ -278,12 +278,14 @@ def _unguarded(block: Block, loops: list[For], others: list[Stmt],
             box = bounds(idx, ranges)
             if box is None or box[0] < 0 or box[1] >= extent:
                 return block
+    freed = set().union(*(vars_of(g) for g in dead))
     ivs = []
     for iv, b in zip(block.iter_vars, block.bindings):
         box = bounds(b, ranges)
         if box is None:
             return block
-        ivs.append(IterVar(iv.var, max(iv.extent, box[1] + 1), iv.kind))
+        wide = max(iv.extent, box[1] + 1) if vars_of(b) & freed else iv.extent
+        ivs.append(IterVar(iv.var, wide, iv.kind))
     kept = [c for c in conj if c not in dead]
     return Block(block.name, tuple(ivs), block.bindings, block.body, None, _and(kept))
 
