@@ -1,9 +1,9 @@
 """Bounds checks of tiled programs, lowering steps after compaction (TVM's loop partition and
 padding, done where they are provably the same program).
 
-`version_tails` duplicates the body of a loop whose blocks are all guarded by the same bounds
-check into a fast copy without it, taken where the check holds for every iteration inside, and
-the original as the slow copy for the tail::
+`version_tails` duplicates the body of a loop whose blocks are guarded by bounds checks into a
+fast copy without them, taken where the checks hold for every iteration inside, and the
+original as the slow copy for the tail::
 
     for ir in range(2):                            for ir in range(2):
       for i, j:                                      if (ic * 2 + ir) * 14 + 13 < 100:
@@ -13,10 +13,10 @@ the original as the slow copy for the tail::
 
 A guard is a conjunct ``e < bound`` of a block predicate with ``e`` affine in loop vars; it
 holds for the whole body when it holds with every loop var inside the body at the end of its
-range that makes ``e`` largest. Only guards shared by every block under the loop and changing
-with the loop's own var are used (a row guard is versioned at the row-tile loop, a column
-guard at the column-tile loop), so the condition is one test per iteration of the loop. A
-guard with no var inside the body is false for all of it at once: no slow copy then (a K
+range that makes ``e`` largest. Only guards that change with the loop's own var are used (a
+row guard is versioned at the row-tile loop, a column guard at the column-tile loop), so the
+condition is one test per iteration of the loop. A guard with no var inside the body is false
+for all of it at once: when every block under the loop has one, there is no slow copy (a K
 tail's check becomes one test per K step).
 
 `drop_dead_guards` lets a register tile compute over its padding (see its docstring).
@@ -168,17 +168,12 @@ def _children(s: Stmt) -> list[Stmt]:
 
 def _version(loop: For) -> For:
     guards = _guards_by_block(loop.body)
-    if not guards:
+    # guards that change with this loop (others are versioned at the loop that changes them)
+    chosen = {k for conj in guards.values() for _, k in conj
+              if k is not None and any(name == loop.var.name for name, _ in k[0])}
+    if not chosen:
         return loop
-    common: set[Key] | None = None
-    for conj in guards.values():
-        keys = {k for _, k in conj if k is not None}
-        common = keys if common is None else common & keys
-    # a guard that does not change with this loop is versioned at the loop that does change it
-    common = {k for k in common or () if any(name == loop.var.name for name, _ in k[0])}
-    if not common:
-        return loop
-    dropped: dict[str, set[Expr]] = {name: {c for c, k in conj if k in common}
+    dropped: dict[str, set[Expr]] = {name: {c for c, k in conj if k in chosen}
                                      for name, conj in guards.items()}
 
     def drop(s: Stmt) -> Stmt:
@@ -187,19 +182,21 @@ def _version(loop: For) -> For:
             return Block(s.name, s.iter_vars, s.bindings, s.body, s.init, _and(kept))
         return s
 
-    cond = _and([_key_expr(k) for k in sorted(common)])
+    cond = _and([_key_expr(k) for k in sorted(chosen)])
     assert cond is not None
     fast = map_stmt(loop.body, drop)
-    # guards that do not change inside the body are false for all of it or for none of it
+    # guards that do not change inside the body are false for all of it or for none of it:
+    # where every block has such a guard, the slow copy would do nothing
     exact = all(_full_key(c, {}) == k for conj in guards.values() for c, k in conj
-                if k in common)
-    slow = None if exact else loop.body
+                if k in chosen)
+    covered = all(dropped[name] for name in guards)
+    slow = None if exact and covered else loop.body
     return For(loop.var, loop.extent, IfThenElse(cond, fast, slow), loop.kind)
 
 
 def version_tails(func: PrimFunc, loops: Sequence[str]) -> PrimFunc:
     """Version the body of every loop named in ``loops`` (in order; a loop copied by an
-    earlier versioning is versioned in each copy) on its common bounds guards."""
+    earlier versioning is versioned in each copy) on the bounds guards that change with it."""
     body = func.body
     for name in loops:
         body = map_stmt(body, lambda s, n=name: _version(s)
