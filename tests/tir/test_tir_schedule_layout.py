@@ -215,6 +215,18 @@ def test_version_tails_fast_and_slow_copies() -> None:
     assert version_tails(func, ["no_such_loop"]) == func
 
 
+def test_version_tails_skips_empty_tails_then_pads_them() -> None:
+    graph, low, func = _tiled_mm(6, 5, 3)
+    versioned = version_tails(func, ["k0_0"])
+    text = print_func(versioned)
+    assert "else:\n            if k0_0 * 2 < 3:" in text  # a K block past the end: nothing
+    lowered = drop_dead_guards(versioned)  # each copy's register tile padded on its own
+    text = print_func(lowered)
+    assert "reduce[3] = k0_0 * 2 + k0_1):" in text  # full K blocks: no guard left
+    assert "reduce[3] = k0_0 * 2 + k0_1) where k0_0 * 2 + k0_1 < 3:" in text  # the tail
+    check_lowered(graph, low, lowered)
+
+
 def test_simplify_indices_divides_sums() -> None:
     graph, low = C.mm(8, 12, 5)
     sch = Schedule(low.func)

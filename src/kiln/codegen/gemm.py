@@ -206,7 +206,8 @@ def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
 
 def lower_gemm(func: PrimFunc, tails: list[str]) -> PrimFunc:
     """The lowering steps after the schedule: compaction (packed panels, register tile),
-    indices in loop vars, register tiles padded (their bounds checks dropped where only
-    unused values depend on them), the K tail's check hoisted out of the micro-kernel."""
-    func = simplify_indices(compact_buffers(func))
-    return version_tails(drop_dead_guards(func), tails)
+    indices in loop vars, full tiles versioned without bounds checks (tiles wholly in the
+    padding skipped, the K tail's check one test per K step), then the tail tiles' micro-kernel
+    padded (its checks dropped where only unused values depend on them)."""
+    func = version_tails(simplify_indices(compact_buffers(func)), tails)
+    return drop_dead_guards(func)

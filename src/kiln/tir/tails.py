@@ -48,12 +48,11 @@ from kiln.tir.nodes import (
     Var,
     const,
 )
-from kiln.tir.primitives.common import loop_vars_of_kind, walk_with_path
+from kiln.tir.primitives.common import loop_vars_of_kind
 from kiln.tir.visit import (
     iter_stmts,
     loads_of,
     map_stmt,
-    replace_node,
     stores_of,
     substitute,
     vars_of,
@@ -107,9 +106,10 @@ def _and(conds: Sequence[Expr]) -> Expr | None:
 Key = tuple[tuple[tuple[str, int], ...], int]
 
 
-def _full_key(guard: Expr, inner: dict[str, int]) -> Key | None:
-    """The guard ``e < bound`` with the inner loop vars at their worst value, as a canonical
-    key ``(sorted outer coefficients, constant)`` of ``sum coef*var + constant < 0``."""
+def _full_key(guard: Expr, inner: dict[str, int], best: bool = False) -> Key | None:
+    """The guard ``e < bound`` with the inner loop vars at their worst value (``best``: at
+    their best), as a canonical key ``(sorted outer coefficients, constant)`` of
+    ``sum coef*var + constant < 0``."""
     if not (isinstance(guard, Compare) and guard.op is CmpOp.LT):
         return None
     a, b = _affine(guard.a), _affine(guard.b)
@@ -122,7 +122,7 @@ def _full_key(guard: Expr, inner: dict[str, int]) -> Key | None:
     outer = []
     for name, coef in diff.items():
         if name in inner:
-            constant += max(coef, 0) * (inner[name] - 1)
+            constant += (min(coef, 0) if best else max(coef, 0)) * (inner[name] - 1)
         elif coef:
             outer.append((name, coef))
     return tuple(sorted(outer)), constant
@@ -137,15 +137,22 @@ def _key_expr(key: Key) -> Expr:
     return Compare(CmpOp.LT, lhs, const(-constant, lhs.dtype))
 
 
-def _guards_by_block(body: Stmt) -> dict[str, list[tuple[Expr, Key | None]]]:
-    """Each block's predicate conjuncts with their keys, inner loops being those under body."""
-    found: dict[str, list[tuple[Expr, Key | None]]] = {}
+Guards = dict[str, list[tuple[Expr, Key | None]]]
+
+
+def _guards_by_block(body: Stmt) -> tuple[Guards, dict[str, dict[Key | None, Key | None]]]:
+    """Each block's predicate conjuncts with their keys, inner loops being those under body;
+    and per block, each key's best case (the guard holding for some iteration inside)."""
+    found: Guards = {}
+    someone: dict[str, dict[Key | None, Key | None]] = {}
 
     def walk(s: Stmt, inner: dict[str, int]) -> None:
         if isinstance(s, For):
             walk(s.body, {**inner, s.var.name: s.extent})
         elif isinstance(s, Block):
             found[s.name] = [(c, _full_key(c, inner)) for c in _conjuncts(s.predicate)]
+            someone[s.name] = {_full_key(c, inner): _full_key(c, inner, best=True)
+                               for c in _conjuncts(s.predicate)}
         elif isinstance(s, IfThenElse):
             walk(s.then_body, inner)
             if s.else_body is not None:
@@ -155,7 +162,7 @@ def _guards_by_block(body: Stmt) -> dict[str, list[tuple[Expr, Key | None]]]:
                 walk(child, inner)
 
     walk(body, {})
-    return found
+    return found, someone
 
 
 def _children(s: Stmt) -> list[Stmt]:
@@ -167,7 +174,7 @@ def _children(s: Stmt) -> list[Stmt]:
 
 
 def _version(loop: For) -> For:
-    guards = _guards_by_block(loop.body)
+    guards, someone = _guards_by_block(loop.body)
     # guards that change with this loop (others are versioned at the loop that changes them)
     chosen = {k for conj in guards.values() for _, k in conj
               if k is not None and any(name == loop.var.name for name, _ in k[0])}
@@ -190,7 +197,16 @@ def _version(loop: For) -> For:
     exact = all(_full_key(c, {}) == k for conj in guards.values() for c, k in conj
                 if k in chosen)
     covered = all(dropped[name] for name in guards)
-    slow = None if exact and covered else loop.body
+    slow: Stmt | None = None if exact and covered else loop.body
+    # a tail iteration where a guard every block has is false throughout does nothing
+    everywhere = [k for k in sorted(chosen) if all(k in keys for keys in someone.values())]
+    some = set()
+    for k in everywhere:
+        bests = {keys[k] for keys in someone.values()}
+        if len(bests) == 1 and None not in bests:
+            some |= bests
+    if slow is not None and some:
+        slow = IfThenElse(_and([_key_expr(k) for k in sorted(some)]), slow)  # type: ignore
     return For(loop.var, loop.extent, IfThenElse(cond, fast, slow), loop.kind)
 
 
@@ -231,15 +247,29 @@ def drop_dead_guards(func: PrimFunc) -> PrimFunc:
     iter var domains widen to the padded ranges, so the reference interpreter still checks
     every binding and access."""
     params = set(func.params)
-    blocks = [loc for loc in walk_with_path(func.body) if isinstance(loc.stmt, Block)]
-    body = func.body
-    for loc in blocks:
-        block = loc.stmt
-        assert isinstance(block, Block)
-        new = _unguarded(block, loc.loops, [b.stmt for b in blocks], params)
-        if new is not block:
-            body = replace_node(body, block, new)
-    return func.with_body(body)
+
+    def walk(s: Stmt, loops: list[For], allocs: list[Allocate]) -> Stmt:
+        if isinstance(s, For):
+            return For(s.var, s.extent, walk(s.body, [*loops, s], allocs), s.kind)
+        if isinstance(s, Allocate):
+            return Allocate(s.buffer, walk(s.body, loops, [*allocs, s]))
+        if isinstance(s, SeqStmt):
+            return SeqStmt(tuple(walk(x, loops, allocs) for x in s.stmts))
+        if isinstance(s, IfThenElse):
+            return IfThenElse(s.cond, walk(s.then_body, loops, allocs),
+                              None if s.else_body is None else
+                              walk(s.else_body, loops, allocs))
+        if isinstance(s, Block):
+            stores = stores_of(s.body)
+            # the blocks that see the same allocation (a versioned copy has its own)
+            scope = next((a for a in reversed(allocs) if stores
+                          and a.buffer == stores[0].buffer), None)
+            if scope is not None:
+                others = [b for b in iter_stmts(scope) if isinstance(b, Block)]
+                return _unguarded(s, loops, others, params)
+        return s
+
+    return func.with_body(walk(func.body, [], []))
 
 
 def _unguarded(block: Block, loops: list[For], others: list[Stmt],
