@@ -135,8 +135,9 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     docstring for the nest it gives): tiles (jc, pc, ic, jr, ir, p, i, j); C's init in its
     own nest; the MR x NR tile of C in a local accumulator across p (cache_inplace); A and B
     packed per ic and per (jc, pc) into panels (cache_read + compute_at + transform_layout).
-    Also returns the loops whose bodies `kiln.tir.tails.version_tails` should version: the
-    register tile (full tiles run without bounds checks) and the K step."""
+    Also returns the loops whose bodies `kiln.tir.tails.version_tails` should version: the K
+    block, the register tile's column and row loops (full blocks and tiles run without
+    bounds checks) and the K step."""
     sch = Schedule(func)
     mr, nr, kc, mc, nc = config.mr, config.nr, config.kc, config.mc, config.nc
     m, n = func.outputs[0].shape
@@ -184,7 +185,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     init_loops = sch.get_loops(init)
     sch.parallel(init_loops[1])  # ic
     sch.vectorize(init_loops[-1])
-    return sch, [jr.name, ir.name, p.name]
+    return sch, [pc.name, jr.name, ir.name, p.name]
 
 
 def gemm_kernel(m: int, n: int, k: int, config: GemmConfig | None = None,
@@ -206,8 +207,8 @@ def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
 
 def lower_gemm(func: PrimFunc, tails: list[str]) -> PrimFunc:
     """The lowering steps after the schedule: compaction (packed panels, register tile),
-    indices in loop vars, full tiles versioned without bounds checks (tiles wholly in the
-    padding skipped, the K tail's check one test per K step), then the tail tiles' micro-kernel
+    indices in loop vars, full K blocks and tiles versioned without bounds checks (tiles wholly in
+    the padding skipped, the K tail's check one test per K step), then the tail tiles' micro-kernel
     padded (its checks dropped where only unused values depend on them)."""
     func = version_tails(simplify_indices(compact_buffers(func)), tails)
     return drop_dead_guards(func)
