@@ -20,18 +20,22 @@ tile sizes), then the lowering steps of `lower_gemm`. The program it gives::
                 C_local[i, j] += A_local[ir, p, i] * B_global[jr, p, j]
               unrolled i / vectorized j:  C[...] = C_local[i, j]
 
-Tails: the splits guard every block with bounds checks; the micro-kernel's are dropped by
-`kiln.tir.tails.drop_dead_guards` (the register tile and the packed panels are allocated in
-full, and the values computed in the padding are never stored), a K tail's check is hoisted
-to one test per K step (`kiln.tir.tails.version_tails`), and the load and write-back of the
-tile keep theirs; so any M, N, K (also 0 and 1) works. The tile sizes come from
-``default_gemm_config``: MR×NR = 14×32 for AVX-512 fp32 (28 zmm accumulators), a small MC
-(one or two MR tiles of A) swept over all of a KC×NC packed B block (1 MiB, about the L2 of
-a Zen 4 core), the M tiles balanced over the threads. Measured on Zen 4 with 2 threads:
-MC=14..28 ≈ 180-200 GFLOP/s at 1024³ where MC=112 gave 135; at 2048³ KC=256 gave 100-120
-(C is re-read and re-written K/KC times) where KC=512 gives 185-200. The derived program runs
-at the speed of the hand-built nest it replaced (within 1% at 256..1024³, see
-benchmarks/ops.py).
+Tails: the splits guard every block with bounds checks. `kiln.tir.tails.version_tails` runs
+full K blocks and full tiles without them (tiles wholly past the end are skipped; in the last
+K block the K check is one test per K step), and `kiln.tir.tails.drop_dead_guards` lets the
+tail tiles' micro-kernel run over the whole register tile (the tile and the packed panels are
+allocated in full, and the values computed in the padding are never stored); only the load
+and write-back of a tail tile keep their checks. So any M, N, K (also 0 and 1) works.
+Compared with the hand-built nest this replaced, C's init is a separate pass and each tile
+loads C before accumulating (the hand-built zeroed its accumulator and stored C + acc), which
+costs a few percent where C is large against the work (K small).
+
+The tile sizes come from ``default_gemm_config``: MR×NR = 14×32 for AVX-512 fp32 (28 zmm
+accumulators), a small MC (one or two MR tiles of A) swept over all of a KC×NC packed B block
+(1 MiB, about the L2 of a Zen 4 core), the M tiles balanced over the threads. Measured on Zen 4
+with 2 threads: MC=14..28 ≈ 180-200 GFLOP/s at 1024³ where MC=112 gave 135; at 2048³ KC=256
+gave 100-120 (C is re-read and re-written K/KC times) where KC=512 gives 185-200. See
+benchmarks/ops.py for GFLOP/s against torch.mm and numpy.
 """
 
 from __future__ import annotations
@@ -179,7 +183,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     b_rows, b_cols = sch.get_loops(b_pack)[-2:]
     n_loop, k_loop = (b_rows, b_cols) if b_transposed else (b_cols, b_rows)
     panel, lane = sch.split(n_loop, [None, nr])
-    sch.reorder(panel, k_loop, lane) if b_transposed else sch.reorder(panel, k_loop, lane)
+    sch.reorder(panel, k_loop, lane)
     sch.parallel(panel)
     sch.vectorize(lane)
     init_loops = sch.get_loops(init)
