@@ -1,4 +1,5 @@
-"""Staging buffers and reduction init: cache_read, cache_write, decompose_reduction.
+"""Staging buffers and reduction init: cache_read, cache_write, cache_inplace,
+decompose_reduction.
 
 cache_write(C) on a matmul block gives a local accumulator and a write-back block::
 

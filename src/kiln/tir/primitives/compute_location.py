@@ -226,8 +226,9 @@ def _check_written_before(func: PrimFunc, outside: list[Block], lloc: Located, b
     writes = [idx for _, idx, w in accesses(for_, buf) if w]
     for d, extent in enumerate(buf.shape):
         boxes = [bounds(idx[d], ranges) for idx in writes]
-        if any(box is None for box in boxes) or \
-                min(box[0] for box in boxes) > 0 or max(box[1] for box in boxes) < extent - 1:  # type: ignore[index]
+        known = [box for box in boxes if box is not None]
+        if len(known) < len(boxes) or min(lo for lo, _ in known) > 0 \
+                or max(hi for _, hi in known) < extent - 1:
             raise ScheduleError(f"{what}: {buf.name} is also written outside it and the loop "
                                 f"does not write all of it along dimension {d}")
 
