@@ -232,7 +232,7 @@ def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
                           settle_s=0.1)
         flops = 2 * m * n * k
         best_lib = max(flops / timings[x].median_s for x in ("torch.mm", "numpy matmul"))
-        case = f"{m}x{n}x{k}" + (" (B = weight.T)" if transposed else "")
+        case = f"{m}x{n}x{k}" + (" B=W.T" if transposed else "")
         for name, t in timings.items():
             rate = flops / t.median_s
             metrics = {"GFLOP/s": rate / 1e9, "vs best library": rate / best_lib}
