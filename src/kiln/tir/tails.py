@@ -248,11 +248,13 @@ def drop_dead_guards(func: PrimFunc) -> PrimFunc:
     every binding and access."""
     params = set(func.params)
 
-    def walk(s: Stmt, loops: list[For], allocs: list[Allocate]) -> Stmt:
+    Scoped = tuple[Allocate, list[For]]  # an allocation and the loops around it
+
+    def walk(s: Stmt, loops: list[For], allocs: list[Scoped]) -> Stmt:
         if isinstance(s, For):
             return For(s.var, s.extent, walk(s.body, [*loops, s], allocs), s.kind)
         if isinstance(s, Allocate):
-            return Allocate(s.buffer, walk(s.body, loops, [*allocs, s]))
+            return Allocate(s.buffer, walk(s.body, loops, [*allocs, (s, loops)]))
         if isinstance(s, SeqStmt):
             return SeqStmt(tuple(walk(x, loops, allocs) for x in s.stmts))
         if isinstance(s, IfThenElse):
@@ -262,18 +264,21 @@ def drop_dead_guards(func: PrimFunc) -> PrimFunc:
         if isinstance(s, Block):
             stores = stores_of(s.body)
             # the blocks that see the same allocation (a versioned copy has its own)
-            scope = next((a for a in reversed(allocs) if stores
+            scope = next(((a, outer) for a, outer in reversed(allocs) if stores
                           and a.buffer == stores[0].buffer), None)
             if scope is not None:
-                others = [b for b in iter_stmts(scope) if isinstance(b, Block)]
-                return _unguarded(s, loops, others, params)
+                others = [b for b in iter_stmts(scope[0]) if isinstance(b, Block)]
+                return _unguarded(s, loops, scope[1], others, params)
         return s
 
     return func.with_body(walk(func.body, [], []))
 
 
-def _unguarded(block: Block, loops: list[For], others: list[Stmt],
+def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[Stmt],
                params: set[Buffer]) -> Block:
+    """``block`` with its dead guards dropped; ``loops`` are around it, ``shared`` around the
+    allocation it writes (the loops every reader of the allocation sees with the same
+    values), ``others`` the blocks under that allocation."""
     conj = _conjuncts(block.predicate)
     if not conj or block.init is not None:
         return block
@@ -291,9 +296,10 @@ def _unguarded(block: Block, loops: list[For], others: list[Stmt],
     readers = [b for b in others if isinstance(b, Block) and b is not block
                and any(ld.buffer == out.buffer for ld in loads_of(b.body))]
     dead = []
+    outside = {f.var.name for f in shared}
     for g in conj:
         names = {v.name for v in vars_of(g)}
-        if not names & position or names & reduce_vars:
+        if not names & position or names & reduce_vars or names - position - outside:
             continue
         if all(_guarded_alike(g, out.indices, r, out.buffer) for r in readers):
             dead.append(g)

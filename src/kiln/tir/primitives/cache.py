@@ -217,12 +217,15 @@ def cache_inplace(func: PrimFunc, block: str, buffer: str,
         raise ScheduleError(f"{verb} {block}: the block has an init; decompose_reduction first, "
                             f"so the block only updates {buffer}")
     buf = written[0]
-    others = [b.name for b in blocks_under(func.body) if b is not target
-              and any(ld.buffer == buf for ld in loads_of(b.body))
-              and _overlaps_nest(func, target, b)]
-    if others:
-        raise ScheduleError(f"{verb} {block}: block {others[0]} in the same loop nest also "
-                            f"reads {buffer}")
+    for other in blocks_under(_nest_top(func, target)):
+        if other is target:
+            continue
+        if any(ld.buffer == buf for ld in loads_of(other.body)):
+            raise ScheduleError(f"{verb} {block}: block {other.name} in the same loop nest "
+                                f"also reads {buffer}")
+        if any(st.buffer == buf for st in stores_of(other.body)):
+            raise ScheduleError(f"{verb} {block}: block {other.name} in the same loop nest "
+                                f"also writes {buffer}")
     dst, taken = _fresh_buffer(func, buf, scope)
     load = _copy_nest(taken, dst.name, buf, dst)
     names = {b.name for b in blocks_under(func.body)} | {dst.name}
@@ -233,10 +236,6 @@ def cache_inplace(func: PrimFunc, block: str, buffer: str,
     top = _nest_top(func, new_target)
     body = replace_node(func.body, top, SeqStmt((load, top, writeback)))
     return func.with_body(Allocate(dst, body)), [_first_block(load), _first_block(writeback)]
-
-
-def _overlaps_nest(func: PrimFunc, target: Block, other: Block) -> bool:
-    return other in blocks_under(_nest_top(func, target))
 
 
 def _first_block(stmt: Stmt) -> str:
