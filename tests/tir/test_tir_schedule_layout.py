@@ -3,6 +3,7 @@ lowering steps after compaction: index simplification, padded tiles, tail versio
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import tir_cases as C
 import torch
@@ -10,7 +11,7 @@ import torch
 from kiln.ir.interp import interpret
 from kiln.tir.compact import compact_buffers
 from kiln.tir.indices import simplify_indices
-from kiln.tir.interp import run_torch
+from kiln.tir.interp import run, run_torch
 from kiln.tir.printer import print_func
 from kiln.tir.schedule import Schedule, ScheduleError
 from kiln.tir.tails import drop_dead_guards, version_tails
@@ -239,3 +240,33 @@ def test_simplify_indices_divides_sums() -> None:
     text = print_func(func)
     assert "B_local[i1_0, k0, i1_1]" in text  # (i1_0 * 4 + i1_1) // 4 and % 4
     check_lowered(graph, low, func)
+
+
+
+def test_cache_inplace_copies_around_the_block_only() -> None:
+    """Another block under the same loop sees the buffer written back before it runs."""
+    func = _two_blocks_in_one_nest()
+    sch = Schedule(func)
+    sch.cache_inplace("U", "acc")
+    text = print_func(sch.func)
+    assert text.index("block acc_local_1(") < text.index("block R(")
+    x = torch.randn(4)
+    acc0 = torch.randn(4)
+    expected_acc = acc0 + x
+    for f in (func, sch.func):
+        bufs = {"x": x.numpy().copy(), "acc": acc0.numpy().copy(), "y": np.zeros(4, np.float32)}
+        run(f, bufs)
+        torch.testing.assert_close(torch.from_numpy(bufs["acc"]), expected_acc)
+        torch.testing.assert_close(torch.from_numpy(bufs["y"]), expected_acc)
+
+
+def _two_blocks_in_one_nest():  # noqa: ANN202
+    """for i: block U: acc[i] = acc[i] + x[i]; block R: y[i] = acc[i]."""
+    from kiln.ir.types import DType
+    from kiln.tir.nodes import Block, Buffer, BufferStore, For, IterVar, PrimFunc, Var, seq
+
+    x, acc, y = (Buffer(n, (4,), DType.F32) for n in ("x", "acc", "y"))
+    i, vu, vr = Var("i"), Var("vu"), Var("vr")
+    update = Block("U", (IterVar(vu, 4),), (i,), BufferStore(acc, (vu,), acc[vu] + x[vu]))
+    read = Block("R", (IterVar(vr, 4),), (i,), BufferStore(y, (vr,), acc[vr]))
+    return PrimFunc("two", (x,), (acc, y), For(i, 4, seq(update, read)))  # acc: in and out
