@@ -50,7 +50,7 @@ def test_gemm_matches_torch_and_interpreter(options: Options, m: int, n: int, k:
 @pytest.mark.parametrize("b_transposed", [False, True])
 def test_trace_replays_onto_the_lowered_matmul(b_transposed: bool) -> None:
     func, trace = gemm_kernel(30, 50, 23, TINY, b_transposed, bias=True)
-    tails = ["k0_0", "i1_1", "i0_1", "k0_1"]  # pc, jr, ir, p
+    tails = ["k0_0", "ax0_3_0", "i1_1", "i0_1", "k0_1"]  # pc, A's tiles, jr, ir, p
     for text in (trace.to_json(), Trace.from_json(trace.to_json()).to_json()):
         replayed = Trace.from_json(text).apply(matmul_func(30, 50, 23, b_transposed, True))
         assert print_func(lower_gemm(replayed.func, tails)) == print_func(func)
@@ -63,7 +63,7 @@ def test_trace_replays_onto_the_lowered_matmul(b_transposed: bool) -> None:
 def test_trace_is_the_blis_schedule() -> None:
     sch, tails = schedule_gemm(matmul_func(64, 64, 64), GemmConfig(14, 32, 16, 28, 32))
     text = sch.trace.as_python()
-    assert tails == ["k0_0", "i1_1", "i0_1", "k0_1"]
+    assert tails == ["k0_0", "ax0_3_0", "i1_1", "i0_1", "k0_1"]
     for line in ("i0_0, i0_1, i0_2 = sch.split(i0, factors=[None, 2, 14])",
                  "sch.reorder(i1_0, k0_0, i0_0, i1_1, i0_1, k0_1, i0_2, i1_2)",
                  "b_C_init = sch.decompose_reduction(b_C, i1_0)",

@@ -140,8 +140,8 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     own nest; the MR x NR tile of C in a local accumulator across p (cache_inplace); A and B
     packed per ic and per (jc, pc) into panels (cache_read + compute_at + transform_layout).
     Also returns the loops whose bodies `kiln.tir.tails.version_tails` should version: the K
-    block, the register tile's column and row loops (full blocks and tiles run without
-    bounds checks) and the K step."""
+    block, A's packing by tiles, the register tile's column and row loops (full blocks and
+    tiles run without bounds checks) and the K step."""
     sch = Schedule(func)
     mr, nr, kc, mc, nc = config.mr, config.nr, config.kc, config.mc, config.nc
     m, n = func.outputs[0].shape
@@ -164,6 +164,9 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     sch.compute_at(load, ir)
     a_pack = sch.cache_read(c, "A")
     sch.compute_at(a_pack, ic)
+    a_rows, a_k = sch.get_loops(a_pack)[-2:]  # pack A tile by tile, writing contiguously
+    a_tile, a_row = sch.split(a_rows, [None, mr])
+    sch.reorder(a_tile, a_k, a_row)
     b_pack = sch.cache_read(c, "B", Scope.GLOBAL)
     sch.compute_at(b_pack, pc)
     a_local, b_local = f"A_{Scope.LOCAL.value}", f"B_{Scope.GLOBAL.value}"
@@ -195,7 +198,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     init_loops = sch.get_loops(init)
     sch.parallel(init_loops[1])  # ic
     sch.vectorize(init_loops[-1])
-    return sch, [pc.name, jr.name, ir.name, p.name]
+    return sch, [pc.name, a_tile.name, jr.name, ir.name, p.name]
 
 
 def gemm_kernel(m: int, n: int, k: int, config: GemmConfig | None = None,
