@@ -12,7 +12,8 @@ tile sizes), then the lowering steps of `lower_gemm`. The program it gives::
         alloc B_global: f32[NC/NR, KC, NR]          # cache_read + compute_at pc: packed B,
           parallel panel / range p / vectorized j   #   transform_layout (k, n) -> (n//NR, k, n%NR)
         parallel ic in range(M / MC):
-          alloc A_local: f32[MC/MR, KC, MR] local   # cache_read + compute_at ic: packed A
+          alloc A_local: f32[MC/MR, KC, MR] local   # cache_read + compute_at ic: packed A,
+            range tile / range p / range i          #   transform_layout (m, k) -> (m//MR, k, m%MR)
           for jr, ir:                               # the register tiles
             alloc C_local: f32[MR, NR] local        # cache_inplace of C, load/write-back at ir
               unrolled i / vectorized j:  C_local[i, j] = C[...]
