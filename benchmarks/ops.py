@@ -7,8 +7,9 @@ Prints, in one process, with contenders interleaved sample by sample and medians
 * machine references: copy bandwidth (torch, numpy and a generated C copy loop) on a buffer
   far larger than the caches, and the peak FMA rate (a generated C kernel with independent
   AVX-512 FMA chains on every thread);
-* fp32 GEMM at 256..2048: kiln's packed, register-tiled kernel against torch.mm and numpy's
-  BLAS, in GFLOP/s and as a fraction of the machine peak;
+* fp32 GEMM at 256..2048 and a Linear layer's 512x768x3072 (B = weight.T): kiln's GEMM (the
+  matmul lowering scheduled into packed panels and a register-tiled micro-kernel) against
+  torch.mm and numpy's BLAS, in GFLOP/s and as a fraction of the machine peak;
 * memory-bound fused kernels at BERT-base sizes (softmax, layernorm, bias+gelu, add+relu):
   GB/s (compulsory bytes: inputs read once, output written once), fraction of the measured
   copy bandwidth, element rate, and time against eager PyTorch's unfused op sequence, the
@@ -208,30 +209,37 @@ def machine(options: Options, quick: bool) -> tuple[list[Row], float, float]:
 
 
 def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
+    """Square GEMMs, then a Linear layer's (M x K) @ (N x K).T as nn.Linear stores it."""
     rows = []
-    for n in (256, 512, 1024) if quick else (256, 512, 1024, 2048):
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        c_torch, c_kiln = torch.empty(n, n), torch.empty(n, n)
-        a_np, b_np, c_np = a.numpy(), b.numpy(), np.empty((n, n), np.float32)
+    shapes = [(n, n, n, False) for n in ((256, 512, 1024) if quick else (256, 512, 1024, 2048))]
+    shapes.append((512, 768, 3072, True))
+    for m, n, k, transposed in shapes:
+        a = torch.randn(m, k)
+        b = torch.randn(n, k) if transposed else torch.randn(k, n)
+        b_mat = b.t() if transposed else b  # [K, N], a view of the weight when transposed
+        c_torch, c_kiln = torch.empty(m, n), torch.empty(m, n)
+        a_np, b_np, c_np = a.numpy(), b_mat.numpy(), np.empty((m, n), np.float32)
         contenders: dict[str, Fn] = {
-            "torch.mm": lambda a=a, b=b, c=c_torch: torch.mm(a, b, out=c),
+            "torch.mm": lambda a=a, b=b_mat, c=c_torch: torch.mm(a, b, out=c),
             "numpy matmul": lambda a=a_np, b=b_np, c=c_np: np.matmul(a, b, out=c),
         }
-        kernel = compile_kernel(gemm_func(n, n, n), options)
+        kernel = compile_kernel(gemm_func(m, n, k, b_transposed=transposed), options)
         if not isinstance(kernel, CompilerUnavailable):
             kernel(a, b, c_kiln)
-            torch.testing.assert_close(c_kiln, a @ b, rtol=1e-4, atol=1e-3 * n ** 0.5)
+            torch.testing.assert_close(c_kiln, a @ b_mat, rtol=1e-4, atol=1e-3 * k ** 0.5)
             ptrs = (a.data_ptr(), b.data_ptr(), c_kiln.data_ptr())
             contenders["kiln"] = lambda k=kernel, p=ptrs: k.run_unchecked(*p)
-        timings = measure(contenders, samples=7 if n >= 2048 else 11, settle_s=0.1)
-        flops = 2 * n ** 3
-        best_lib = max(flops / timings[k].median_s for k in ("torch.mm", "numpy matmul"))
+        timings = measure(contenders, samples=7 if m * n * k >= 2048 ** 3 else 11,
+                          settle_s=0.1)
+        flops = 2 * m * n * k
+        best_lib = max(flops / timings[x].median_s for x in ("torch.mm", "numpy matmul"))
+        case = f"{m}x{n}x{k}" + (" B=W.T" if transposed else "")
         for name, t in timings.items():
             rate = flops / t.median_s
             metrics = {"GFLOP/s": rate / 1e9, "vs best library": rate / best_lib}
             if peak:
                 metrics["of peak"] = rate / 1e9 / peak
-            rows.append(_row("gemm", f"{n}x{n}x{n}", name, t, metrics))
+            rows.append(_row("gemm", case, name, t, metrics))
     return rows
 
 

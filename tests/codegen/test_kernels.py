@@ -9,10 +9,8 @@ import torch.nn.functional as F
 from kiln.codegen import fused
 from kiln.codegen.gemm import GemmConfig, default_gemm_config, gemm_func
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
-from kiln.ir.types import DType
 from kiln.options import Options
 from kiln.tir import interp
-from kiln.tir.nodes import Binary, BinOp, const
 
 SMALL = GemmConfig(mr=14, nr=32, kc=16, mc=28, nc=64)  # several blocks in every loop
 
@@ -99,15 +97,12 @@ def test_fused_kernels_propagate_nan(options: Options) -> None:
 
 
 @pytest.mark.parametrize("m,n,k", [(9, 40, 37), (3, 5, 0)])
-def test_gemm_linear_with_bias_and_relu(options: Options, m: int, n: int, k: int) -> None:
-
-    def relu(e):  # noqa: ANN001, ANN202
-        return Binary(BinOp.MAX, e, const(0.0, DType.F32))
+def test_gemm_linear_with_bias(options: Options, m: int, n: int, k: int) -> None:
     func = gemm_func(m, n, k, GemmConfig(mr=14, nr=32, kc=16, mc=14, nc=32),
-                     b_transposed=True, bias=True, activation=relu)
+                     b_transposed=True, bias=True)
     kernel = compile_kernel(func, options)
     assert isinstance(kernel, CompiledKernel)
     x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
     out = torch.empty(m, n)
     kernel(x, w, b, out)
-    torch.testing.assert_close(out, torch.relu(F.linear(x, w, b)), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)

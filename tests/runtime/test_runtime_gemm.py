@@ -53,6 +53,7 @@ def test_generated_gemm_matches_the_interpreter(kernel_options: Options,
     if used and min(mkn[1:]) > 1:  # the transposed weight is read in place, not copied
         z = built.kernels[1]
         assert "b_transposed=True" in z.trace
+        assert "b_C_local, b_C_local_1 = sch.cache_inplace(b_C" in z.trace  # the schedule
         assert z.weight(graph, z.inputs[1]).data_ptr() == graph.constants["wt"].data_ptr()
     moved = gather(graph, [k.group for k in built.kernels])
     run, source = build_executor(moved, plan_memory(moved), [0], built.kernels)

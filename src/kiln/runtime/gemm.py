@@ -1,12 +1,14 @@
 """Generated GEMMs (``Options.generated_gemm``): used for an ``mm``/``addmm`` node only where
 it measures faster than the library call, on this machine, at the node's shapes.
 
-Each distinct (op, M, N, K) is built once (`kiln.codegen.gemm.gemm_func`: packed panels,
-14x32 register tiles), checked against the library on random inputs with the real weights,
-then timed against it in interleaved rounds; it replaces the library call when its median
-time is below `MARGIN` times the library's. The measurement goes into the kernel's trace, so
-``kiln explain MODEL --kernels`` shows why. Measured on the 2-core Zen machine: GPT-2's LM
-head (128x768 @ 768x50257) 1.7x faster than ATen's addmm; the 768-wide layers are a tie.
+Each distinct (op, M, N, K) is built once (`kiln.codegen.gemm.gemm_kernel`: the matmul
+lowering scheduled into packed panels and 14x32 register tiles), checked against the library
+on random inputs with the real weights, then timed against it in interleaved rounds; it
+replaces the library call when its median time is below `MARGIN` times the library's. The
+kernel's trace is its schedule (replayable Python) followed by the measurement, so
+``kiln explain MODEL --kernels`` shows how it was built and why it is used. Measured on the
+2-core Zen machine: GPT-2's LM head (128x768 @ 768x50257) 1.7x faster than ATen's addmm; the
+768-wide layers are a tie.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from kiln.codegen.build import CompileError, CompilerUnavailable
-from kiln.codegen.gemm import default_gemm_config, gemm_func
+from kiln.codegen.gemm import default_gemm_config, gemm_kernel
 from kiln.codegen.kernel import compile_kernel
 from kiln.ir.graph import Graph
 from kiln.ir.interp import evaluate_node
@@ -56,8 +58,8 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup],
         if b.node.op is Op.CONSTANT and _transposed(graph.constant(b.node)):
             weights[b] = graph.constant(b.node).t()  # [N, K], contiguous: read in place
         try:
-            func = gemm_func(m, n, k, config, b_transposed=bool(weights),
-                             bias=bias is not None, name=f"kiln_gemm_{m}x{n}x{k}")
+            func, schedule = gemm_kernel(m, n, k, config, b_transposed=bool(weights),
+                                         bias=bias is not None, name=f"kiln_gemm_{m}x{n}x{k}")
             if m * n * k < SERIAL_MACS:
                 func = serial(func)
             kernel = compile_kernel(func, options)
@@ -74,10 +76,12 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup],
             result.kernels = []
             return result
         inputs = (a, b) if bias is None else (a, b, bias)
-        call = (f"gemm_func({m}, {n}, {k}, {config}, b_transposed={bool(weights)}, "
+        call = (f"gemm_kernel({m}, {n}, {k}, {config}, b_transposed={bool(weights)}, "
                 f"bias={bias is not None}){' on one thread' if m * n * k < SERIAL_MACS else ''}")
-        gk = GroupKernel(group, kernel, inputs, (node.out(),), "gemm",
-                         f"# kiln.codegen.gemm.{call}", weights)
+        trace = (f"# kiln.codegen.gemm.{call}: this schedule of matmul_func, then "
+                 f"lower_gemm\n{schedule.as_python()}")
+        gk = GroupKernel(group, kernel, inputs, (node.out(),), "gemm", trace.rstrip("\n"),
+                         weights)
         key = (node.op, m, n, k)
         if key not in decided:
             decided[key] = _decide(graph, gk)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiln.tir.nodes import Block, ForKind, PrimFunc, Scope
-from kiln.tir.primitives import cache, compute_location, loops, rfactor
+from kiln.tir.primitives import cache, compute_location, layout, loops, rfactor
 from kiln.tir.primitives.common import ScheduleError, find_block, walk_with_path
 from kiln.tir.printer import print_func
 from kiln.tir.trace import Instruction, Trace, Verb
@@ -151,13 +151,16 @@ class Schedule:
 
     # -- caches and reductions -----------------------------------------------------------
 
-    def cache_read(self, block: BlockLike, buffer: str, scope: Scope = Scope.LOCAL) -> BlockRV:
+    def cache_read(self, block: BlockLike, buffer: str,
+                   scope: Scope | str = Scope.LOCAL) -> BlockRV:
+        scope = Scope(scope)  # also the trace's Python form: scope='local'
         self.func, name = cache.cache_read(self.func, _n(block), buffer, scope)
         self._record(Verb.CACHE_READ, {"block": _n(block), "buffer": buffer,
                                        "scope": scope.value}, [name])
         return BlockRV(name)
 
-    def cache_write(self, block: BlockLike, scope: Scope = Scope.LOCAL) -> BlockRV:
+    def cache_write(self, block: BlockLike, scope: Scope | str = Scope.LOCAL) -> BlockRV:
+        scope = Scope(scope)  # also the trace's Python form: scope='local'
         self.func, name = cache.cache_write(self.func, _n(block), scope)
         self._record(Verb.CACHE_WRITE, {"block": _n(block), "scope": scope.value}, [name])
         return BlockRV(name)
@@ -173,6 +176,28 @@ class Schedule:
         self.func, name = rfactor.rfactor(self.func, _n(block), _n(loop))
         self._record(Verb.RFACTOR, {"block": _n(block), "loop": _n(loop)}, [name])
         return BlockRV(name)
+
+    def cache_inplace(self, block: BlockLike, buffer: str,
+                      scope: Scope | str = Scope.LOCAL) -> list[BlockRV]:
+        """The load and write-back blocks of a local copy of ``buffer`` that ``block``
+        updates in place (see `kiln.tir.primitives.cache.cache_inplace`)."""
+        scope = Scope(scope)  # also the trace's Python form: scope='local'
+        self.func, names = cache.cache_inplace(self.func, _n(block), buffer, scope)
+        self._record(Verb.CACHE_INPLACE, {"block": _n(block), "buffer": buffer,
+                                          "scope": scope.value}, names)
+        return [BlockRV(n) for n in names]
+
+    # -- layout --------------------------------------------------------------------------
+
+    def transform_layout(self, block: BlockLike, buffer: str,
+                         index_map: layout.IndexMap | Sequence[Sequence[Any]]) -> None:
+        """Store an allocated ``buffer`` in the layout ``index_map`` (rows ``(dim, op,
+        factor)``, see `kiln.tir.primitives.layout`)."""
+        imap = index_map if isinstance(index_map, layout.IndexMap) else \
+            layout.IndexMap.of(index_map)
+        self.func = layout.transform_layout(self.func, _n(block), buffer, imap)
+        self._record(Verb.TRANSFORM_LAYOUT, {"block": _n(block), "buffer": buffer,
+                                             "index_map": [tuple(r) for r in imap.to_spec()]})
 
     # -- replay --------------------------------------------------------------------------
 
@@ -211,6 +236,10 @@ class Schedule:
             out = self.decompose_reduction(a["block"], a["loop"])
         elif v is Verb.RFACTOR:
             out = self.rfactor(a["block"], a["loop"])
+        elif v is Verb.CACHE_INPLACE:
+            out = self.cache_inplace(a["block"], a["buffer"], Scope(a["scope"]))
+        elif v is Verb.TRANSFORM_LAYOUT:
+            out = self.transform_layout(a["block"], a["buffer"], a["index_map"])
         else:
             raise ScheduleError(f"cannot replay {v}")
         got = [] if out is None else [h.name for h in (out if isinstance(out, list) else [out])]

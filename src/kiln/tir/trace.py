@@ -38,6 +38,8 @@ class Verb(enum.Enum):
     FISSION = "fission"
     FUSION = "fusion"
     RFACTOR = "rfactor"
+    CACHE_INPLACE = "cache_inplace"
+    TRANSFORM_LAYOUT = "transform_layout"
 
 
 # which arguments hold handles, and of what kind ("loop", "loops", "block")
@@ -103,6 +105,8 @@ class Trace:
             if inst.verb in (Verb.GET_BLOCK, Verb.CACHE_READ, Verb.CACHE_WRITE,
                              Verb.DECOMPOSE_REDUCTION, Verb.RFACTOR):
                 lines.append(f"b_{inst.outputs[0]} = {call}")
+            elif inst.verb is Verb.CACHE_INPLACE:
+                lines.append(f"{', '.join('b_' + o for o in inst.outputs)} = {call}")
             elif inst.outputs:
                 comma = "," if len(inst.outputs) == 1 and inst.verb is Verb.GET_LOOPS else ""
                 lines.append(f"{', '.join(inst.outputs)}{comma} = {call}")

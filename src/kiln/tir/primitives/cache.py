@@ -1,4 +1,5 @@
-"""Staging buffers and reduction init: cache_read, cache_write, decompose_reduction.
+"""Staging buffers and reduction init: cache_read, cache_write, cache_inplace,
+decompose_reduction.
 
 cache_write(C) on a matmul block gives a local accumulator and a write-back block::
 
@@ -191,3 +192,44 @@ def decompose_reduction(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc
     body = replace_node(func.body, for_, SeqStmt((init_block, for_)))
     return func.with_body(body), init_name
 
+
+
+def cache_inplace(func: PrimFunc, block: str, buffer: str,
+                  scope: Scope = Scope.LOCAL) -> tuple[PrimFunc, list[str]]:
+    """``block`` reads and writes ``buffer`` (an update ``C[v] = C[v] + ...``): it works on a
+    new copy instead, loaded before its loop nest and written back after it. Returns the load
+    and the write-back blocks; place them with compute_at / reverse_compute_at (write-back
+    first) to keep one tile of C in a local accumulator::
+
+        for i, k:                              alloc C_local: f32[M, N] local:
+          block C: C[vi, vj] += A * B     ->     for ax0, ax1: block C_local: C_local[..] = C[..]
+                                                 for i, k: block C: C_local[vi, vj] += A * B
+                                                 for ax0, ax1: block C_local_1: C[..] = C_local[..]
+    """
+    verb = "cache_inplace"
+    target = find_block(func, block).stmt
+    assert isinstance(target, Block)
+    written = [s.buffer for s in stores_of(target.body) if s.buffer.name == buffer]
+    read = [ld.buffer for ld in loads_of(target.body) if ld.buffer.name == buffer]
+    if not written or not read:
+        raise ScheduleError(f"{verb} {block}: the block does not both read and write {buffer}")
+    if target.init is not None:
+        raise ScheduleError(f"{verb} {block}: the block has an init; decompose_reduction first, "
+                            f"so the block only updates {buffer}")
+    buf = written[0]
+    # the copies go right around the block's own loop nest (the loops that hold nothing
+    # else), so no other block runs between the load and the write-back
+    dst, taken = _fresh_buffer(func, buf, scope)
+    load = _copy_nest(taken, dst.name, buf, dst)
+    names = {b.name for b in blocks_under(func.body)} | {dst.name}
+    writeback = _copy_nest(taken, fresh(names, dst.name), dst, buf)
+    new_target = Block(target.name, target.iter_vars, target.bindings,
+                       replace_buffer(target.body, buf, dst), None, target.predicate)
+    func = func.with_body(replace_node(func.body, target, new_target))
+    top = _nest_top(func, new_target)
+    body = replace_node(func.body, top, SeqStmt((load, top, writeback)))
+    return func.with_body(Allocate(dst, body)), [_first_block(load), _first_block(writeback)]
+
+
+def _first_block(stmt: Stmt) -> str:
+    return blocks_under(stmt)[0].name

@@ -196,8 +196,9 @@ def reverse_compute_at(func: PrimFunc, block: str, loop: str) -> PrimFunc:
                             f"own (not elementwise); use compute_at on the producer instead")
     writers = [b for b in blocks_under(func.body) if any(s.buffer == buf
                                                          for s in stores_of(b.body))]
-    if any(b not in blocks_under(for_) for b in writers):
-        raise ScheduleError(f"{verb} {block} at {loop}: {buf.name} is also written outside it")
+    outside = [b for b in writers if b not in blocks_under(for_)]
+    if outside:
+        _check_written_before(func, outside, lloc, buf, f"{verb} {block} at {loop}")
     if not _comes_before(func, for_, consumer):
         raise ScheduleError(f"{verb} {block} at {loop}: the block runs before the loop")
     writes = [idx for _, idx, w in accesses(for_, buf) if w]
@@ -205,6 +206,35 @@ def reverse_compute_at(func: PrimFunc, block: str, loop: str) -> PrimFunc:
     nest = _nest_over_region(func, consumer, region, lloc.loops + [for_])
     func = remove_block(func, block)
     return _insert(func, loop, nest, at_end=True)
+
+
+def _check_written_before(func: PrimFunc, outside: list[Block], lloc: Located, buf: Buffer,
+                          what: str) -> None:
+    """Writers of ``buf`` outside the loop are allowed when they all run once before it (a
+    cache_inplace load) and the loop itself writes every element of ``buf``: then the last
+    write of each element happens inside the loop, and the consumer runs after it."""
+    for_ = lloc.stmt
+    assert isinstance(for_, For)
+    for b in outside:
+        bpath = find_block(func, b.name).path
+        shared = [s for s in bpath if isinstance(s, For) and s in lloc.path]
+        if shared or not _comes_before(func, b, for_):
+            raise ScheduleError(f"{what}: {buf.name} is also written outside it, by block "
+                                f"{b.name}, not once before it")
+    ranges = {f.var: (0, f.extent - 1) for f in lloc.loops}
+    ranges.update({s.var: (0, s.extent - 1) for s in walk_stmts(for_) if isinstance(s, For)})
+    writes = [idx for _, idx, w in accesses(for_, buf) if w]
+    for d, extent in enumerate(buf.shape):
+        boxes = [bounds(idx[d], ranges) for idx in writes]
+        known = [box for box in boxes if box is not None]
+        if len(known) < len(boxes) or min(lo for lo, _ in known) > 0 \
+                or max(hi for _, hi in known) < extent - 1:
+            raise ScheduleError(f"{what}: {buf.name} is also written outside it and the loop "
+                                f"does not write all of it along dimension {d}")
+
+
+def walk_stmts(stmt: Stmt) -> list[Stmt]:
+    return [loc.stmt for loc in walk_with_path(stmt)]
 
 
 def _loads(block: Block) -> list[Load]:

@@ -1,0 +1,336 @@
+"""Bounds checks of tiled programs, lowering steps after compaction (TVM's loop partition and
+padding, done where they are provably the same program).
+
+`version_tails` duplicates the body of a loop whose blocks are guarded by bounds checks into a
+fast copy without them, taken where the checks hold for every iteration inside, and the
+original as the slow copy for the tail::
+
+    for ir in range(2):                            for ir in range(2):
+      for i, j:                                      if (ic * 2 + ir) * 14 + 13 < 100:
+        block C(...) where (ic*2 + ir)*14 + i < 100  ->  for i, j: block C(...)
+                                                     else:
+                                                       for i, j: block C(...) where ... < 100
+
+A guard is a conjunct ``e < bound`` of a block predicate with ``e`` affine in loop vars; it
+holds for the whole body when it holds with every loop var inside the body at the end of its
+range that makes ``e`` largest. Only guards that change with the loop's own var are used (a
+row guard is versioned at the row-tile loop, a column guard at the column-tile loop), so the
+condition is one test per iteration of the loop. A guard with no var inside the body is false
+for all of it at once: when every block under the loop has one, there is no slow copy (a K
+tail's check becomes one test per K step).
+
+`drop_dead_guards` lets a register tile compute over its padding (see its docstring).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.tir.arith import bounds
+from kiln.tir.nodes import (
+    INDEX,
+    Allocate,
+    Binary,
+    BinOp,
+    Block,
+    Buffer,
+    CmpOp,
+    Compare,
+    Const,
+    Expr,
+    For,
+    IfThenElse,
+    IterKind,
+    IterVar,
+    PrimFunc,
+    SeqStmt,
+    Stmt,
+    Var,
+    const,
+)
+from kiln.tir.primitives.common import loop_vars_of_kind
+from kiln.tir.visit import (
+    iter_stmts,
+    loads_of,
+    map_stmt,
+    stores_of,
+    substitute,
+    vars_of,
+)
+
+__all__ = ["drop_dead_guards", "version_tails"]
+
+Affine = dict[str, int]  # var name -> coefficient; "" -> constant
+
+
+def _affine(e: Expr) -> Affine | None:
+    if isinstance(e, Var):
+        return {e.name: 1}
+    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
+        return {"": e.value}
+    if not isinstance(e, Binary):
+        return None
+    a, b = _affine(e.a), _affine(e.b)
+    if a is None or b is None:
+        return None
+    if e.op in (BinOp.ADD, BinOp.SUB):
+        sign = 1 if e.op is BinOp.ADD else -1
+        out = dict(a)
+        for k, v in b.items():
+            out[k] = out.get(k, 0) + sign * v
+        return {k: v for k, v in out.items() if v or k == ""}
+    if e.op is BinOp.MUL:
+        if set(a) <= {""}:
+            a, b = b, a
+        if set(b) <= {""}:
+            c = b.get("", 0)
+            return {k: v * c for k, v in a.items() if v * c or k == ""}
+    return None
+
+
+def _conjuncts(e: Expr | None) -> list[Expr]:
+    if e is None:
+        return []
+    if isinstance(e, Binary) and e.op is BinOp.AND:
+        return _conjuncts(e.a) + _conjuncts(e.b)
+    return [e]
+
+
+def _and(conds: Sequence[Expr]) -> Expr | None:
+    out: Expr | None = None
+    for c in conds:
+        out = c if out is None else Binary(BinOp.AND, out, c)
+    return out
+
+
+Key = tuple[tuple[tuple[str, int], ...], int]
+
+
+def _full_key(guard: Expr, inner: dict[str, int], best: bool = False) -> Key | None:
+    """The guard ``e < bound`` with the inner loop vars at their worst value (``best``: at
+    their best), as a canonical key ``(sorted outer coefficients, constant)`` of
+    ``sum coef*var + constant < 0``."""
+    if not (isinstance(guard, Compare) and guard.op is CmpOp.LT):
+        return None
+    a, b = _affine(guard.a), _affine(guard.b)
+    if a is None or b is None:
+        return None
+    diff = dict(a)
+    for k, v in b.items():
+        diff[k] = diff.get(k, 0) - v
+    constant = diff.pop("", 0)
+    outer = []
+    for name, coef in diff.items():
+        if name in inner:
+            constant += (min(coef, 0) if best else max(coef, 0)) * (inner[name] - 1)
+        elif coef:
+            outer.append((name, coef))
+    return tuple(sorted(outer)), constant
+
+
+def _key_expr(key: Key) -> Expr:
+    terms, constant = key
+    lhs: Expr = const(0, INDEX)
+    for name, coef in terms:
+        term: Expr = Var(name) if coef == 1 else Var(name) * coef
+        lhs = term if lhs == const(0, lhs.dtype) else lhs + term
+    return Compare(CmpOp.LT, lhs, const(-constant, lhs.dtype))
+
+
+Guards = dict[str, list[tuple[Expr, Key | None]]]
+
+
+def _guards_by_block(body: Stmt) -> tuple[Guards, dict[str, dict[Key | None, Key | None]]]:
+    """Each block's predicate conjuncts with their keys, inner loops being those under body;
+    and per block, each key's best case (the guard holding for some iteration inside)."""
+    found: Guards = {}
+    someone: dict[str, dict[Key | None, Key | None]] = {}
+
+    def walk(s: Stmt, inner: dict[str, int]) -> None:
+        if isinstance(s, For):
+            walk(s.body, {**inner, s.var.name: s.extent})
+        elif isinstance(s, Block):
+            found[s.name] = [(c, _full_key(c, inner)) for c in _conjuncts(s.predicate)]
+            someone[s.name] = {_full_key(c, inner): _full_key(c, inner, best=True)
+                               for c in _conjuncts(s.predicate)}
+        elif isinstance(s, IfThenElse):
+            walk(s.then_body, inner)
+            if s.else_body is not None:
+                walk(s.else_body, inner)
+        else:
+            for child in _children(s):
+                walk(child, inner)
+
+    walk(body, {})
+    return found, someone
+
+
+def _children(s: Stmt) -> list[Stmt]:
+    if isinstance(s, SeqStmt):
+        return list(s.stmts)
+    if isinstance(s, Allocate):
+        return [s.body]
+    return []
+
+
+def _version(loop: For) -> For:
+    guards, someone = _guards_by_block(loop.body)
+    # guards that change with this loop (others are versioned at the loop that changes them)
+    chosen = {k for conj in guards.values() for _, k in conj
+              if k is not None and any(name == loop.var.name for name, _ in k[0])}
+    if not chosen:
+        return loop
+    dropped: dict[str, set[Expr]] = {name: {c for c, k in conj if k in chosen}
+                                     for name, conj in guards.items()}
+
+    def drop(s: Stmt) -> Stmt:
+        if isinstance(s, Block) and dropped.get(s.name):
+            kept = [c for c in _conjuncts(s.predicate) if c not in dropped[s.name]]
+            return Block(s.name, s.iter_vars, s.bindings, s.body, s.init, _and(kept))
+        return s
+
+    cond = _and([_key_expr(k) for k in sorted(chosen)])
+    assert cond is not None
+    fast = map_stmt(loop.body, drop)
+    # guards that do not change inside the body are false for all of it or for none of it:
+    # where every block has such a guard, the slow copy would do nothing
+    exact = all(_full_key(c, {}) == k for conj in guards.values() for c, k in conj
+                if k in chosen)
+    covered = all(dropped[name] for name in guards)
+    slow: Stmt | None = None if exact and covered else loop.body
+    # a tail iteration where a guard every block has is false throughout does nothing
+    everywhere = [k for k in sorted(chosen) if all(k in keys for keys in someone.values())]
+    some = set()
+    for k in everywhere:
+        bests = {keys[k] for keys in someone.values()}
+        if len(bests) == 1 and None not in bests:
+            some |= bests
+    if slow is not None and some:
+        slow = IfThenElse(_and([_key_expr(k) for k in sorted(some)]), slow)  # type: ignore
+    return For(loop.var, loop.extent, IfThenElse(cond, fast, slow), loop.kind)
+
+
+def version_tails(func: PrimFunc, loops: Sequence[str]) -> PrimFunc:
+    """Version the body of every loop named in ``loops`` (in order; a loop copied by an
+    earlier versioning is versioned in each copy) on the bounds guards that change with it."""
+    body = func.body
+    for name in loops:
+        body = map_stmt(body, lambda s, n=name: _version(s)
+                        if isinstance(s, For) and s.var.name == n else s)
+    return func.with_body(body)
+
+
+def loop_names(func: PrimFunc) -> list[str]:
+    return [s.var.name for s in iter_stmts(func.body) if isinstance(s, For)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Padded register tiles
+
+
+def drop_dead_guards(func: PrimFunc) -> PrimFunc:
+    """Let a block that only touches allocated buffers run over its whole tile: a bounds guard
+    on an output position of the block is dropped when every other block that reads that
+    position is guarded by the same test (so the values computed there are never used) and
+    every access stays inside its (compacted) buffer. This is the zero-cost padding of a
+    register tile::
+
+        for i in unrolled(14):                      for i in unrolled(14):
+          for j in vectorized(32):                    for j in vectorized(32):
+            block C(vi0 = r*14 + i, ...)       ->       block C(vi0 = r*14 + i, ...):
+                where r*14 + i < 100:                     acc[i, j] = acc[i, j] + ...
+              acc[i, j] = acc[i, j] + ...
+        ... C[...] = acc[i2, j2] where r*14 + i2 < 100   (unchanged)
+
+    Guards on reduction positions are never dropped (the extra terms would reach used
+    values), nor guards of a block that reads or writes a function parameter. The block's
+    iter var domains widen to the padded ranges, so the reference interpreter still checks
+    every binding and access."""
+    params = set(func.params)
+
+    Scoped = tuple[Allocate, list[For]]  # an allocation and the loops around it
+
+    def walk(s: Stmt, loops: list[For], allocs: list[Scoped]) -> Stmt:
+        if isinstance(s, For):
+            return For(s.var, s.extent, walk(s.body, [*loops, s], allocs), s.kind)
+        if isinstance(s, Allocate):
+            return Allocate(s.buffer, walk(s.body, loops, [*allocs, (s, loops)]))
+        if isinstance(s, SeqStmt):
+            return SeqStmt(tuple(walk(x, loops, allocs) for x in s.stmts))
+        if isinstance(s, IfThenElse):
+            return IfThenElse(s.cond, walk(s.then_body, loops, allocs),
+                              None if s.else_body is None else
+                              walk(s.else_body, loops, allocs))
+        if isinstance(s, Block):
+            stores = stores_of(s.body)
+            # the blocks that see the same allocation (a versioned copy has its own)
+            scope = next(((a, outer) for a, outer in reversed(allocs) if stores
+                          and a.buffer == stores[0].buffer), None)
+            if scope is not None:
+                others = [b for b in iter_stmts(scope[0]) if isinstance(b, Block)]
+                return _unguarded(s, loops, scope[1], others, params)
+        return s
+
+    return func.with_body(walk(func.body, [], []))
+
+
+def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[Stmt],
+               params: set[Buffer]) -> Block:
+    """``block`` with its dead guards dropped; ``loops`` are around it, ``shared`` around the
+    allocation it writes (the loops every reader of the allocation sees with the same
+    values), ``others`` the blocks under that allocation."""
+    conj = _conjuncts(block.predicate)
+    if not conj or block.init is not None:
+        return block
+    stores = stores_of(block.body)
+    loads = loads_of(block.body)
+    if len(stores) != 1 or any(x.buffer in params for x in [*stores, *loads]):
+        return block
+    out = stores[0]
+    if not all(isinstance(i, Var) for i in out.indices):
+        return block
+    if any(ld.buffer == out.buffer and ld.indices != out.indices for ld in loads):
+        return block
+    reduce_vars = {v.name for v in loop_vars_of_kind(block, IterKind.REDUCE)}
+    position = {v.name for v in out.indices}  # type: ignore[union-attr]
+    readers = [b for b in others if isinstance(b, Block) and b is not block
+               and any(ld.buffer == out.buffer for ld in loads_of(b.body))]
+    dead = []
+    outside = {f.var.name for f in shared}
+    for g in conj:
+        names = {v.name for v in vars_of(g)}
+        if not names & position or names & reduce_vars or names - position - outside:
+            continue
+        if all(_guarded_alike(g, out.indices, r, out.buffer) for r in readers):
+            dead.append(g)
+    if not dead:
+        return block
+    ranges = {f.var: (0, max(f.extent - 1, 0)) for f in loops}
+    for access in [*stores, *loads]:
+        for idx, extent in zip(access.indices, access.buffer.shape):
+            box = bounds(idx, ranges)
+            if box is None or box[0] < 0 or box[1] >= extent:
+                return block
+    freed = set().union(*(vars_of(g) for g in dead))
+    ivs = []
+    for iv, b in zip(block.iter_vars, block.bindings):
+        box = bounds(b, ranges)
+        if box is None:
+            return block
+        wide = max(iv.extent, box[1] + 1) if vars_of(b) & freed else iv.extent
+        ivs.append(IterVar(iv.var, wide, iv.kind))
+    kept = [c for c in conj if c not in dead]
+    return Block(block.name, tuple(ivs), block.bindings, block.body, None, _and(kept))
+
+
+def _guarded_alike(guard: Expr, position: tuple[Expr, ...], reader: Block,
+                   buffer: Buffer) -> bool:
+    """Does every read of ``buffer`` in ``reader`` happen under ``guard`` (renamed from the
+    writer's position vars to the reader's indices)?"""
+    reads = [ld for ld in loads_of(reader.body) if ld.buffer == buffer]
+    conj = _conjuncts(reader.predicate)
+    for ld in reads:
+        renamed = substitute(guard, dict(zip(position, ld.indices)))  # type: ignore[arg-type]
+        if renamed not in conj:
+            return False
+    return True
