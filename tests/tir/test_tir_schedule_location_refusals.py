@@ -113,9 +113,11 @@ def test_reverse_compute_at_refuses_a_buffer_also_written_outside_the_loop() -> 
     mm = b.op(Op.MM, x, w)
     r = b.op(Op.RELU, mm)
     sch = Schedule(lower_chain([mm.node, r.node], [r]).func)
-    k = sch.get_loops("mm")[2]
-    sch.decompose_reduction("mm", sch.get_loops("mm")[0])  # mm_init also writes mm
-    with pytest.raises(ScheduleError, match="mm is also written outside it"):
+    i, j, k = sch.get_loops("mm")
+    # mm_init also writes mm, inside i: not once before the k loop, so relu cannot follow k
+    sch.decompose_reduction("mm", j)
+    with pytest.raises(ScheduleError, match="mm is also written outside it, by block "
+                                            "mm_init, not once before it"):
         sch.reverse_compute_at("relu", k)
 
 
@@ -170,3 +172,24 @@ def test_compute_inline_refuses_a_buffer_with_two_writers() -> None:
                                                body=SeqStmt((add_nest, copy, relu_nest))))
     with pytest.raises(ScheduleError, match="another block also writes add"):
         Schedule(twice).compute_inline("add")
+
+
+def test_reverse_compute_at_refuses_when_the_loop_leaves_elements_to_an_earlier_writer() -> None:
+    b = GraphBuilder()
+    x = b.input("A", TensorType((3, 5), C.F32))
+    w = b.input("B", TensorType((5, 4), C.F32))
+    mm = b.op(Op.MM, x, w)
+    r = b.op(Op.RELU, mm)
+    lowered = lower_chain([mm.node, r.node], [r])
+    sch = Schedule(lowered.func)
+    i, _, k = sch.get_loops("mm")
+    sch.decompose_reduction("mm", i)  # mm_init runs once, before the nest: allowed
+    # ... unless the nest leaves some rows of mm to it: cut the i loop to 2 of 3 rows
+    loop = find_block(sch.func, "mm").loops[0]
+    short = sch.func.with_body(replace_node(sch.func.body, loop,
+                                            dataclasses.replace(loop, extent=2)))
+    with pytest.raises(ScheduleError, match="does not write all of it along dimension 0"):
+        Schedule(short).reverse_compute_at("relu", k)
+    accepted = Schedule(sch.func)
+    accepted.reverse_compute_at("relu", k)  # the whole nest writes every element: accepted
+    C.check_same(b.build(r), lowered, accepted.func)  # relu after every k step: last wins
