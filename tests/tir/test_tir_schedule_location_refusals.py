@@ -193,3 +193,21 @@ def test_reverse_compute_at_refuses_when_the_loop_leaves_elements_to_an_earlier_
     accepted = Schedule(sch.func)
     accepted.reverse_compute_at("relu", k)  # the whole nest writes every element: accepted
     C.check_same(b.build(r), lowered, accepted.func)  # relu after every k step: last wins
+
+
+def test_compute_at_refuses_to_rerun_an_init_at_every_reduction_step() -> None:
+    graph, low = C.mm(3, 4, 5)
+    sch = Schedule(low.func)
+    i, j, k = sch.get_loops("mm")
+    sch.decompose_reduction("mm", i)
+    with pytest.raises(ScheduleError, match="block mm accumulates into mm over loop k0; "
+                                            "mm_init would run again"):
+        sch.compute_at("mm_init", k)
+    outer_k = Schedule(low.func)
+    i, j, k = outer_k.get_loops("mm")
+    outer_k.reorder(k, i, j)
+    outer_k.decompose_reduction("mm", k)
+    with pytest.raises(ScheduleError, match="over loop k0"):  # k encloses j: same rerun
+        outer_k.compute_at("mm_init", j)
+    sch.compute_at("mm_init", j)  # once per (i, j), before its reduction: accepted
+    C.check_same(graph, low, sch.func)

@@ -41,6 +41,7 @@ from kiln.tir.primitives.common import (
     blocks_under,
     find_block,
     find_loop,
+    loop_vars_of_kind,
     outer_points,
     region_under,
     taken_names,
@@ -170,11 +171,37 @@ def compute_at(func: PrimFunc, block: str, loop: str) -> PrimFunc:
     if not _comes_before(func, producer, for_):
         raise ScheduleError(f"{verb} {block} at {loop}: the block runs after the loop; its "
                             f"readers would see values it has not yet written")
+    _check_no_rerun_over_accumulation(func, producer, buf, lloc, f"{verb} {block} at {loop}")
     reads = [idx for _, idx, w in accesses(for_, buf) if not w]
     region = region_under(for_, lloc.loops + [for_], reads, f"{verb} {block}")
     nest = _nest_over_region(func, producer, region, lloc.loops + [for_])
     func = remove_block(func, block)
     return _insert(func, loop, nest, at_end=False)
+
+
+def _check_no_rerun_over_accumulation(func: PrimFunc, producer: Block, buf: Buffer,
+                                      lloc: Located, what: str) -> None:
+    """Under ``loop`` the producer runs once per iteration of it and of the loops around it.
+    Where one of those loops steps a reduction that another block accumulates into ``buf``
+    (a decomposed init and its update), each rerun would overwrite the partial result.
+    That is sound only when the producer reloads the partial result: it reads a buffer that
+    some block under that loop writes back (cache_inplace's load at a register tile)."""
+    for_ = lloc.stmt
+    assert isinstance(for_, For)
+    sources = {ld.buffer for ld in loads_of(producer.body)}
+    for writer in blocks_under(func.body):
+        if writer is producer or not any(s.buffer == buf for s in stores_of(writer.body)):
+            continue
+        steps = loop_vars_of_kind(writer, IterKind.REDUCE)
+        for f in [*lloc.loops, for_]:
+            if f.var not in steps or writer not in blocks_under(f):
+                continue
+            reloads = f is not for_ and any(s.buffer in sources for b in blocks_under(f)
+                                            for s in stores_of(b.body))
+            if not reloads:
+                raise ScheduleError(f"{what}: block {writer.name} accumulates into {buf.name} "
+                                    f"over loop {f.var.name}; {producer.name} would run again "
+                                    f"at every step of it and overwrite the partial result")
 
 
 def reverse_compute_at(func: PrimFunc, block: str, loop: str) -> PrimFunc:
