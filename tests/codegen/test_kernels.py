@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -106,3 +108,16 @@ def test_gemm_linear_with_bias(options: Options, m: int, n: int, k: int) -> None
     out = torch.empty(m, n)
     kernel(x, w, b, out)
     torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+
+
+def test_parallel_loops_run_on_the_threads_the_runtime_sets(options: Options) -> None:
+    kernel = compile_kernel(fused.add_relu(64, 256).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    assert "num_threads(KILN_THREADS)" in kernel.source
+    count = ctypes.c_int.in_dll(kernel.library.cdll, "kiln_num_threads")
+    assert count.value == torch.get_num_threads()  # loaded with torch's count
+    kernel.set_num_threads(1)
+    assert count.value == 1
+    x, y, out = torch.randn(64, 256), torch.randn(64, 256), torch.empty(64, 256)
+    kernel(x, y, out)  # one thread gives the same answer
+    torch.testing.assert_close(out, torch.relu(x + y))

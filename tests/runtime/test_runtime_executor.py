@@ -6,12 +6,14 @@ per-thread arena; results handed to the caller must never be overwritten by a la
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import pytest
 import torch
 
 import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
+from kiln.engine import compile_graph
 from kiln.ir import Graph, GraphBuilder, Op, TensorType, parse_graph, verify
 from kiln.ir import attrs as A
 from kiln.ir.types import DType
@@ -256,3 +258,28 @@ def test_multi_output_names_do_not_clash_with_other_nodes() -> None:
     x_value = torch.randn(4, 6)
     support.assert_identical(_call(run, [x_value])[0],
                              support.run_interpreter(graph, (x_value,))[0])
+
+
+def test_generated_kernels_follow_torch_thread_count(kernel_options) -> None:  # noqa: ANN001
+    graph = parse_graph("""\
+graph(%x: f32[64, 512], %y: f32[64, 512], %w: f32[512, 8]) {
+  %s = add(%x, %y) : f32[64, 512]
+  %r = relu(%s) : f32[64, 512]
+  %o = mm(%r, %w) : f32[64, 8]
+  return %o
+}""")
+    compiled = compile_graph(graph, kernel_options, range(3))
+    assert "sync_threads()" in compiled.source
+    (kernel,) = compiled.run.__globals__["sync_threads"]._kernels
+    count = ctypes.c_int.in_dll(kernel.library.cdll, "kiln_num_threads")
+    x, y, w = torch.randn(64, 512), torch.randn(64, 512), torch.randn(512, 8)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.testing.assert_close(compiled([x, y, w])[0], torch.relu(x + y) @ w)
+        assert count.value == 1
+        torch.set_num_threads(2)
+        compiled([x, y, w])
+        assert count.value == 2
+    finally:
+        torch.set_num_threads(before)

@@ -14,7 +14,8 @@ per parameter (inputs, then outputs)::
       }
     }
 
-Loop kinds: PARALLEL → ``#pragma omp parallel for`` (a PARALLEL loop directly inside another
+Loop kinds: PARALLEL → ``#pragma omp parallel for`` on ``kiln_num_threads`` threads (set by
+the runtime from torch.get_num_threads()); a PARALLEL loop directly inside another
 becomes ``collapse``; one nested deeper runs serially inside the outer region); VECTORIZED →
 ``#pragma omp simd``; UNROLLED → ``#pragma GCC unroll``. A loop that would race (a REDUCE iter
 var bound to a parallel or vectorized loop) is rendered serial with a comment, never wrong.
@@ -176,6 +177,18 @@ static inline __attribute__((always_inline)) float kiln_erff(float a) {
 }
 """
 
+# the thread count of parallel loops: the runtime sets it to torch.get_num_threads(), so a
+# kernel uses the threads the user gave torch (0, before it is set: OpenMP's default)
+_THREADS = """\
+#ifdef _OPENMP
+#include <omp.h>
+#define KILN_THREADS (kiln_num_threads > 0 ? kiln_num_threads : omp_get_max_threads())
+#endif
+int kiln_num_threads = 0;
+void kiln_set_num_threads(int n) { kiln_num_threads = n; }
+
+"""
+
 _HELPERS = _EXPF + _ERFF + """\
 /* NaN-propagating max/min in two selects, not one with ||: gcc makes the first a vmaxss and
    the NaN test a predictable branch; (a > b || a != a) ? a : b became a branch per call, and
@@ -277,7 +290,7 @@ class CRenderer:
                           for name, ctype, arity in _VECTOR_MATH)
         return ("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
                 "#include <stdlib.h>\n\n"
-                f"#ifdef KILN_LIBMVEC\n{decls}\n#endif\n\n{_HELPERS}")
+                f"#ifdef KILN_LIBMVEC\n{decls}\n#endif\n\n{_THREADS}{_HELPERS}")
 
     def loop_pragma(self, loop: For, collapse: int) -> str | None:
         if loop.kind is ForKind.PARALLEL:
@@ -285,7 +298,7 @@ class CRenderer:
             # iterations with much work are handed out one by one, so a thread that the OS
             # preempts (a shared machine) does not hold the others up at the barrier
             policy = "dynamic, 1" if _work(loop.body) >= DYNAMIC_WORK else "static"
-            return f"#pragma omp parallel for schedule({policy}){extra}"
+            return f"#pragma omp parallel for schedule({policy}){extra} num_threads(KILN_THREADS)"
         if loop.kind is ForKind.VECTORIZED:
             return "#pragma omp simd"
         if loop.kind is ForKind.UNROLLED:

@@ -31,7 +31,7 @@ class KernelArgumentError(ValueError):
 class CompiledKernel:
     """A loaded kernel. Call it with tensors in PrimFunc parameter order."""
 
-    __slots__ = ("func", "source", "library", "_fn", "_specs")
+    __slots__ = ("func", "source", "library", "_fn", "_specs", "_set_threads")
 
     def __init__(self, func: PrimFunc, source: str, library: BuiltLibrary,
                  fn: ctypes._CFuncPtr) -> None:  # type: ignore[name-defined]
@@ -42,6 +42,15 @@ class CompiledKernel:
         # (dtype, shape, strides where they matter) per parameter, checked on every call
         self._specs = tuple((b.dtype.torch, torch.Size(b.shape), _layout_ok(b))
                             for b in func.params)
+        self._set_threads = library.function("kiln_set_num_threads")
+        self._set_threads.argtypes = [ctypes.c_int]
+        self._set_threads.restype = None
+        self.set_num_threads(torch.get_num_threads())
+
+    def set_num_threads(self, n: int) -> None:
+        """Threads for the kernel's parallel loops (the runtime keeps this equal to
+        torch.get_num_threads(), so kiln uses the threads the user gave torch)."""
+        self._set_threads(n)
 
     @property
     def name(self) -> str:

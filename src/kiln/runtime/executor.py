@@ -49,6 +49,22 @@ class Arena:
         return bufs
 
 
+class ThreadSync:
+    """Keeps the generated kernels' thread count equal to torch.get_num_threads(), checked
+    once per graph call (a changed count is passed on to every kernel)."""
+
+    def __init__(self, kernels: Sequence[Any]) -> None:
+        self._kernels = list(dict.fromkeys(kernels))
+        self._threads: int | None = None  # set on the first call
+
+    def __call__(self) -> None:
+        threads = torch.get_num_threads()
+        if threads != self._threads:
+            for kernel in self._kernels:
+                kernel.set_num_threads(threads)
+            self._threads = threads
+
+
 def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Sequence[int],
                    kernels: Sequence[GroupKernel] = ()
                    ) -> tuple[Callable[[list[Any]], list[Any]], str]:
@@ -70,6 +86,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         fetch = ", ".join(f"args[{p}]" for p in input_positions)
         lines.append(f"    {unpack}, = {fetch},")
     lines.append("    args.clear()")  # the caller's references go; ours die at last use
+    if kernels:
+        env["sync_threads"] = ThreadSync([gk.kernel for gk in kernels])
+        lines.append("    sync_threads()")
     if arena is not None:
         env["buffers"] = arena.buffers
         lines.append("    buf = buffers()")
