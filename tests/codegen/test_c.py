@@ -57,7 +57,7 @@ def _body(source: str, name: str) -> str:
 def test_add_renders_expected_c() -> None:
     assert _body(render_c(_add(4, 8)), "add") == """\
 void add(const float* restrict A, const float* restrict B, float* restrict C) {
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) num_threads(KILN_THREADS)
   for (int64_t i = 0; i < 4; ++i) {
     #pragma omp simd
     for (int64_t j = 0; j < 8; ++j) {

@@ -96,3 +96,31 @@ def bounds(expr: Expr, ranges: Mapping[Var, Interval]) -> Interval | None:
             return (0, b[0] - 1)
         return (a[0] % b[0], a[1] % b[0])
     return None
+
+
+def linear(expr: Expr) -> dict[Var | None, int] | None:
+    """``expr`` as integer coefficients per var (None: the constant term) when it is affine
+    (sums, differences and products with constants of vars), else None."""
+    if isinstance(expr, Var):
+        return {expr: 1}
+    c = _int(expr)
+    if c is not None:
+        return {None: c}
+    if not isinstance(expr, Binary) or expr.dtype.is_floating:
+        return None
+    if expr.op in (BinOp.ADD, BinOp.SUB):
+        a, b = linear(expr.a), linear(expr.b)
+        if a is None or b is None:
+            return None
+        sign = 1 if expr.op is BinOp.ADD else -1
+        out = dict(a)
+        for v, k in b.items():
+            out[v] = out.get(v, 0) + sign * k
+        return out
+    if expr.op is BinOp.MUL:
+        for x, y in ((expr.a, expr.b), (expr.b, expr.a)):
+            k = _int(y)
+            if k is not None:
+                inner = linear(x)
+                return None if inner is None else {v: k * c for v, c in inner.items()}
+    return None

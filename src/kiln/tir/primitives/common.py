@@ -7,7 +7,7 @@ import itertools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from kiln.tir.arith import Interval, bounds, simplify
+from kiln.tir.arith import Interval, bounds, linear, simplify
 from kiln.tir.nodes import (
     Allocate,
     Block,
@@ -144,6 +144,21 @@ def outer_points(outer: Sequence[For]) -> list[dict[Var, int]]:
     return [dict(zip([f.var for f in outer], p)) for p in itertools.product(*axes)]
 
 
+def _points_for(outer: Sequence[For], exprs: Sequence[Expr]) -> list[dict[Var, int]]:
+    """The outer points at which a dimension's box must be evaluated. Only loops whose vars
+    occur in ``exprs`` matter; when every expr is affine with the same coefficient for each
+    outer var, moving an outer var shifts all of them alike, so one point gives the extent
+    and the ordering of every point (rows in parallel: one evaluation, not one per row)."""
+    used = set().union(*(vars_of(e) for e in exprs))
+    relevant = [f for f in outer if f.var in used]
+    forms = [linear(e) for e in exprs]
+    if all(f is not None for f in forms) and all(
+            len({form.get(f.var, 0) for form in forms}) == 1  # type: ignore[union-attr]
+            for f in relevant):
+        return [{f.var: 0 for f in relevant}]
+    return outer_points(relevant)
+
+
 @dataclass(frozen=True)
 class Region:
     """Per dimension: a start expression in the outer loop vars and a static extent."""
@@ -168,7 +183,7 @@ def region_under(loop: For, outer: Sequence[For], index_lists: Sequence[tuple[Ex
             raise ScheduleError(f"{what}: the accesses along dimension {d} do not start at the "
                                 f"same place ({', '.join(map(str, candidates))})")
         extent = 1
-        for point in outer_points(outer):
+        for point in _points_for(outer, [*exprs, start]):
             ranges = dict(inner)
             ranges.update({v: (x, x) for v, x in point.items()})
             lows, highs = [], []

@@ -13,7 +13,7 @@ compute_at(add, i0_1) on add -> relu::
 
 from __future__ import annotations
 
-from kiln.tir.arith import bounds, simplify
+from kiln.tir.arith import bounds, linear, simplify
 from kiln.tir.nodes import (
     Allocate,
     Binary,
@@ -123,6 +123,16 @@ def _nest_over_region(func: PrimFunc, block: Block, region: Region, outer: list[
 
 
 def _range_over(start: Expr, outer: list[For]) -> tuple[int, int]:
+    form = linear(start)
+    extents = {f.var: f.extent for f in outer}
+    if form is not None and all(v is None or v in extents for v in form):
+        # affine: the extremes are at the ends of each loop's range, term by term
+        lo = hi = form.get(None, 0)
+        for v, k in form.items():
+            if v is not None:
+                ends = (0, k * (max(extents[v], 1) - 1))
+                lo, hi = lo + min(ends), hi + max(ends)
+        return lo, hi
     lows, highs = [], []
     for point in outer_points(outer):
         box = bounds(start, {v: (x, x) for v, x in point.items()})
