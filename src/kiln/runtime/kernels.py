@@ -30,6 +30,7 @@ leaves the group to its library calls: never a crash, never a wrong answer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import warnings
 from collections.abc import Sequence
@@ -253,15 +254,16 @@ def _rows(graph: Graph, group: KernelGroup
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRecipe(f"{norm.name}: the group has outputs besides the row input and result")
     if norm.op is Op.SOFTMAX:
-        kernel, extra = fused.softmax_rows(rows, n, name=_name(group), lanes=lanes), ()
+        kernel, extra = _row_kernel("softmax", rows, n, 0.0, lanes), ()
     else:
         w, b = norm.inputs[1], norm.inputs[2]
         if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
             raise NoRecipe(f"{norm.name}: weight and bias are not f32[{n}]")
         eps = norm.attrs.eps  # type: ignore[attr-defined]
-        kernel = fused.layernorm_rows(rows, n, eps, name=_name(group), lanes=lanes)
+        kernel = _row_kernel("layernorm", rows, n, eps, lanes)
         extra = (w, b)
-    base = _renamed(kernel.func)  # row_x, row_w, ...: apart from the prologue's buffer names
+    # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
+    base = dataclasses.replace(_renamed(kernel.func), name=_name(group))
     template = f"kiln.codegen.fused.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
     schedule = (f"# {template}({rows}, {n}, lanes={lanes}): the row schedule\n"
                 f"{kernel.trace.as_python()}")
@@ -289,6 +291,14 @@ def _rows(graph: Graph, group: KernelGroup
     text = (f"{schedule}# its loads of x compute the prologue ({ops}), inlined by:\n"
             f"{trace.strip() or '# (one op: nothing to inline)'}")
     return func, text, ins, outs
+
+
+@functools.lru_cache(maxsize=64)
+def _row_kernel(kind: str, rows: int, n: int, eps: float, lanes: int) -> fused.RowKernel:
+    """The scheduled row kernel, built once per shape (a transformer has one per layer)."""
+    if kind == "softmax":
+        return fused.softmax_rows(rows, n, name=kind, lanes=lanes)
+    return fused.layernorm_rows(rows, n, eps, name=kind, lanes=lanes)
 
 
 def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, taken: set[str]):  # noqa: ANN202
