@@ -73,7 +73,8 @@ def bench_model(name: str, quick: bool, rounds: int, min_sample_s: float,
     model, inputs = models.build(name, quick=quick)
     compiled = {}
     compile_s = {}
-    variants = [("kiln lib", kiln.Options()), ("kiln gen", kiln.Options(generated_kernels=True))]
+    variants = [("kiln lib", kiln.Options(generated_kernels=False)),
+                ("kiln gen", kiln.Options(generated_kernels=True))]
     if gemm:
         variants.append(("kiln gen+gemm", kiln.Options(generated_kernels=True,
                                                        generated_gemm=True)))

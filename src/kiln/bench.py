@@ -160,14 +160,17 @@ PEERS: dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Callable[
 
 # which kernels kiln may generate, per contender: the Options fields each mode turns on
 KERNEL_MODES: dict[str, dict[str, bool]] = {
-    "library": {},  # every op a library call (the default Options)
-    "generated": {"generated_kernels": True},  # fused elementwise/row kernels in C
+    "library": {"generated_kernels": False},  # every op a library call
+    "generated": {"generated_kernels": True},  # fused elementwise/row kernels in C (default)
     "gemm": {"generated_kernels": True, "generated_gemm": True},  # and GEMMs where faster
 }
 
 
-def kiln_name(opt_level: int, kernels: str = "library") -> str:
-    return f"kiln-O{opt_level}" + ("" if kernels == "library" else f"-{kernels}")
+DEFAULT_KERNELS = "generated"  # what kiln.Options() does; its contender is plain kiln-O<N>
+
+
+def kiln_name(opt_level: int, kernels: str = DEFAULT_KERNELS) -> str:
+    return f"kiln-O{opt_level}" + ("" if kernels == DEFAULT_KERNELS else f"-{kernels}")
 
 
 def is_kiln(contender: str) -> bool:
@@ -179,7 +182,7 @@ def is_kiln(contender: str) -> bool:
 
 def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
               peers: Sequence[str] = (), opt_levels: Sequence[int] = (2,),
-              kernels: Sequence[str] = ("library",), threads: int | None = None,
+              kernels: Sequence[str] = (DEFAULT_KERNELS,), threads: int | None = None,
               seed: int = 0, timing: TimingConfig | None = None,
               progress: ProgressFn | None = None) -> list[BenchResult]:
     """Benchmark each model (all built-in ones by default); one failure never stops the run."""
@@ -211,7 +214,7 @@ class _Runner:
 
 
 def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
-                opt_levels: Sequence[int] = (2,), kernels: Sequence[str] = ("library",),
+                opt_levels: Sequence[int] = (2,), kernels: Sequence[str] = (DEFAULT_KERNELS,),
                 seed: int = 0, timing: TimingConfig | None = None,
                 report: Callable[[str, float], None] | None = None) -> BenchResult:
     """Benchmark one model; errors land in the result instead of propagating."""
@@ -254,7 +257,7 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
     return result
 
 
-def _kiln_compiler(level: int, kernels: str = "library") -> Callable[..., Any]:
+def _kiln_compiler(level: int, kernels: str = DEFAULT_KERNELS) -> Callable[..., Any]:
     # the environment still picks the compiler and the kernel cache (CC, KILN_CACHE_DIR)
     options = dataclasses.replace(kiln.Options.from_env(), opt_level=level,
                                   **KERNEL_MODES[kernels])

@@ -67,8 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     b.add_argument("--opt-level", nargs="+", action="extend", type=int, choices=range(4),
                    metavar="N", dest="opt_levels", help="kiln opt level(s) (default: 2)")
     b.add_argument("--kernels", nargs="+", action="extend", choices=list(bench.KERNEL_MODES),
-                   metavar="MODE", help="kiln contender(s) per opt level: library (default), "
-                   "generated (fused C kernels), gemm (also generated GEMMs where faster)")
+                   metavar="MODE", help="kiln contender(s) per opt level: generated (the "
+                   "default: fused C kernels), library (library calls only), gemm (also "
+                   "generated GEMMs where faster)")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)
@@ -109,7 +110,7 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
         raise UsageError(f"--json {args.json}: no such directory")
     opt_levels = list(dict.fromkeys(args.opt_levels or [2]))
-    kernel_modes = list(dict.fromkeys(args.kernels or ["library"]))
+    kernel_modes = list(dict.fromkeys(args.kernels or [bench.DEFAULT_KERNELS]))
     bar = ProgressBar(sys.stderr)
     try:
         results = bench.run_bench(names, quick=args.quick, peers=peers, opt_levels=opt_levels,

@@ -19,6 +19,8 @@ from kiln.runtime.gemm import build_gemm_kernels
 from kiln.runtime.kernels import GroupKernel, build_kernels
 from kiln.runtime.memory import FusedCall, MemoryPlan, plan_memory
 
+GENERATED_KERNELS_LEVEL = 2  # below it every op is a library call, whatever the Options say
+
 
 @dataclass
 class CompiledGraph:
@@ -42,9 +44,10 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         verify(graph)
     optimized, records, _ = run_pipeline(graph, options)
     kernels: list[GroupKernel] = []
-    if options.generated_kernels:
+    generate = options.opt_level >= GENERATED_KERNELS_LEVEL
+    if generate and options.generated_kernels:
         kernels = build_kernels(optimized, partition(optimized), options).kernels
-    if options.generated_gemm:  # where it measures faster than the library
+    if generate and options.generated_gemm:  # where it measures faster than the library
         kernels += build_gemm_kernels(optimized, gemms(optimized), options).kernels
     if kernels:
         optimized = gather(optimized, [k.group for k in kernels])

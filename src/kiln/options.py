@@ -18,7 +18,10 @@ class Options:
     memory_plan: bool = True  # run intermediates in statically planned, reused buffers
     fast_math: bool = False  # allow rewrites that hold for real numbers only
     strict: bool = False  # raise instead of falling back to eager when kiln cannot compile
-    generated_kernels: bool = False  # fuse elementwise/reduction chains into generated C kernels
+    # at opt level 2 and up: elementwise/reduction chains (bias + activation, residual add +
+    # layer norm, scale + mask + softmax) become generated C kernels, each checked against the
+    # library calls before use; no C compiler means library calls and a one-time warning
+    generated_kernels: bool = True
     generated_gemm: bool = False  # also generate GEMMs (used only where it measures faster)
     c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
