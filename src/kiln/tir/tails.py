@@ -50,6 +50,8 @@ from kiln.tir.nodes import (
 )
 from kiln.tir.primitives.common import loop_vars_of_kind
 from kiln.tir.visit import (
+    conjoin,
+    conjuncts,
     iter_stmts,
     loads_of,
     map_stmt,
@@ -88,19 +90,6 @@ def _affine(e: Expr) -> Affine | None:
     return None
 
 
-def _conjuncts(e: Expr | None) -> list[Expr]:
-    if e is None:
-        return []
-    if isinstance(e, Binary) and e.op is BinOp.AND:
-        return _conjuncts(e.a) + _conjuncts(e.b)
-    return [e]
-
-
-def _and(conds: Sequence[Expr]) -> Expr | None:
-    out: Expr | None = None
-    for c in conds:
-        out = c if out is None else Binary(BinOp.AND, out, c)
-    return out
 
 
 Key = tuple[tuple[tuple[str, int], ...], int]
@@ -150,9 +139,9 @@ def _guards_by_block(body: Stmt) -> tuple[Guards, dict[str, dict[Key | None, Key
         if isinstance(s, For):
             walk(s.body, {**inner, s.var.name: s.extent})
         elif isinstance(s, Block):
-            found[s.name] = [(c, _full_key(c, inner)) for c in _conjuncts(s.predicate)]
+            found[s.name] = [(c, _full_key(c, inner)) for c in conjuncts(s.predicate)]
             someone[s.name] = {_full_key(c, inner): _full_key(c, inner, best=True)
-                               for c in _conjuncts(s.predicate)}
+                               for c in conjuncts(s.predicate)}
         elif isinstance(s, IfThenElse):
             walk(s.then_body, inner)
             if s.else_body is not None:
@@ -185,11 +174,11 @@ def _version(loop: For) -> For:
 
     def drop(s: Stmt) -> Stmt:
         if isinstance(s, Block) and dropped.get(s.name):
-            kept = [c for c in _conjuncts(s.predicate) if c not in dropped[s.name]]
-            return Block(s.name, s.iter_vars, s.bindings, s.body, s.init, _and(kept))
+            kept = [c for c in conjuncts(s.predicate) if c not in dropped[s.name]]
+            return Block(s.name, s.iter_vars, s.bindings, s.body, s.init, conjoin(*kept))
         return s
 
-    cond = _and([_key_expr(k) for k in sorted(chosen)])
+    cond = conjoin(*[_key_expr(k) for k in sorted(chosen)])
     assert cond is not None
     fast = map_stmt(loop.body, drop)
     # guards that do not change inside the body are false for all of it or for none of it:
@@ -206,7 +195,7 @@ def _version(loop: For) -> For:
         if len(bests) == 1 and None not in bests:
             some |= bests
     if slow is not None and some:
-        slow = IfThenElse(_and([_key_expr(k) for k in sorted(some)]), slow)  # type: ignore
+        slow = IfThenElse(conjoin(*[_key_expr(k) for k in sorted(some)]), slow)  # type: ignore
     return For(loop.var, loop.extent, IfThenElse(cond, fast, slow), loop.kind)
 
 
@@ -279,7 +268,7 @@ def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[S
     """``block`` with its dead guards dropped; ``loops`` are around it, ``shared`` around the
     allocation it writes (the loops every reader of the allocation sees with the same
     values), ``others`` the blocks under that allocation."""
-    conj = _conjuncts(block.predicate)
+    conj = conjuncts(block.predicate)
     if not conj or block.init is not None:
         return block
     stores = stores_of(block.body)
@@ -320,7 +309,7 @@ def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[S
         wide = max(iv.extent, box[1] + 1) if vars_of(b) & freed else iv.extent
         ivs.append(IterVar(iv.var, wide, iv.kind))
     kept = [c for c in conj if c not in dead]
-    return Block(block.name, tuple(ivs), block.bindings, block.body, None, _and(kept))
+    return Block(block.name, tuple(ivs), block.bindings, block.body, None, conjoin(*kept))
 
 
 def _guarded_alike(guard: Expr, position: tuple[Expr, ...], reader: Block,
@@ -328,7 +317,7 @@ def _guarded_alike(guard: Expr, position: tuple[Expr, ...], reader: Block,
     """Does every read of ``buffer`` in ``reader`` happen under ``guard`` (renamed from the
     writer's position vars to the reader's indices)?"""
     reads = [ld for ld in loads_of(reader.body) if ld.buffer == buffer]
-    conj = _conjuncts(reader.predicate)
+    conj = conjuncts(reader.predicate)
     for ld in reads:
         renamed = substitute(guard, dict(zip(position, ld.indices)))  # type: ignore[arg-type]
         if renamed not in conj:

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from kiln.tir.nodes import (
     Allocate,
     Binary,
+    BinOp,
     Block,
     Buffer,
     BufferStore,
@@ -255,3 +256,21 @@ def fresh(taken: set[str], base: str) -> str:
         name = f"{base}_{k}"
     taken.add(name)
     return name
+
+
+def conjuncts(e: Expr | None) -> list[Expr]:
+    """The terms of a predicate ``a and b and ...`` (none for no predicate)."""
+    if e is None:
+        return []
+    if isinstance(e, Binary) and e.op is BinOp.AND:
+        return conjuncts(e.a) + conjuncts(e.b)
+    return [e]
+
+
+def conjoin(*conds: Expr | None) -> Expr | None:
+    """``a and b and ...`` of the given conditions, skipping None (None if none is left)."""
+    out: Expr | None = None
+    for c in conds:
+        if c is not None:
+            out = c if out is None else Binary(BinOp.AND, out, c)
+    return out

@@ -21,7 +21,6 @@ from kiln.tir.nodes import (
     Block,
     Buffer,
     BufferStore,
-    Expr,
     For,
     IterKind,
     IterVar,
@@ -41,6 +40,7 @@ from kiln.tir.primitives.common import (
 )
 from kiln.tir.primitives.compute_location import written_buffer
 from kiln.tir.visit import (
+    conjuncts,
     fresh,
     loads_of,
     replace_buffer,
@@ -126,13 +126,6 @@ def cache_write(func: PrimFunc, block: str, scope: Scope = Scope.LOCAL) -> tuple
     return func.with_body(Allocate(dst, body)), dst.name
 
 
-def _conjuncts(e: Expr | None) -> list[Expr]:
-    if e is None:
-        return []
-    if isinstance(e, Binary) and e.op is BinOp.AND:
-        return _conjuncts(e.a) + _conjuncts(e.b)
-    return [e]
-
 
 def decompose_reduction(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc, str]:
     """Move the block's init into its own block just before ``loop`` (over the spatial loops
@@ -173,7 +166,7 @@ def decompose_reduction(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc
     new_ivs = {iv.var: Var(fresh(taken, f"{iv.var.name}_init")) for iv, _ in spatial}
     allowed = {f.var for f in loops[:at]} | set(new_loops.values())
     pred = None
-    for c in _conjuncts(red.predicate):
+    for c in conjuncts(red.predicate):
         c = substitute(c, new_loops)
         if vars_of(c) <= allowed:
             pred = c if pred is None else Binary(BinOp.AND, pred, c)

@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from kiln.tir.arith import bounds, simplify
 from kiln.tir.nodes import (
     Allocate,
-    Binary,
-    BinOp,
     Block,
     CmpOp,
     Compare,
@@ -43,6 +41,7 @@ from kiln.tir.primitives.common import (
     walk_with_path,
 )
 from kiln.tir.visit import (
+    conjoin,
     fresh,
     map_stmt,
     replace_node,
@@ -58,13 +57,10 @@ def _loop(func: PrimFunc, name: str) -> tuple[For, list[For]]:
     return loc.stmt, loc.loops
 
 
-def _and(a: Expr | None, b: Expr) -> Expr:
-    return b if a is None else Binary(BinOp.AND, a, b)
-
 
 def _with_predicate(stmt: Stmt, cond: Expr) -> Stmt:
     return map_stmt(stmt, lambda s: Block(s.name, s.iter_vars, s.bindings, s.body, s.init,
-                                          _and(s.predicate, cond))
+                                          conjoin(s.predicate, cond))
                     if isinstance(s, Block) else s)
 
 

@@ -74,7 +74,7 @@ from kiln.tir.primitives.common import (
     taken_names,
 )
 from kiln.tir.te import identity_of
-from kiln.tir.visit import fresh, loads_of, replace_node, substitute, vars_of
+from kiln.tir.visit import conjoin, conjuncts, fresh, loads_of, replace_node, substitute, vars_of
 
 COMBINERS = (BinOp.ADD, BinOp.MUL, BinOp.MAX, BinOp.MIN)  # commutative and associative
 
@@ -132,14 +132,14 @@ def rfactor(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc, str]:
     value = substitute(term, old_reduce)
     predicate: Expr | None = None
     guard: Expr | None = None
-    for c in _conjuncts(red.predicate):
+    for c in conjuncts(red.predicate):
         if vars_of(c) & set(as_iv):
             if not vars_of(c) <= set(as_iv):
                 raise ScheduleError(f"{verb}: the predicate {c} mixes reduction and spatial "
                                     f"loops")
-            guard = _and(guard, substitute(c, as_iv))
+            guard = conjoin(guard, substitute(c, as_iv))
         else:
-            predicate = _and(predicate, c)
+            predicate = conjoin(predicate, c)
     if guard is not None:
         value = Select(guard, value, identity)
     rf_block = Block(fresh({b.name for b in blocks_under(func.body)} | {block}, f"{block}_rf"),
@@ -173,16 +173,6 @@ def rfactor(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc, str]:
     return func.with_body(Allocate(rf_buf, body)), rf_block.name
 
 
-def _conjuncts(e: Expr | None) -> list[Expr]:
-    if e is None:
-        return []
-    if isinstance(e, Binary) and e.op is BinOp.AND:
-        return _conjuncts(e.a) + _conjuncts(e.b)
-    return [e]
-
-
-def _and(a: Expr | None, b: Expr) -> Expr:
-    return b if a is None else Binary(BinOp.AND, a, b)
 
 
 def _combiner(red: Block, verb: str) -> tuple[BufferStore, BinOp, Expr]:
