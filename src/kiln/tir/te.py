@@ -43,7 +43,7 @@ from kiln.tir.nodes import (
     const,
     seq,
 )
-from kiln.tir.visit import fresh
+from kiln.tir.visit import conjoin, fresh
 
 Number = bool | int | float
 
@@ -119,10 +119,7 @@ def select(c: Expr, t: Expr, f: ExprLike) -> Expr:
 
 
 def all_of(conds: Sequence[Expr]) -> Expr | None:
-    result: Expr | None = None
-    for c in conds:
-        result = c if result is None else Binary(BinOp.AND, result, c)
-    return result
+    return conjoin(*conds)
 
 
 def in_range(e: Expr, extent: int) -> list[Expr]:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from kiln.tir.nodes import (
     Allocate,
-    Binary,
-    BinOp,
     Block,
     Buffer,
     BufferStore,
@@ -40,6 +38,7 @@ from kiln.tir.primitives.common import (
 )
 from kiln.tir.primitives.compute_location import written_buffer
 from kiln.tir.visit import (
+    conjoin,
     conjuncts,
     fresh,
     loads_of,
@@ -169,7 +168,7 @@ def decompose_reduction(func: PrimFunc, block: str, loop: str) -> tuple[PrimFunc
     for c in conjuncts(red.predicate):
         c = substitute(c, new_loops)
         if vars_of(c) <= allowed:
-            pred = c if pred is None else Binary(BinOp.AND, pred, c)
+            pred = conjoin(pred, c)
     init_block: Stmt = Block(fresh(set(b.name for b in blocks_under(func.body)),
                                    f"{block}_init"),
                              tuple(IterVar(new_ivs[iv.var], iv.extent) for iv, _ in spatial),

@@ -16,8 +16,6 @@ from __future__ import annotations
 from kiln.tir.arith import bounds, linear, simplify
 from kiln.tir.nodes import (
     Allocate,
-    Binary,
-    BinOp,
     Block,
     Buffer,
     BufferStore,
@@ -48,6 +46,7 @@ from kiln.tir.primitives.common import (
     walk_with_path,
 )
 from kiln.tir.visit import (
+    conjoin,
     fresh,
     loads_of,
     map_stmt,
@@ -112,9 +111,7 @@ def _nest_over_region(func: PrimFunc, block: Block, region: Region, outer: list[
             rv = Var(fresh(taken, f"r{len(loops)}"))
             loops.append(For(rv, iv.extent, SeqStmt(())))
             bindings.append(rv)
-    predicate: Expr | None = None
-    for g in guards:
-        predicate = g if predicate is None else Binary(BinOp.AND, predicate, g)
+    predicate = conjoin(*guards)
     stmt: Stmt = Block(block.name, block.iter_vars, tuple(bindings), block.body, block.init,
                        predicate)
     for f in reversed(loops):
