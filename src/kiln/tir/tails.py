@@ -26,17 +26,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kiln.tir.arith import bounds
+from kiln.tir.arith import bounds, linear
 from kiln.tir.nodes import (
     INDEX,
     Allocate,
-    Binary,
-    BinOp,
     Block,
     Buffer,
     CmpOp,
     Compare,
-    Const,
     Expr,
     For,
     IfThenElse,
@@ -66,30 +63,11 @@ Affine = dict[str, int]  # var name -> coefficient; "" -> constant
 
 
 def _affine(e: Expr) -> Affine | None:
-    if isinstance(e, Var):
-        return {e.name: 1}
-    if isinstance(e, Const) and isinstance(e.value, int) and not isinstance(e.value, bool):
-        return {"": e.value}
-    if not isinstance(e, Binary):
+    form = linear(e)
+    if form is None:
         return None
-    a, b = _affine(e.a), _affine(e.b)
-    if a is None or b is None:
-        return None
-    if e.op in (BinOp.ADD, BinOp.SUB):
-        sign = 1 if e.op is BinOp.ADD else -1
-        out = dict(a)
-        for k, v in b.items():
-            out[k] = out.get(k, 0) + sign * v
-        return {k: v for k, v in out.items() if v or k == ""}
-    if e.op is BinOp.MUL:
-        if set(a) <= {""}:
-            a, b = b, a
-        if set(b) <= {""}:
-            c = b.get("", 0)
-            return {k: v * c for k, v in a.items() if v * c or k == ""}
-    return None
-
-
+    named = {"" if v is None else v.name: k for v, k in form.items()}
+    return {k: v for k, v in named.items() if v or k == ""}
 
 
 Key = tuple[tuple[tuple[str, int], ...], int]
