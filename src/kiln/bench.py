@@ -11,7 +11,6 @@ eager median / contender median. Nothing here prints: progress goes to a callbac
 from __future__ import annotations
 
 import dataclasses
-import gc
 import math
 import os
 import shutil
@@ -26,6 +25,7 @@ import torch
 
 import kiln
 from kiln import models
+from kiln.cost.measure import Budget, interleaved
 from kiln.report import CompileReport
 
 EAGER = "eager"
@@ -306,31 +306,21 @@ def _warm_up(runner: _Runner, inputs: tuple[torch.Tensor, ...], reference: Any,
 
 def _time_rounds(runners: list[_Runner], inputs: tuple[torch.Tensor, ...],
                  timing: TimingConfig) -> int:
-    """Call every runner once per round until the timing budget says stop; returns rounds."""
-    started = time.perf_counter()
-    rounds = 0
-    gc.collect()
-    gc.disable()  # a collection in one contender's call would be noise only it pays for
-    try:
-        with torch.no_grad():
-            while runners and rounds < timing.max_rounds:
-                for runner in list(runners):
-                    try:
-                        t0 = time.perf_counter()
-                        runner.fn(*inputs)
-                        runner.times.append(time.perf_counter() - t0)
-                    except Exception as err:  # noqa: BLE001
-                        runner.result.error = f"run failed: {describe_error(err)}"
-                        runners.remove(runner)
-                rounds += 1
-                if rounds < timing.min_rounds:
-                    continue
-                spent = min((sum(r.times) for r in runners), default=math.inf)
-                if spent >= timing.target_s or time.perf_counter() - started >= timing.cap_s:
-                    break
-    finally:
-        gc.enable()
-    return rounds
+    """Call every runner once per round (`kiln.cost.measure`) until the timing budget says
+    stop; returns the number of rounds."""
+    budget = Budget(min_rounds=timing.min_rounds, target_s=timing.target_s, cap_s=timing.cap_s,
+                    max_rounds=timing.max_rounds, warmup=0)  # warmed up by _warm_up
+
+    def call(fn: Callable[..., Any]) -> Callable[[], object]:
+        return lambda: fn(*inputs)
+
+    with torch.no_grad():
+        timings = interleaved([call(r.fn) for r in runners], budget)
+    for runner, t in zip(runners, timings):
+        runner.times = t.samples
+        if t.error is not None:
+            runner.result.error = f"run failed: {describe_error(t.error)}"
+    return max((len(t.samples) for t in timings), default=0)
 
 
 def _summarize(runners: list[_Runner], result: BenchResult) -> None:

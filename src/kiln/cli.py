@@ -338,6 +338,8 @@ def show_kernels(graph: Graph, options: kiln.Options, brief: bool = False) -> No
     print(f"== kernels: {generated} generated, {len(kernels) - generated} library ==")
     for k in kernels:
         print(k)
+        if k.decision:
+            print(f"  decision: {k.decision}")
         if k.kind == "generated" and not brief:
             print("  schedule:\n" + _indent(k.trace or ""))
             print("  source:\n" + _indent(k.source or ""))

@@ -3,23 +3,44 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from kiln.ir.graph import Graph
 from kiln.ir.ops import Op
 from kiln.ir.verify import verify
+from kiln.kernels.build import build_kernels
+from kiln.kernels.decide import Decisions
+from kiln.kernels.gemm import build_gemm_kernels
+from kiln.kernels.outcome import Built, KernelBuild, Skipped
 from kiln.options import Options
-from kiln.passes.partition import gather, gemms, partition
+from kiln.passes.partition import KernelGroup, gather, gemms, partition
 from kiln.passes.pipeline import run_pipeline
 from kiln.report import GraphReport, KernelInfo
 from kiln.runtime.executor import build_executor
-from kiln.runtime.gemm import build_gemm_kernels
-from kiln.runtime.kernels import GroupKernel, build_kernels
 from kiln.runtime.memory import FusedCall, MemoryPlan, plan_memory
 
 GENERATED_KERNELS_LEVEL = 2  # below it every op is a library call, whatever the Options say
+
+
+@dataclass(frozen=True)
+class KernelStage:
+    """One row of the kernel table: which groups it takes, and how it builds them."""
+
+    name: str
+    wanted: Callable[[Options], bool]
+    groups: Callable[[Graph], list[KernelGroup]]
+    build: Callable[[Graph, Sequence[KernelGroup], Options, Decisions], KernelBuild]
+
+
+# After the pipeline, in order; a node taken by one stage is not offered to the next.
+KERNEL_STAGES: tuple[KernelStage, ...] = (
+    # elementwise and row chains: memory-bound, so fusing them saves whole passes over memory
+    KernelStage("rows and loops", lambda o: o.generated_kernels, partition, build_kernels),
+    # GEMMs: compute-bound, each one competes with the library's GEMM on its own shape
+    KernelStage("gemm", lambda o: o.generated_gemm, gemms, build_gemm_kernels),
+)
 
 
 @dataclass
@@ -43,12 +64,8 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     if options.debug:
         verify(graph)
     optimized, records, _ = run_pipeline(graph, options)
-    kernels: list[GroupKernel] = []
-    generate = options.opt_level >= GENERATED_KERNELS_LEVEL
-    if generate and options.generated_kernels:
-        kernels = build_kernels(optimized, partition(optimized), options).kernels
-    if generate and options.generated_gemm:  # where it measures faster than the library
-        kernels += build_gemm_kernels(optimized, gemms(optimized), options).kernels
+    built = build_kernels_for(optimized, options)
+    kernels = built.kernels
     if kernels:
         optimized = gather(optimized, [k.group for k in kernels])
     plan = plan_memory(optimized, [fused_call(k) for k in kernels]) \
@@ -62,26 +79,47 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         planned_bytes=plan.planned_bytes if plan else 0,
         compile_seconds=time.perf_counter() - start,
         planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0,
-        kernels=kernel_infos(optimized, kernels))
+        kernels=kernel_infos(optimized, kernels, built.skipped))
     return CompiledGraph(optimized, graph, plan, source, report, run)
 
 
-def fused_call(kernel: GroupKernel) -> FusedCall:
+def build_kernels_for(graph: Graph, options: Options) -> KernelBuild:
+    """Every stage of `KERNEL_STAGES` the options ask for, in order."""
+    result = KernelBuild()
+    if options.opt_level < GENERATED_KERNELS_LEVEL:
+        return result
+    decisions = Decisions.open(options)
+    for stage in KERNEL_STAGES:
+        if stage.wanted(options):
+            taken = {n for k in result.kernels for n in k.group.nodes}
+            groups = [g for g in stage.groups(graph) if not taken & set(g.nodes)]
+            done = stage.build(graph, groups, options, decisions)
+            result.kernels += done.kernels
+            result.skipped += done.skipped
+    return result
+
+
+def fused_call(kernel: Built) -> FusedCall:
     nodes = kernel.group.nodes
     internal = frozenset(v for n in nodes for v in n.outputs if v not in kernel.outputs)
     return FusedCall(nodes, kernel.inputs, kernel.outputs, internal)
 
 
-def kernel_infos(graph: Graph, kernels: Sequence[GroupKernel]) -> tuple[KernelInfo, ...]:
-    """One KernelInfo per generated kernel and per remaining computing node, in run order."""
+def kernel_infos(graph: Graph, kernels: Sequence[Built],
+                 skipped: Sequence[Skipped] = ()) -> tuple[KernelInfo, ...]:
+    """One KernelInfo per generated kernel and per remaining computing node, in run order,
+    each with the decision that put it there."""
     member_of = {n: k for k in kernels for n in k.group.nodes}
+    why_not = {n: str(s) for s in skipped for n in s.group.nodes}
     infos = []
     for node in graph.nodes:
         k = member_of.get(node)
         if k is None and node.op not in (Op.CONSTANT, Op.SCALAR):
-            infos.append(KernelInfo("library", (node.op.text,), nodes=(node.name,)))
+            infos.append(KernelInfo("library", (node.op.text,), nodes=(node.name,),
+                                    decision=why_not.get(node, "")))
         elif k is not None and node is k.group.last:
             nodes = k.group.nodes
+            decision = f"generated, measured {k.measured}" if k.measured else "generated"
             infos.append(KernelInfo("generated", tuple(n.op.text for n in nodes), k.source,
-                                    k.trace, tuple(n.name for n in nodes)))
+                                    k.trace, tuple(n.name for n in nodes), decision))
     return tuple(infos)

@@ -23,6 +23,9 @@ class Options:
     # library calls before use; no C compiler means library calls and a one-time warning
     generated_kernels: bool = True
     generated_gemm: bool = False  # also generate GEMMs (used only where it measures faster)
+    # time each checked kernel against the library calls it replaces and keep it only where it
+    # is faster (decisions cached on disk); False uses every checked kernel (tests, debugging)
+    measure_kernels: bool = True
     c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
     kernel_cache_dir: str = ""  # where compiled kernels are kept; "" means ~/.cache/kiln

@@ -3,6 +3,8 @@ kernels (generated and library) of every computing node."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ TRANSFORMERS = ("bert", "gpt2", "vit_b16")
 
 @pytest.fixture(scope="module")
 def options(tmp_path_factory: pytest.TempPathFactory) -> kiln.Options:
-    opts = kiln.Options(generated_kernels=True, debug=True,
+    # every checked kernel used, unmeasured: these tests check what the kernels compute
+    opts = kiln.Options(generated_kernels=True, debug=True, measure_kernels=False,
                         kernel_cache_dir=str(tmp_path_factory.mktemp("kernels")))
     if isinstance(toolchain(opts), CompilerUnavailable):
         pytest.skip("no C compiler")
@@ -79,3 +82,24 @@ def test_kiln_explain_kernels_prints_every_kernel(options: kiln.Options, capsys,
     assert text.startswith(f"== kernels: {len(generated)} generated, ")
     assert "(add), " in generated[0] and generated[0].endswith("(layer_norm)")
     assert "  schedule:" in text and "  source:" in text and "void " in text
+
+
+def test_measured_kernels_carry_their_decision(options: kiln.Options) -> None:
+    """With measurement on (the default), each generated kernel beat the library calls it
+    replaces, and both times are in the report; groups that lost say so at their nodes."""
+    measured = dataclasses.replace(options, measure_kernels=True)
+    case = support.capture("gpt2")
+    compiled = compile_graph(case.graph, measured, range(len(case.graph.inputs)))
+    with torch.no_grad():
+        outputs = compiled(list(case.inputs))
+    for actual, expected in zip(outputs, case.expected, strict=True):
+        assert support.relative_error(actual, expected) < TOLERANCE
+    kernels = compiled.report.kernels
+    generated = [k for k in kernels if k.kind == "generated"]
+    assert all("measured library" in k.decision and "# used: measured" in k.trace
+               for k in generated)
+    lost = [k for k in kernels if k.kind == "library" and "slower than the library" in k.decision]
+    assert len(generated) + len(lost) > 0  # every candidate group was timed one way or the other
+    again = compile_graph(case.graph, measured, range(len(case.graph.inputs)))
+    assert all("cached decision" in k.decision for k in again.report.kernels
+               if k.kind == "generated")

@@ -10,8 +10,10 @@ from kiln.options import Options
 
 @pytest.fixture(scope="session")
 def kernel_options(tmp_path_factory: pytest.TempPathFactory) -> Options:
-    """Generated kernels on, a fresh cache dir; skips the test when there is no C compiler."""
-    opts = Options(generated_kernels=True, kernel_cache_dir=str(tmp_path_factory.mktemp("k")))
+    """Generated kernels on and used unmeasured (the tests check what they compute), a fresh
+    cache dir; skips the test when there is no C compiler."""
+    opts = Options(generated_kernels=True, kernel_cache_dir=str(tmp_path_factory.mktemp("k")),
+                   measure_kernels=False)
     chain = toolchain(opts)
     if isinstance(chain, CompilerUnavailable):
         pytest.skip(f"no C compiler: {chain.reason}")

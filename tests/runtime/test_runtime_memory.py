@@ -16,9 +16,9 @@ import torch
 import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.engine import fused_call
 from kiln.ir import Graph, Op, OpGroup, Value, parse_graph, verify
+from kiln.kernels.build import build_kernels
 from kiln.passes.partition import gather, partition
 from kiln.runtime.executor import build_executor
-from kiln.runtime.kernels import build_kernels
 from kiln.runtime.memory import ALIGNMENT, OUT_VARIANTS, FusedCall, MemoryPlan, plan_memory
 
 

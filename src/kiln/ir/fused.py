@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kiln.ir.graph import Node
 from kiln.ir.ops import Op
 
 aten = torch.ops.aten
@@ -27,6 +28,18 @@ _IN_PLACE: dict[Op, Any] = {
 }
 
 ACTIVATIONS = frozenset(_IN_PLACE)
+
+
+def activation_args(node: Node) -> tuple[Any, ...]:
+    """The arguments of an activation node, as its fused epilogue keeps them."""
+    a = node.attrs
+    if node.op is Op.GELU:
+        return (a.approximate,)  # type: ignore[attr-defined]
+    if node.op is Op.CLAMP:
+        return (a.min, a.max)  # type: ignore[attr-defined]
+    if node.op is Op.LEAKY_RELU:
+        return (a.negative_slope,)  # type: ignore[attr-defined]
+    return ()
 
 
 def apply_activation(t: torch.Tensor, activation: Op | None, act_args: tuple[Any, ...]) -> None:

@@ -22,10 +22,11 @@ ways on this machine, and the layout changes only if the total is at least 5% lo
 from __future__ import annotations
 
 import functools
-import time
+from collections.abc import Callable
 
 import torch
 
+from kiln.cost.measure import Budget, interleaved
 from kiln.ir.attrs import NO_ATTRS, LayoutAttrs
 from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.infer import META
@@ -37,6 +38,7 @@ CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
 # ops whose result takes the layout of their (4-d) operands at run time
 KEEPS_LAYOUT = frozenset({Op.CONV_ACT, Op.CONVOLUTION, Op.CAT, Op.BATCH_NORM})
 REQUIRED_GAIN = 0.95
+LAYOUT_BUDGET = Budget(min_rounds=3, max_rounds=3)  # per convolution, both layouts
 
 
 def to_channels_last(graph: Graph, options: Options | None = None,
@@ -139,7 +141,7 @@ def _signature(node: Node) -> tuple:
 
 @functools.lru_cache(maxsize=512)
 def _conv_times(signature: tuple) -> tuple[float, float]:
-    """Best-of-three seconds of one convolution in NCHW and in NHWC, interleaved."""
+    """Median seconds of one convolution in NCHW and in NHWC, interleaved."""
     x_shape, w_shape, dtype, stride, padding, dilation, groups = signature
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(x_shape, generator=gen).to(dtype)
@@ -147,12 +149,11 @@ def _conv_times(signature: tuple) -> tuple[float, float]:
     x_cl = x.contiguous(memory_format=torch.channels_last)
     w_cl = w.contiguous(memory_format=torch.channels_last)
     conv = torch.ops.aten.convolution.default
-    times: list[list[float]] = [[], []]
+
+    def run(xi: torch.Tensor, wi: torch.Tensor) -> Callable[[], object]:
+        return lambda: conv(xi, wi, None, list(stride), list(padding), list(dilation), False,
+                            [0, 0], groups)
+
     with torch.no_grad():
-        for _ in range(4):
-            for k, (xi, wi) in enumerate(((x, w), (x_cl, w_cl))):
-                start = time.perf_counter()
-                conv(xi, wi, None, list(stride), list(padding), list(dilation), False, [0, 0],
-                     groups)
-                times[k].append(time.perf_counter() - start)
-    return min(times[0][1:]), min(times[1][1:])  # the first round warms up
+        a, b = interleaved([run(x, w), run(x_cl, w_cl)], LAYOUT_BUDGET)
+    return a.median_s, b.median_s

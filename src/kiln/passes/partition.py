@@ -139,8 +139,8 @@ def _describe(nodes: list[Node], users: dict[Node, list[Node]],
 
 
 def gemms(graph: Graph) -> list[KernelGroup]:
-    """Single-node groups for the float32 ``mm`` and ``addmm`` (beta = alpha = 1, bias over
-    the columns) nodes, which a generated GEMM may run instead of the library."""
+    """Single-node groups for the float32 ``mm``, ``addmm`` and ``addmm_act`` (beta = alpha = 1,
+    bias over the columns) nodes, which a generated GEMM may run instead of the library."""
     if graph.device.type != "cpu":
         return []
     users = graph.users()
@@ -149,9 +149,9 @@ def gemms(graph: Graph) -> list[KernelGroup]:
     for node in graph.nodes:
         if node.op is Op.MM:
             operands = node.inputs
-        elif node.op is Op.ADDMM:
+        elif node.op in (Op.ADDMM, Op.ADDMM_ACT):  # (the activation: the GEMM's epilogue)
             attrs = node.attrs
-            assert isinstance(attrs, A.AddmmAttrs)
+            assert isinstance(attrs, (A.AddmmAttrs, A.AddmmActAttrs))
             bias = node.inputs[0]
             if attrs.beta != 1 or attrs.alpha != 1 or bias.type.shape != node.type.shape[1:]:
                 continue

@@ -17,6 +17,9 @@ class KernelInfo:
     source: str | None = None  # generated: the C source
     trace: str | None = None  # generated: the schedule (a replayable trace, or the template)
     nodes: tuple[str, ...] = ()  # the node names, in order
+    # why this kernel and not the other: the measured times of both, or why no generated
+    # kernel stands for these nodes ("" where nothing was tried)
+    decision: str = ""
 
     def __str__(self) -> str:
         covered = ", ".join(f"{n} ({o})" for n, o in zip(self.nodes, self.ops)) or ", ".join(

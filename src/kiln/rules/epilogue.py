@@ -15,22 +15,11 @@ from __future__ import annotations
 from typing import Any
 
 from kiln.ir.attrs import AddmmActAttrs, ConvActAttrs
-from kiln.ir.fused import ACTIVATIONS
+from kiln.ir.fused import ACTIVATIONS, activation_args
 from kiln.ir.graph import Node, Value
 from kiln.ir.ops import Op
 from kiln.rewrite.pattern import On, Var
 from kiln.rewrite.rule import EXACT, Match, Rule
-
-
-def activation_args(node: Node) -> tuple[Any, ...]:
-    a = node.attrs
-    if node.op is Op.GELU:
-        return (a.approximate,)  # type: ignore[attr-defined]
-    if node.op is Op.CLAMP:
-        return (a.min, a.max)  # type: ignore[attr-defined]
-    if node.op is Op.LEAKY_RELU:
-        return (a.negative_slope,)  # type: ignore[attr-defined]
-    return ()
 
 
 def _addmm_act(m: Match) -> Value:

@@ -24,7 +24,7 @@ import torch
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
-from kiln.runtime.kernels import GroupKernel
+from kiln.kernels.outcome import Built
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 
 _SOURCES = (Op.SCALAR, Op.CONSTANT, Op.INPUT)
@@ -66,7 +66,7 @@ class ThreadSync:
 
 
 def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Sequence[int],
-                   kernels: Sequence[GroupKernel] = ()
+                   kernels: Sequence[Built] = ()
                    ) -> tuple[Callable[[list[Any]], list[Any]], str]:
     """A function of the boxed call arguments returning the graph outputs, and its source.
 
@@ -153,7 +153,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     return env["kiln_graph"], source
 
 
-def _kernel_lines(env: dict[str, Any], gk: GroupKernel, graph: Graph,
+def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   ref: Callable[[Value], str], slot: dict[Value, int], contiguous: set[Value],
                   library_line: Callable[[Node, bool], str]) -> list[str]:
     """The kernel call, behind a contiguity check of the operands not known to be contiguous;

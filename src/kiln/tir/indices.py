@@ -7,6 +7,8 @@ index as plain sums::
       ->  A_local[0, ...]
     C_local[vi0 - (ic * 14 + ir * 14), ...]   ->  C_local[i, ...]
 
+Accesses of a parameter are rewritten too where they divide (a prepacked operand).
+
 Rules (exact for the non-negative indices kiln builds): affine sums are collected;
 ``(d*q + r) // d = q + r // d`` and ``(d*q + r) % d = r % d`` for terms ``d*q`` whose
 coefficients ``d`` divides; ``r // d`` is a constant and ``r % d`` is ``r`` when the range of
@@ -36,7 +38,7 @@ from kiln.tir.nodes import (
     const,
 )
 from kiln.tir.primitives.common import binding_map
-from kiln.tir.visit import map_stmt, substitute
+from kiln.tir.visit import iter_exprs, map_stmt, substitute
 
 __all__ = ["simplify_indices", "simplify_index"]
 
@@ -139,6 +141,13 @@ def _walk(s: Stmt, ranges: dict[Var, Interval], params: set[Buffer]) -> Stmt:
     return s
 
 
+def _divides(indices: tuple[Expr, ...]) -> bool:
+    """Whether a parameter's access divides (a prepacked GEMM operand, ``B[n // 32, k,
+    n % 32]``): those are simplified too; plain parameter accesses keep their bindings."""
+    return any(isinstance(e, Binary) and e.op in (BinOp.FLOORDIV, BinOp.FLOORMOD)
+               for i in indices for e in iter_exprs(i))
+
+
 def _block(block: Block, ranges: dict[Var, Interval], params: set[Buffer]) -> Block:
     mapping = binding_map(block)
 
@@ -146,12 +155,12 @@ def _block(block: Block, ranges: dict[Var, Interval], params: set[Buffer]) -> Bl
         return tuple(simplify_index(substitute(i, mapping), ranges) for i in idx)
 
     def efn(e: Expr) -> Expr:
-        if isinstance(e, Load) and e.buffer not in params:
+        if isinstance(e, Load) and (e.buffer not in params or _divides(e.indices)):
             return Load(e.buffer, fix(e.indices))
         return e
 
     def sfn(s: Stmt) -> Stmt:
-        if isinstance(s, BufferStore) and s.buffer not in params:
+        if isinstance(s, BufferStore) and (s.buffer not in params or _divides(s.indices)):
             return BufferStore(s.buffer, fix(s.indices), s.value)
         return s
 

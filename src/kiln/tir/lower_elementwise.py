@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from kiln.ir import attrs as A
+from kiln.ir.fused import activation_args
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
@@ -54,9 +55,8 @@ def _map(fn: Callable[[Expr], Expr]) -> LowerFn:
     return lower
 
 
-def _gelu(node: Node) -> Callable[[Expr], Expr]:
-    assert isinstance(node.attrs, A.GeluAttrs)
-    if node.attrs.approximate == "tanh":
+def _gelu(approximate: str) -> Callable[[Expr], Expr]:
+    if approximate == "tanh":
         def gelu(x: Expr) -> Expr:
             inner = (x + x * x * x * 0.044715) * math.sqrt(2.0 / math.pi)
             return x * 0.5 * (unary(UnOp.TANH, inner) + 1.0)
@@ -64,14 +64,32 @@ def _gelu(node: Node) -> Callable[[Expr], Expr]:
     return lambda x: x * 0.5 * (unary(UnOp.ERF, x * (1.0 / math.sqrt(2.0))) + 1.0)
 
 
-def _clamp(a: A.ClampAttrs) -> Callable[[Expr], Expr]:
+def _clamp(low: float | None, high: float | None) -> Callable[[Expr], Expr]:
     def clamp(x: Expr) -> Expr:
-        if a.min is not None:
-            x = max_(x, const(a.min, x.dtype))
-        if a.max is not None:
-            x = min_(x, const(a.max, x.dtype))
+        if low is not None:
+            x = max_(x, const(low, x.dtype))
+        if high is not None:
+            x = min_(x, const(high, x.dtype))
         return x
     return clamp
+
+
+def activation(op: Op, args: tuple[Any, ...]) -> Callable[[Expr], Expr]:
+    """The loop expression of an epilogue activation (`kiln.ir.fused.ACTIVATIONS`) with its
+    arguments as `kiln.rules.epilogue.activation_args` gives them."""
+    if op is Op.RELU:
+        return lambda x: max_(x, 0)  # NaN stays NaN, as torch.relu
+    if op is Op.GELU:
+        return _gelu(args[0] if args else "none")
+    if op is Op.LEAKY_RELU:
+        slope = args[0]
+        return lambda x: select(cmp(CmpOp.GT, x, 0), x, x * slope)
+    if op is Op.CLAMP:
+        return _clamp(args[0], args[1])
+    if op in (Op.SIGMOID, Op.TANH):
+        un = _UNARY_MATH[op]
+        return lambda x: unary(un, x)
+    raise NotLowerable(op, "not an epilogue activation")
 
 
 def lower_unary(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]) -> None:
@@ -84,17 +102,10 @@ def lower_unary(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer
     elif op in (Op.FLOOR, Op.CEIL):
         un = UnOp.FLOOR if op is Op.FLOOR else UnOp.CEIL
         fn = (lambda x: unary(un, x)) if dtype.is_floating else (lambda x: x)
-    elif op is Op.RELU:
-        fn = lambda x: max_(x, 0)  # noqa: E731 - NaN stays NaN, as torch.relu
     elif op is Op.RECIPROCAL:
         fn = lambda x: const(1, x.dtype) / x  # noqa: E731
-    elif op is Op.GELU:
-        fn = _gelu(node)
-    elif op is Op.LEAKY_RELU:
-        slope = node.attrs.negative_slope  # type: ignore[attr-defined]
-        fn = lambda x: select(cmp(CmpOp.GT, x, 0), x, x * slope)  # noqa: E731
-    elif op is Op.CLAMP:
-        fn = _clamp(node.attrs)  # type: ignore[arg-type]
+    elif op in (Op.RELU, Op.GELU, Op.LEAKY_RELU, Op.CLAMP):
+        fn = activation(op, activation_args(node))
     elif op is Op.CAST:
         fn = lambda x: x  # noqa: E731 - the store converts
     else:

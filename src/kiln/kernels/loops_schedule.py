@@ -11,8 +11,8 @@ same space the autotuner searches), each one skipped where the primitive refuses
    single long loop into ``parallel x vectorized`` first.
 
 Reductions keep their reduction loops serial (the renderer never vectorizes a loop that
-feeds a REDUCE iter var). GEMMs take the packed kernel of ``kiln.codegen.gemm`` instead; the
-memory-bound transformer kernels take the row schedules of ``kiln.codegen.fused``.
+feeds a REDUCE iter var). GEMMs take the packed kernel of ``kiln.kernels.gemm_schedule`` instead;
+the memory-bound transformer kernels the row schedules of ``kiln.kernels.rows_schedule``.
 """
 
 from __future__ import annotations

@@ -14,9 +14,12 @@ import torch
 
 import kiln_test_support as support
 from kiln.ir import Graph, parse_graph, verify
+from kiln.kernels import build as K
+from kiln.kernels import loops, validate
+from kiln.kernels.outcome import SkipReason
+from kiln.kernels.plan import Recipe
 from kiln.options import Options
 from kiln.passes.partition import gather, partition
-from kiln.runtime import kernels as K
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
 
@@ -115,10 +118,11 @@ def test_generated_kernels_match_the_interpreter(kernel_options: Options, kind: 
     built, run, source = _compiled(graph, kernel_options)
     assert len(built.kernels) == 1 and not built.skipped, built.skipped
     kernel = built.kernels[0]
-    assert kernel.recipe == ("rows" if "softmax" in kind or "layernorm" in kind else "loops")
+    assert kernel.plan.recipe is (Recipe.ROWS if "softmax" in kind or "layernorm" in kind
+                                  else Recipe.LOOPS)
     assert "KERNEL" in source and kernel.trace
     small = math.prod(shape) < K.GRAIN
-    if small or kernel.recipe == "rows":  # (the default schedule decides for loops)
+    if small or kernel.plan.recipe is Recipe.ROWS:  # (the default schedule decides for loops)
         assert ("#pragma omp parallel" in kernel.source) != small
     for seed in range(2):
         _check(run, graph, support.random_inputs(graph, seed))
@@ -131,7 +135,7 @@ def test_a_masked_softmax_is_one_row_kernel(kernel_options: Options,
     graph = _graph("scale_mask_softmax", shape)
     built, run, source = _compiled(graph, kernel_options)
     assert [[n.name for n in k.group.nodes] for k in built.kernels] == [["q", "m", "p"]]
-    assert built.kernels[0].recipe == "rows" and "sch.rfactor" in built.kernels[0].trace
+    assert built.kernels[0].plan.recipe is Recipe.ROWS and "sch.rfactor" in built.kernels[0].trace
     assert "K_softmax" not in source.split("else:")[0]
     if shape[-1] % 16 == 0:
         assert "hoisted" in built.kernels[0].source
@@ -165,14 +169,14 @@ def test_missing_compiler_warns_and_keeps_library_calls(kernel_options: Options,
     graph = _graph("scale_addmask_softmax", (1, 2, 8, 8))
     with pytest.warns(RuntimeWarning, match="could not find"):
         built, run, source = _compiled(graph, options)
-    assert built.kernels == [] and "no C compiler" in built.skipped[0][1]
+    assert built.kernels == [] and built.skipped[0].reason is SkipReason.NO_COMPILER
     assert "KERNEL" not in source
     _check(run, graph, support.random_inputs(graph, 0))
 
 
 def test_a_kernel_that_disagrees_with_the_library_is_not_used(
         kernel_options: Options, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(K, "CHECK_TOLERANCE", 0.0)  # no kernel can pass: the net must catch it
+    monkeypatch.setattr(validate, "CHECK_TOLERANCE", 0.0)  # no kernel can pass: the net catches it
     graph = _graph("bias_gelu_residual", (3, 20))
     with pytest.warns(RuntimeWarning, match="disagrees"):
         built, run, source = _compiled(graph, kernel_options)
@@ -200,7 +204,7 @@ def test_a_bug_in_lowering_costs_speed_not_the_model(kernel_options: Options,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
         raise RuntimeError("boom")
-    monkeypatch.setattr(K, "lower_chain", broken)
+    monkeypatch.setattr(loops, "lower_chain", broken)
     graph = _graph("bias_gelu_residual", (3, 20))
     with pytest.warns(RuntimeWarning, match="boom"):
         built, run, source = _compiled(graph, kernel_options)

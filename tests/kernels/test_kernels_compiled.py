@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.codegen import fused
-from kiln.codegen.gemm import GemmConfig, default_gemm_config, gemm_func
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.kernels import rows_schedule as fused
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_func
 from kiln.options import Options
 from kiln.tir import interp
 

@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kiln.codegen.c import render_c
-from kiln.codegen.gemm import (
+from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.kernels.gemm_schedule import (
     GemmConfig,
-    gemm_kernel,
-    lower_gemm,
+    gemm_func,
+    gemm_plan,
     matmul_func,
     schedule_gemm,
 )
-from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.kernels.plan import VersionTails
 from kiln.options import Options
 from kiln.tir import interp
 from kiln.tir.printer import print_func
@@ -30,7 +33,7 @@ TINY = GemmConfig(mr=4, nr=8, kc=5, mc=8, nc=16)  # several blocks and tails in 
 @pytest.mark.parametrize("bias", [False, True], ids=["mm", "addmm"])
 def test_gemm_matches_torch_and_interpreter(options: Options, m: int, n: int, k: int,
                                             b_transposed: bool, bias: bool) -> None:
-    func, _ = gemm_kernel(m, n, k, TINY, b_transposed, bias)
+    func = gemm_func(m, n, k, TINY, b_transposed, bias)
     torch.manual_seed(m * 1000 + n * 10 + k)
     a = torch.randn(m, k)
     b = torch.randn(n, k) if b_transposed else torch.randn(k, n)
@@ -49,15 +52,20 @@ def test_gemm_matches_torch_and_interpreter(options: Options, m: int, n: int, k:
 
 @pytest.mark.parametrize("b_transposed", [False, True])
 def test_trace_replays_onto_the_lowered_matmul(b_transposed: bool) -> None:
-    func, trace = gemm_kernel(30, 50, 23, TINY, b_transposed, bias=True)
-    tails = ["k0_0", "ax0_3_0", "i1_1", "i0_1", "k0_1"]  # pc, A's tiles, jr, ir, p
+    plan = gemm_plan(30, 50, 23, TINY, b_transposed, bias=True)
+    func, trace = plan.build(), plan.trace
+    assert plan.post[2] == VersionTails(("k0_0", "ax0_3_0", "i1_1", "i0_1", "k0_1"))
     for text in (trace.to_json(), Trace.from_json(trace.to_json()).to_json()):
-        replayed = Trace.from_json(text).apply(matmul_func(30, 50, 23, b_transposed, True))
-        assert print_func(lower_gemm(replayed.func, tails)) == print_func(func)
+        replayed = dataclasses.replace(plan, program=matmul_func(30, 50, 23, b_transposed, True),
+                                       trace=Trace.from_json(text))
+        assert print_func(replayed.build()) == print_func(func)
     # the Python form runs too
     sch = Schedule(matmul_func(30, 50, 23, b_transposed, True))
     exec(trace.as_python(), {"sch": sch})  # noqa: S102 - the trace's own text
-    assert print_func(lower_gemm(sch.func, tails)) == print_func(func)
+    lowered = sch.func
+    for step in plan.post:
+        lowered = step.apply(lowered)
+    assert print_func(lowered) == print_func(func)
 
 
 def test_trace_is_the_blis_schedule() -> None:
@@ -77,7 +85,7 @@ def test_trace_is_the_blis_schedule() -> None:
 
 def test_micro_kernel_is_clean_c() -> None:
     """Full tiles: no bounds check and plain indices in the K loop, as the hand-built had."""
-    func, _ = gemm_kernel(100, 100, 100, GemmConfig(14, 32, 50, 28, 64))
+    func = gemm_func(100, 100, 100, GemmConfig(14, 32, 50, 28, 64))
     source = render_c(func)
     update = source[source.index("/* block C */"):]
     update = update[:update.index("}")]

@@ -1,10 +1,10 @@
 """fp32 GEMM: the matmul lowering, scheduled by primitives into packed panels and a
 register-tiled micro-kernel, recorded as a replayable Trace.
 
-``gemm_kernel(M, N, K)`` starts from ``C[M, N] = A[M, K] @ B[K, N]`` as `matmul_func` lowers
+``gemm_plan(M, N, K)`` starts from ``C[M, N] = A[M, K] @ B[K, N]`` as `matmul_func` lowers
 it (one reduction block; ``A @ B.T`` with ``b_transposed``, B then [N, K], a Linear weight;
 ``bias`` as the init) and applies `schedule_gemm` (the BLIS loop nest; GemmConfig holds the
-tile sizes), then the lowering steps of `lower_gemm`. The program it gives::
+tile sizes), then the lowering post-passes. The program it gives::
 
     C[...] = 0 (or bias)                            # decompose_reduction: C's init, parallel
     for jc in range(N / NC):                        # columns of C, NC at a time
@@ -44,18 +44,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import torch
+
 from kiln.ir.types import DType
-from kiln.tir.compact import compact_buffers
-from kiln.tir.indices import simplify_indices
+from kiln.kernels.plan import (
+    Compact,
+    DropDeadGuards,
+    Epilogue,
+    KernelPlan,
+    PostPass,
+    Recipe,
+    SimplifyIndices,
+    VersionTails,
+)
 from kiln.tir.nodes import BinOp, Expr, PrimFunc, Scope, Var
 from kiln.tir.primitives.common import find_block
 from kiln.tir.schedule import Schedule
-from kiln.tir.tails import drop_dead_guards, version_tails
 from kiln.tir.te import Builder
-from kiln.tir.trace import Trace
 
-__all__ = ["GemmConfig", "default_gemm_config", "gemm_func", "gemm_kernel", "lower_gemm",
-           "matmul_func", "schedule_gemm"]
+__all__ = ["GemmConfig", "default_gemm_config", "gemm_func", "gemm_plan", "matmul_func",
+           "schedule_gemm"]
 
 F32 = DType.F32
 
@@ -69,6 +77,10 @@ class GemmConfig:
     kc: int = 512  # depth of a packed panel; C is read and written K/KC times
     mc: int = 28  # rows of A packed at a time (MC*KC floats in L1/L2); the threads split these
     nc: int = 512  # columns of B packed at once (KC*NC floats = 1 MiB, about L2)
+    # threads split the N blocks (jc) instead of the M blocks (ic): for skinny M (a batch-1
+    # transformer's 128 tokens) the M tiles are too few to balance, and with B prepacked each
+    # thread streams only its own panels
+    split_n: bool = False
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -87,13 +99,19 @@ def _balanced(total: int, limit: int, multiple: int, parts_multiple: int = 1) ->
 
 
 def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
-                        base: GemmConfig | None = None) -> GemmConfig:
-    """Tiles for AVX-512 fp32 on a few cores: balanced blocks, threads split the M blocks."""
+                        base: GemmConfig | None = None, b_prepacked: bool = False,
+                        one_k_block: bool = False) -> GemmConfig:
+    """Tiles for AVX-512 fp32 on a few cores: balanced blocks, threads split the M blocks;
+    with B prepacked and too few M tiles to balance, the threads split the N blocks.
+    ``one_k_block``: KC = K (a fused epilogue needs each output written back once)."""
     threads = threads or os.cpu_count() or 1
     base = base or GemmConfig()
-    kc = _balanced(k, base.kc, 1)
-    nc = _balanced(n, base.nc, base.nr)
-    return GemmConfig(base.mr, base.nr, kc, _mc_for_threads(m, base, threads), nc)
+    kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
+    m_tiles = _ceil_div(m, base.mr)
+    split_n = b_prepacked and threads > 1 and m_tiles < 4 * threads and n >= threads * base.nr
+    nc = _balanced(n, base.nc, base.nr, threads if split_n else 1)
+    mc = _mc_for_threads(m, base, 1 if split_n else threads)
+    return GemmConfig(base.mr, base.nr, kc, mc, nc, split_n)
 
 
 def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:
@@ -114,24 +132,42 @@ def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:
 
 
 def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool = False,
-                name: str = "gemm") -> PrimFunc:
+                name: str = "gemm", b_panels: int = 0) -> PrimFunc:
     """``C = A @ B`` (``A @ B.T`` with ``b_transposed``; ``+ bias`` as the init) as the loop
     lowering of mm/addmm gives it (`kiln.tir.lower_contract`): one reduction block ``C``
-    over loops ``i0, i1, k0``."""
+    over loops ``i0, i1, k0``. With ``b_panels`` (NR) B comes prepacked by the caller
+    (`pack_b`): ``B[n // NR, k, n % NR]``, f32[ceil(N / NR), K, NR], the tail zero-padded."""
     b = Builder()
     a_buf = b.buffer("A", (m, k), F32)
-    b_buf = b.buffer("B", (n, k) if b_transposed else (k, n), F32)
+    if b_panels:
+        b_buf = b.buffer("B", (_ceil_div(n, b_panels), k, b_panels), F32)
+    else:
+        b_buf = b.buffer("B", (n, k) if b_transposed else (k, n), F32)
     bias_buf = b.buffer("bias", (n,), F32) if bias else None
     c_buf = b.buffer("C", (m, n), F32)
 
     def product(v: tuple[Var, ...], r: tuple[Var, ...]) -> Expr:
-        rhs = b_buf[v[1], r[0]] if b_transposed else b_buf[r[0], v[1]]
+        if b_panels:
+            rhs = b_buf[v[1] // b_panels, r[0], v[1] % b_panels]
+        else:
+            rhs = b_buf[v[1], r[0]] if b_transposed else b_buf[r[0], v[1]]
         return a_buf[v[0], r[0]] * rhs
 
     finit = None if bias_buf is None else (lambda v: bias_buf[v[1]])
     b.reduce("C", c_buf, (k,), BinOp.ADD, product, finit)
     inputs = (a_buf, b_buf) if bias_buf is None else (a_buf, b_buf, bias_buf)
     return PrimFunc(name, inputs, (c_buf,), b.body())
+
+
+def pack_b(b: torch.Tensor, nr: int) -> torch.Tensor:
+    """B [K, N] (a Linear weight's ``.t()`` too) in the prepacked layout `matmul_func` reads
+    with ``b_panels=nr``: f32[ceil(N / nr), K, nr], panel p holding columns p*nr.., the last
+    panel zero-padded. Done once, at compile time, for a constant B."""
+    k, n = b.shape
+    panels = _ceil_div(n, nr)
+    padded = torch.zeros(k, panels * nr, dtype=b.dtype)
+    padded[:, :n] = b
+    return padded.view(k, panels, nr).permute(1, 0, 2).contiguous()
 
 
 def schedule_gemm(func: PrimFunc, config: GemmConfig,
@@ -168,21 +204,27 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     a_rows, a_k = sch.get_loops(a_pack)[-2:]  # pack A tile by tile, writing contiguously
     a_tile, a_row = sch.split(a_rows, [None, mr])
     sch.reorder(a_tile, a_k, a_row)
-    b_pack = sch.cache_read(c, "B", Scope.GLOBAL)
-    sch.compute_at(b_pack, pc)
-    a_local, b_local = f"A_{Scope.LOCAL.value}", f"B_{Scope.GLOBAL.value}"
+    a_local = f"A_{Scope.LOCAL.value}"
     sch.transform_layout(c, a_local, [(0, "//", mr), (1, "", 0), (0, "%", mr)])
-    n_dim = 0 if b_transposed else 1
-    sch.transform_layout(c, b_local, [(n_dim, "//", nr), (1 - n_dim, "", 0),
-                                      (n_dim, "%", nr)])
-    # the micro-kernel: unrolled rows, vector columns; threads share the M blocks
+    # the micro-kernel: unrolled rows, vector columns; threads share the M or the N blocks
     sch.unroll(ii)
     sch.vectorize(jj)
-    sch.parallel(ic)
+    sch.parallel(jc if config.split_n else ic)
     for block in (load, store):
         rows, cols = sch.get_loops(block)[-2:]
         sch.unroll(rows)
         sch.vectorize(cols)
+    init_loops = sch.get_loops(init)
+    sch.parallel(init_loops[0 if config.split_n else 1])  # jc or ic
+    sch.vectorize(init_loops[-1])
+    if func.inputs[1].rank == 3:  # B prepacked by the caller (`pack_b`): read in place
+        return sch, [pc.name, a_tile.name, jr.name, ir.name, p.name]
+    b_pack = sch.cache_read(c, "B", Scope.GLOBAL)
+    sch.compute_at(b_pack, pc)
+    b_local = f"B_{Scope.GLOBAL.value}"
+    n_dim = 0 if b_transposed else 1
+    sch.transform_layout(c, b_local, [(n_dim, "//", nr), (1 - n_dim, "", 0),
+                                      (n_dim, "%", nr)])
     # packing B: panel by panel (parallel), NR lanes at a time; a transposed B (a Linear
     # weight, K contiguous) in 16 x NR blocks, reading along K (measured 6% faster than
     # vector gathers at 512x768x3072)
@@ -195,34 +237,35 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     else:
         sch.reorder(panel, k_loop, lane)
         sch.vectorize(lane)
-    sch.parallel(panel)
-    init_loops = sch.get_loops(init)
-    sch.parallel(init_loops[1])  # ic
-    sch.vectorize(init_loops[-1])
+    if not config.split_n:  # (else B's packing already runs inside a thread's jc block)
+        sch.parallel(panel)
     return sch, [pc.name, a_tile.name, jr.name, ir.name, p.name]
 
 
-def gemm_kernel(m: int, n: int, k: int, config: GemmConfig | None = None,
-                b_transposed: bool = False, bias: bool = False,
-                name: str = "gemm") -> tuple[PrimFunc, Trace]:
-    """The GEMM program (see the module docstring) and the Trace of its schedule, which
-    replays onto ``matmul_func(m, n, k, b_transposed, bias, name)``."""
+def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
+              b_transposed: bool = False, bias: bool = False, name: str = "gemm",
+              b_prepacked: bool = False, epilogue: Epilogue | None = None) -> KernelPlan:
+    """The GEMM as a plan (see the module docstring): `matmul_func`'s program, the Trace of
+    `schedule_gemm`, and the lowering post-passes: compaction (packed panels, register tile),
+    indices in loop vars, full K blocks and tiles versioned without bounds checks (tiles
+    wholly in the padding skipped, the K tail's check one test per K step), then the tail
+    tiles' micro-kernel padded (its checks dropped where only unused values depend on them)."""
     cfg = config or default_gemm_config(m, n, k)
-    sch, tails = schedule_gemm(matmul_func(m, n, k, b_transposed, bias, name), cfg,
-                               b_transposed)
-    return lower_gemm(sch.func, tails), sch.trace
+    program = matmul_func(m, n, k, b_transposed, bias, name, cfg.nr if b_prepacked else 0)
+    sch, tails = schedule_gemm(program, cfg, b_transposed)
+    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
+                                  DropDeadGuards())
+    if epilogue is not None:
+        if cfg.kc < k or k == 0:
+            raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")
+        post += (epilogue,)
+    call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
+            f"b_prepacked={b_prepacked})")
+    return KernelPlan(Recipe.GEMM, program, sch.trace, post, notes=f"# kiln.kernels.{call}")
 
 
 def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
-              b_transposed: bool = False, bias: bool = False, name: str = "gemm") -> PrimFunc:
-    """`gemm_kernel`'s program alone: ``C = A @ B`` (``+ bias``) with inputs A, B (, bias)."""
-    return gemm_kernel(m, n, k, config, b_transposed, bias, name)[0]
-
-
-def lower_gemm(func: PrimFunc, tails: list[str]) -> PrimFunc:
-    """The lowering steps after the schedule: compaction (packed panels, register tile),
-    indices in loop vars, full K blocks and tiles versioned without bounds checks (tiles wholly in
-    the padding skipped, the K tail's check one test per K step), then the tail tiles' micro-kernel
-    padded (its checks dropped where only unused values depend on them)."""
-    func = version_tails(simplify_indices(compact_buffers(func)), tails)
-    return drop_dead_guards(func)
+              b_transposed: bool = False, bias: bool = False, name: str = "gemm",
+              b_prepacked: bool = False, epilogue: Epilogue | None = None) -> PrimFunc:
+    """`gemm_plan`'s program: ``C = A @ B`` (``+ bias``) with inputs A, B (, bias)."""
+    return gemm_plan(m, n, k, config, b_transposed, bias, name, b_prepacked, epilogue).build()

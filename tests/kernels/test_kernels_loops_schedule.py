@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from kiln.codegen.c import render_c
-from kiln.codegen.heuristics import default_schedule
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
 from kiln.ir import attrs as A
 from kiln.ir.builder import GraphBuilder
 from kiln.ir.ops import Op
 from kiln.ir.types import DType, TensorType
+from kiln.kernels.loops_schedule import default_schedule
 from kiln.options import Options
 from kiln.tir.interp import run_torch
 from kiln.tir.lower import lower_chain

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.codegen import fused
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.kernels import rows_schedule as fused
 from kiln.options import Options
 from kiln.tir.compact import compact_buffers
 from kiln.tir.trace import Trace, Verb

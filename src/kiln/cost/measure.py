@@ -1,0 +1,118 @@
+"""One way to time code: callables run side by side in interleaved rounds, medians reported.
+
+    a, b = interleaved([library_call, generated_call], Budget.kernel())
+    a.median_s, b.median_s            # seconds per call
+
+Every timing decision in kiln goes through here: the channels-last decision of
+`kiln.passes.layout`, generated-versus-library choices in `kiln.kernels`, and `kiln bench`.
+Why interleaved: machine noise (another process, a frequency change, a runtime's idle threads
+still spinning after its last call) then hits every contender alike instead of whichever ran
+during the bad second. Each contender gets one untimed call first, so its one-time costs
+(page faults, lazy initialization, the first call of a thread pool) are not timed.
+A sample is the mean of a batch of calls sized so that one sample lasts at least
+``Budget.min_sample_s`` (timer resolution and call overhead stay small against it).
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Budget", "Timing", "interleaved"]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long to measure: at least ``min_rounds`` rounds, then until every contender has
+    run ``target_s`` seconds, stopping at ``max_rounds`` or after ``cap_s`` seconds."""
+
+    min_rounds: int = 5
+    target_s: float = 0.0
+    cap_s: float = math.inf
+    max_rounds: int = 10_000
+    min_sample_s: float = 0.0  # 0: one call per sample
+    warmup: int = 1  # untimed calls per contender before the first round
+
+    @staticmethod
+    def kernel() -> Budget:
+        """For one kernel against its library call at compile time: short and robust."""
+        return Budget(min_rounds=5, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3)
+
+
+@dataclass
+class Timing:
+    """Per-call seconds of one contender, one entry per round; ``error`` if it raised."""
+
+    samples: list[float] = field(default_factory=list)
+    error: BaseException | None = None
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.inf
+
+    @property
+    def min_s(self) -> float:
+        return min(self.samples) if self.samples else math.inf
+
+
+def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget()) -> list[Timing]:
+    """Time each of ``fns`` in interleaved rounds (see the module docstring). A contender that
+    raises is dropped from later rounds; its Timing carries the error."""
+    timings = [Timing() for _ in fns]
+    live = list(range(len(fns)))
+    for i in list(live):
+        if not _untimed(fns[i], budget.warmup, timings[i]):
+            live.remove(i)
+    batches = {i: _batch(fns[i], budget.min_sample_s) for i in live}
+    started = time.perf_counter()
+    rounds = 0
+    gc.collect()
+    gc.disable()  # a collection in one contender's call would be noise only it pays for
+    try:
+        while live and rounds < budget.max_rounds:
+            for i in list(live):
+                n = batches[i]
+                try:
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        fns[i]()
+                    timings[i].samples.append((time.perf_counter() - t0) / n)
+                except Exception as err:  # noqa: BLE001 - a failing contender leaves the race
+                    timings[i].error = err
+                    live.remove(i)
+            rounds += 1
+            if rounds < budget.min_rounds:
+                continue
+            spent = min((sum(timings[i].samples) * batches[i] for i in live), default=math.inf)
+            if spent >= budget.target_s or time.perf_counter() - started >= budget.cap_s:
+                break
+    finally:
+        gc.enable()
+    return timings
+
+
+def _untimed(fn: Callable[[], object], count: int, timing: Timing) -> bool:
+    try:
+        for _ in range(count):
+            fn()
+    except Exception as err:  # noqa: BLE001
+        timing.error = err
+        return False
+    return True
+
+
+def _batch(fn: Callable[[], object], min_sample_s: float) -> int:
+    """Calls per sample so that a sample lasts at least ``min_sample_s``."""
+    n = 1
+    while min_sample_s > 0:
+        start = time.perf_counter()
+        for _ in range(n):
+            fn()
+        if time.perf_counter() - start >= min_sample_s:
+            break
+        n *= 2
+    return n

@@ -1,0 +1,126 @@
+"""Generated kernels for the partitioner's groups: plan, build, check, measure, or leave the
+group to its library calls.
+
+    group --recipe--> KernelPlan --build()--> PrimFunc --compile--> CompiledKernel
+          --validate (agrees with the library)--> --decide (faster than the library)--> Built
+
+The recipe is chosen by the group's last op (`RECIPES`): a last-axis softmax or layer norm
+takes `kiln.kernels.rows`, everything else `kiln.kernels.loops`; GEMMs are planned by
+`kiln.kernels.gemm`. Every plan gets the same post-passes here: bool inputs read as bytes,
+and kernels with fewer than `GRAIN` output elements on one thread.
+
+Any failure (the op has no loop definition, a schedule primitive refuses, no C compiler, the
+compiler rejects the source, the built kernel disagrees with the library on random data, or
+it measures slower) leaves the group to its library calls, with a typed `Skipped` reason:
+never a crash, never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+from kiln.codegen.build import CompileError, CompilerUnavailable
+from kiln.codegen.c import UnsupportedForC
+from kiln.codegen.kernel import compile_kernel
+from kiln.ir.graph import Graph, Value
+from kiln.kernels.decide import Decisions, faster_than_library
+from kiln.kernels.loops import plan_loops
+from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.kernels.plan import BoolsAsBytes, KernelPlan, Serial
+from kiln.kernels.rows import ROW_OPS, NoRowKernel, plan_rows
+from kiln.kernels.validate import agrees_with_library
+from kiln.options import Options
+from kiln.passes.partition import KernelGroup, without_last
+from kiln.tir.primitives.common import ScheduleError
+from kiln.tir.te import NotLowerable
+
+__all__ = ["GRAIN", "build_group_kernel", "build_kernels", "compile_plan"]
+
+# below this many output elements a kernel runs on one thread, as ATen's parallel_for does
+# (at::internal::GRAIN_SIZE): waking the OpenMP team costs more than it saves, and on a busy
+# machine a descheduled team member stalls the call for a whole scheduler time slice
+GRAIN = 32768
+
+Planner = Callable[[Graph, KernelGroup], tuple[KernelPlan, Sequence[Value], Sequence[Value]]]
+
+
+def recipe_for(group: KernelGroup) -> Planner:
+    return plan_rows if group.last.op in ROW_OPS else plan_loops
+
+
+def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
+                  decisions: Decisions | None = None) -> KernelBuild:
+    """A kernel per group where one can be built, checked, and measures faster than the
+    library calls; the reasons elsewhere."""
+    result = KernelBuild()
+    decisions = decisions if decisions is not None else Decisions.open(options)
+    checked: dict[str, bool] = {}  # kernel source + types -> agreed (repeated layers)
+    for i, group in enumerate(groups):
+        built = build_group_kernel(graph, group, options)
+        prologue = without_last(group)
+        if isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE and prologue:
+            # the normalization stays a library call; its prologue still fuses
+            built = build_group_kernel(graph, prologue, options)
+        if isinstance(built, Skipped):
+            result.skipped.append(built)
+            if built.reason is SkipReason.NO_COMPILER:  # (warned once, by codegen.build)
+                result.skipped += [Skipped(g, built.reason, built.detail) for g in groups[i + 1:]]
+                break
+            continue
+        key = built.source + repr([v.type for v in built.inputs])
+        if key not in checked:
+            checked[key] = agrees_with_library(graph, built)
+        if not checked[key]:
+            warnings.warn(f"kiln: generated kernel {built.kernel.name} disagrees with the library "
+                          f"calls on random data; using the library calls", RuntimeWarning,
+                          stacklevel=2)
+            result.skipped.append(Skipped(built.group, SkipReason.DISAGREED))
+            continue
+        decided = faster_than_library(graph, built, decisions)
+        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
+    return result
+
+
+def build_group_kernel(graph: Graph, group: KernelGroup, options: Options) -> Built | Skipped:
+    """The group's compiled kernel (not yet checked or measured), or why there is none."""
+    try:
+        plan, ins, outs = recipe_for(group)(graph, group)
+        plan = plan.with_post(BoolsAsBytes())
+        if sum(v.type.numel for v in outs) < GRAIN:
+            plan = plan.with_post(Serial(f"fewer than {GRAIN} output elements"))
+    except NoRowKernel as err:
+        return Skipped(group, SkipReason.NO_RECIPE, str(err))
+    except (NotLowerable, ScheduleError) as err:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, str(err))
+    except Exception as err:  # noqa: BLE001 - a bug in lowering must cost speed, not the model
+        return _internal_error(group, err, options)
+    return compile_plan(graph, group, plan, tuple(ins), tuple(outs), options)
+
+
+def compile_plan(graph: Graph, group: KernelGroup, plan: KernelPlan, ins: tuple[Value, ...],
+                 outs: tuple[Value, ...], options: Options, weights: dict | None = None
+                 ) -> Built | Skipped:
+    """Build ``plan``'s program and compile it; the outcome as a type, never an exception."""
+    try:
+        func = plan.build()
+        kernel = compile_kernel(func, options)
+    except UnsupportedForC as err:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, str(err))
+    except CompileError as err:  # (narrower than Exception: caught first)
+        warnings.warn(f"kiln: the C compiler rejected kernel {plan.program.name}; using library "
+                      f"calls ({str(err).splitlines()[0]})", RuntimeWarning, stacklevel=3)
+        return Skipped(group, SkipReason.COMPILER_REJECTED, str(err).splitlines()[0])
+    except Exception as err:  # noqa: BLE001 - a bug in lowering must cost speed, not the model
+        return _internal_error(group, err, options)
+    if isinstance(kernel, CompilerUnavailable):
+        return Skipped(group, SkipReason.NO_COMPILER, kernel.reason)
+    return Built(group, kernel, ins, outs, plan, weights or {})
+
+
+def _internal_error(group: KernelGroup, err: Exception, options: Options) -> Skipped:
+    if options.strict:
+        raise err
+    warnings.warn(f"kiln: could not generate a kernel for {group} ({type(err).__name__}: "
+                  f"{err}); using library calls", RuntimeWarning, stacklevel=3)
+    return Skipped(group, SkipReason.INTERNAL_ERROR, f"{type(err).__name__}: {err}")

@@ -1,0 +1,139 @@
+"""Never slower than the library: a checked kernel is timed against the library calls it
+replaces (`kiln.cost.measure`, interleaved), on its shapes, on this machine, and used only
+where it is faster. Decisions are kept on disk per (kernel, operand types, threads, machine),
+so a recompile does not measure again.
+
+    decisions = Decisions.open(options)          # <kernel cache>/decisions.sqlite
+    outcome = faster_than_library(graph, built, decisions)   # Built (with .measured) or Skipped
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import platform
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from kiln.codegen.build import cache_dir
+from kiln.cost.measure import Budget, interleaved
+from kiln.ir.graph import Graph
+from kiln.ir.interp import evaluate_node
+from kiln.kernels.outcome import Built, Measured, Skipped, SkipReason
+from kiln.kernels.plan import Recipe
+from kiln.kernels.validate import kernel_pointers, random_operands
+from kiln.options import Options
+
+__all__ = ["MARGIN", "Decisions", "faster_than_library"]
+
+# the generated kernel must take at most this fraction of the library's time: a GEMM must win
+# clearly (measurement noise on a tie would flip the choice between compiles); a fused
+# elementwise or row kernel also saves the intermediates' memory traffic, so a tie keeps it
+MARGIN = {Recipe.GEMM: 0.95, Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0}
+_SCHEMA = """CREATE TABLE IF NOT EXISTS decisions (
+    key TEXT PRIMARY KEY, library_s REAL NOT NULL, generated_s REAL NOT NULL)"""
+
+
+@dataclass
+class Decisions:
+    """The on-disk record of measured decisions (sqlite; one row per key). ``path=None``
+    keeps them in memory only; ``measure=False`` uses every checked kernel unmeasured."""
+
+    path: Path | None
+    measure: bool = True
+    _memory: dict[str, Measured] = dataclasses.field(default_factory=dict)
+
+    @staticmethod
+    def open(options: Options) -> Decisions:
+        return Decisions(cache_dir(options) / "decisions.sqlite", options.measure_kernels)
+
+    def get(self, key: str) -> Measured | None:
+        if key in self._memory:
+            return self._memory[key]
+        row = self._query("SELECT library_s, generated_s FROM decisions WHERE key = ?", (key,))
+        if row:
+            found = Measured(row[0], row[1], cached=True)
+            self._memory[key] = found
+            return found
+        return None
+
+    def put(self, key: str, measured: Measured) -> None:
+        self._memory[key] = measured
+        self._query("INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
+                    (key, measured.library_s, measured.generated_s))
+
+    def _query(self, sql: str, args: tuple) -> tuple | None:
+        """Run one statement; an unusable database file costs the cache, not the compile."""
+        if self.path is None:
+            return None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with sqlite3.connect(self.path, timeout=10) as db:
+                db.execute(_SCHEMA)
+                return db.execute(sql, args).fetchone()
+        except sqlite3.Error:
+            return None
+
+
+def faster_than_library(graph: Graph, built: Built, decisions: Decisions) -> Built | Skipped:
+    """``built`` with its measurement where it beats the library by `MARGIN`; else Skipped."""
+    if not decisions.measure:
+        return built
+    key = decision_key(built)
+    measured = decisions.get(key)
+    if measured is None:
+        measured = measure(graph, built)
+        decisions.put(key, measured)
+    if measured.generated_s <= MARGIN[built.plan.recipe] * measured.library_s:
+        return dataclasses.replace(built, measured=measured)
+    return Skipped(built.group, SkipReason.SLOWER, str(measured), measured)
+
+
+def measure(graph: Graph, built: Built) -> Measured:
+    """The kernel and the group's library calls, interleaved on the same random operands."""
+    env = random_operands(graph, built.group)
+    outs = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) for v in built.outputs]
+    pointers = kernel_pointers(graph, built, env, outs)
+    run = built.kernel.run_unchecked
+    nodes = built.group.nodes
+
+    def library() -> None:
+        values = dict(env)
+        for node in nodes:
+            args = [values[v] if v in values else v.node.attrs.value  # type: ignore[attr-defined]
+                    for v in node.inputs]
+            values.update(zip(node.outputs, evaluate_node(node, args, graph)))
+
+    def generated() -> None:
+        run(*pointers)
+
+    with torch.no_grad():
+        lib, gen = interleaved([library, generated], Budget.kernel())
+    return Measured(lib.median_s, gen.median_s)
+
+
+def decision_key(built: Built) -> str:
+    """The kernel's library identity (source, compiler, flags), what it is called on, the
+    threads it runs on, the torch it competes with, and the machine."""
+    digest = hashlib.sha256()
+    parts = (built.kernel.library.key, repr([v.type for v in built.inputs]),
+             str(torch.get_num_threads()), torch.__version__, _machine())
+    for part in parts:
+        digest.update(part.encode())
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def _machine() -> str:
+    model = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.machine()} {model}"

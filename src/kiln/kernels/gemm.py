@@ -1,0 +1,95 @@
+"""Generated GEMMs (``Options.generated_gemm``): an ``mm``/``addmm``/``addmm_act`` node becomes
+the GEMM of `kiln.kernels.gemm_schedule`, used only where it measures faster than the library
+call, on this machine, at the node's shapes (`kiln.kernels.decide`).
+
+A constant B (a Linear weight) is packed once, at compile time, into the panel layout the
+kernel reads (`gemm_schedule.pack_b`: f32[ceil(N/NR), K, NR]); the kernel then streams its
+panels in place, where the library re-packs the weight on every call. An ``addmm_act``'s
+activation runs in the register tile's write-back (`plan.Epilogue`), so Linear + bias + GELU
+is one kernel and one pass over the output.
+
+Each distinct kernel is built once, checked against the library on random inputs with the real
+weights, then timed against it. The kernel's plan is its schedule (replayable Python) and its
+lowering post-passes; ``kiln explain MODEL --kernels`` shows it and the measurement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.ir.attrs import AddmmActAttrs
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import Op
+from kiln.kernels.build import compile_plan
+from kiln.kernels.decide import Decisions, faster_than_library
+from kiln.kernels.gemm_schedule import default_gemm_config, gemm_plan, pack_b
+from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.kernels.plan import Epilogue, Serial
+from kiln.kernels.validate import agrees_with_library
+from kiln.options import Options
+from kiln.passes.partition import KernelGroup
+from kiln.tir.lower_elementwise import activation
+from kiln.tir.te import NotLowerable
+
+__all__ = ["SERIAL_MACS", "build_gemm_kernels"]
+
+SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
+
+
+def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
+                       decisions: Decisions | None = None) -> KernelBuild:
+    """A generated GEMM for each of ``groups`` (from `kiln.passes.partition.gemms`) where one
+    measures faster than the library; the reasons elsewhere."""
+    result = KernelBuild()
+    decisions = decisions if decisions is not None else Decisions.open(options)
+    checked: dict[str, bool] = {}
+    for group in groups:
+        node = group.last
+        bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
+        (m, k), n = a.type.shape, b.type.shape[1]
+        epilogue = _epilogue(node)
+        if epilogue is False:
+            result.skipped.append(Skipped(group, SkipReason.NOT_LOWERABLE,
+                                          f"no loop form for {node.attrs} as an epilogue"))
+            continue
+        packed = b.node.op is Op.CONSTANT
+        config = default_gemm_config(m, n, k, b_prepacked=packed,
+                                     one_k_block=epilogue is not None)
+        weights = {}
+        if packed:  # packed once, here: the kernel reads B's panels in place on every call
+            weights[b] = pack_b(graph.constant(b.node), config.nr)
+        plan = gemm_plan(m, n, k, config, bias=bias is not None,
+                         name=f"kiln_gemm_{m}x{n}x{k}", b_prepacked=packed,
+                         epilogue=epilogue or None)
+        if m * n * k < SERIAL_MACS:
+            plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
+        inputs = (a, b) if bias is None else (a, b, bias)
+        built = compile_plan(graph, group, plan, inputs, (node.out(),), options, weights)
+        if isinstance(built, Skipped):
+            if built.reason is SkipReason.NO_COMPILER:
+                return KernelBuild([], [Skipped(g, built.reason, built.detail) for g in groups])
+            result.skipped.append(built)
+            continue
+        key = built.source
+        if key not in checked:
+            checked[key] = agrees_with_library(graph, built)
+        if not checked[key]:
+            result.skipped.append(Skipped(group, SkipReason.DISAGREED))
+            continue
+        decided = faster_than_library(graph, built, decisions)
+        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
+    return result
+
+
+def _epilogue(node: Node) -> Epilogue | None | bool:
+    """The node's activation as a GEMM epilogue; None for none; False where it has no loop
+    form."""
+    if node.op is not Op.ADDMM_ACT:
+        return None
+    attrs = node.attrs
+    assert isinstance(attrs, AddmmActAttrs)
+    try:
+        activation(attrs.activation, attrs.act_args)
+    except NotLowerable:
+        return False
+    return Epilogue(attrs.activation, attrs.act_args)

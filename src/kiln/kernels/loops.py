@@ -1,0 +1,52 @@
+"""The loops recipe: an elementwise-only group as `kiln.tir.lower.lower_chain` gives it,
+one-element weights as literals, then the default schedule of
+`kiln.kernels.loops_schedule` (intermediates inlined, vectorized, parallel).
+
+    %t = add(%x, %b); %y = relu(%t)    ->    for i (parallel): for j (vectorized):
+                                                 y[i, j] = max(x[i, j] + b[j], 0)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.ir.graph import Graph, Value
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels.loops_schedule import default_schedule
+from kiln.kernels.plan import Compact, KernelPlan, Recipe
+from kiln.passes.partition import KernelGroup
+from kiln.tir.lower import lower_chain
+from kiln.tir.nodes import Buffer, Expr, Load, PrimFunc, Stmt, const
+from kiln.tir.visit import map_stmt
+
+__all__ = ["inline_scalars", "plan_loops"]
+
+
+def plan_loops(graph: Graph, group: KernelGroup
+               ) -> tuple[KernelPlan, Sequence[Value], Sequence[Value]]:
+    """The group's plan, and the values its parameters stand for (inputs, outputs)."""
+    lowered = lower_chain(group.nodes, outputs=group.outputs)
+    body, params, values = inline_scalars(graph, lowered.func.body, lowered.func.inputs,
+                                          lowered.inputs)
+    program = PrimFunc(lowered.func.name, params, lowered.func.outputs, body)
+    _, trace = default_schedule(program)
+    plan = KernelPlan(Recipe.LOOPS, program, trace, (Compact(),),
+                      notes="# kiln.kernels.loops_schedule.default_schedule")
+    return plan, values, lowered.outputs
+
+
+def inline_scalars(graph: Graph, body: Stmt, params: Sequence[Buffer], values: Sequence[Value]
+                   ) -> tuple[Stmt, tuple[Buffer, ...], tuple[Value, ...]]:
+    """One-element weights become literals: no load, and no masked load under a select,
+    which gcc cannot vectorize (``where(mask, -inf, x)``)."""
+    literal: dict[Buffer, Expr] = {}
+    for buf, v in zip(params, values):
+        if v.node.op is Op.CONSTANT and v.type.numel == 1 and v.type.dtype in (DType.F32,
+                                                                              DType.BOOL):
+            literal[buf] = const(graph.constant(v.node).item(), v.type.dtype)
+    if not literal:
+        return body, tuple(params), tuple(values)
+    body = map_stmt(body, efn=lambda e: literal.get(e.buffer, e) if isinstance(e, Load) else e)
+    kept = [(b, v) for b, v in zip(params, values) if b not in literal]
+    return body, tuple(b for b, _ in kept), tuple(v for _, v in kept)

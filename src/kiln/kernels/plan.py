@@ -1,0 +1,298 @@
+"""A KernelPlan is a kernel as data: the lowered program, the Trace of its schedule, and the
+named post-passes that run after the trace. ``plan.build()`` replays all of it and gives the
+exact program that is compiled and shipped, so a saved plan rebuilds the kernel, and the
+autotuner can search plans by changing their decisions.
+
+    plan = KernelPlan(Recipe.GEMM, program, trace, (Compact(), SimplifyIndices(),
+                      VersionTails(("k0_0", ...)), DropDeadGuards()))
+    func = plan.build()            # trace.apply(program), then each post-pass in order
+    print(plan.as_python())        # the schedule as Python, then one line per post-pass
+
+A post-pass is a frozen dataclass with ``apply(func) -> func`` and ``as_python()``: the steps
+that are not schedule decisions but lowering (buffer compaction, tail versioning, parallel
+loops made serial for a small kernel, bool inputs read as bytes, the row prologue inlined
+into a row kernel's loads, renaming).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.tir.compact import compact_buffers
+from kiln.tir.indices import simplify_indices
+from kiln.tir.lower_elementwise import activation
+from kiln.tir.nodes import (
+    Block,
+    Buffer,
+    BufferStore,
+    CmpOp,
+    Compare,
+    Expr,
+    For,
+    ForKind,
+    IterVar,
+    Load,
+    PrimFunc,
+    Scope,
+    Stmt,
+    Var,
+    const,
+    seq,
+)
+from kiln.tir.tails import drop_dead_guards, version_tails
+from kiln.tir.trace import Trace
+from kiln.tir.visit import map_stmt, replace_buffer, substitute
+
+__all__ = ["BoolsAsBytes", "Compact", "DropDeadGuards", "Epilogue", "InlineRowPrologue",
+           "KernelPlan", "PostPass", "Recipe", "RenameParams", "Serial", "SimplifyIndices",
+           "VersionTails"]
+
+
+class Recipe(enum.Enum):
+    """How a group of graph nodes becomes a loop program."""
+
+    ROWS = "rows"  # a row kernel (softmax / layer norm) with its elementwise prologue inlined
+    LOOPS = "loops"  # an elementwise chain, default schedule
+    GEMM = "gemm"  # mm / addmm / linear: packed panels and a register-tiled micro-kernel
+
+
+class PostPass(Protocol):
+    def apply(self, func: PrimFunc) -> PrimFunc: ...
+
+    def as_python(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """A kernel as data: replay ``trace`` on ``program``, then ``post`` in order."""
+
+    recipe: Recipe
+    program: PrimFunc  # the lowered program the trace replays onto
+    trace: Trace
+    post: tuple[PostPass, ...] = ()
+    notes: str = ""  # how ``program`` was made, as comments (the template, the prologue)
+
+    def build(self) -> PrimFunc:
+        func = self.trace.apply(self.program).func
+        for step in self.post:
+            func = step.apply(func)
+        return func
+
+    def with_post(self, *steps: PostPass) -> KernelPlan:
+        return dataclasses.replace(self, post=(*self.post, *steps))
+
+    def as_python(self) -> str:
+        lines = [self.notes.rstrip("\n")] if self.notes else []
+        lines.append(self.trace.as_python().rstrip("\n"))
+        lines += [f"post.{step.as_python()}" for step in self.post]
+        return "\n".join(line for line in lines if line)
+
+
+# -- post-passes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Compact:
+    """Buffers allocated inside loops shrink to the region one iteration touches."""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return compact_buffers(func)
+
+    def as_python(self) -> str:
+        return "compact_buffers()"
+
+
+@dataclass(frozen=True)
+class SimplifyIndices:
+    """Indices rewritten in loop variables (iter var bindings substituted and folded)."""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return simplify_indices(func)
+
+    def as_python(self) -> str:
+        return "simplify_indices()"
+
+
+@dataclass(frozen=True)
+class VersionTails:
+    """The bodies of ``loops`` versioned: full blocks run without bounds checks."""
+
+    loops: tuple[str, ...]
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return version_tails(func, list(self.loops))
+
+    def as_python(self) -> str:
+        return f"version_tails({list(self.loops)!r})"
+
+
+@dataclass(frozen=True)
+class DropDeadGuards:
+    """Guards that only protect values never stored are dropped (padded register tiles)."""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return drop_dead_guards(func)
+
+    def as_python(self) -> str:
+        return "drop_dead_guards()"
+
+
+@dataclass(frozen=True)
+class Serial:
+    """Parallel loops run serially: a small kernel costs less than waking the thread team."""
+
+    reason: str = ""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        def fn(s: Stmt) -> Stmt:
+            if isinstance(s, For) and s.kind is ForKind.PARALLEL:
+                return For(s.var, s.extent, s.body, ForKind.SERIAL)
+            return s
+        return func.with_body(map_stmt(func.body, fn))
+
+    def as_python(self) -> str:
+        return f"serial()  # {self.reason}" if self.reason else "serial()"
+
+
+@dataclass(frozen=True)
+class BoolsAsBytes:
+    """Bool inputs read as bytes (``m[i] != 0``, the same memory): gcc 12 does not vectorize
+    a loop that selects floats on a C ``bool`` load, and does on a ``uint8_t`` one."""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        body = func.body
+        params = []
+        for buf in func.inputs:
+            if buf.dtype is DType.BOOL:
+                byte = dataclasses.replace(buf, dtype=DType.U8)
+                zero = const(0, DType.U8)
+
+                def as_byte(e: Expr, b: Buffer = buf, u: Buffer = byte, z: Expr = zero) -> Expr:
+                    if isinstance(e, Load) and e.buffer == b:
+                        return Compare(CmpOp.NE, Load(u, e.indices), z)
+                    return e
+                body = map_stmt(body, efn=as_byte)
+                buf = byte
+            params.append(buf)
+        return PrimFunc(func.name, tuple(params), func.outputs, body)
+
+    def as_python(self) -> str:
+        return "bools_as_bytes()"
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """The activation applied where the register tile is written back to the output: each
+    store of a LOCAL accumulator into ``func``'s first output ``C`` stores ``act(value)``.
+    Valid when every output element is written back once, after its whole reduction (a
+    GEMM with one K block); `kiln.kernels.gemm_schedule.gemm_plan` guarantees it.
+
+        C[i, j] = C_local[i, j]    ->    C[i, j] = max(C_local[i, j], 0)      (relu)
+    """
+
+    activation: Op
+    args: tuple[Any, ...] = ()
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        out = func.outputs[0]
+        act = activation(self.activation, self.args)
+
+        def fn(s: Stmt) -> Stmt:
+            if (isinstance(s, BufferStore) and s.buffer == out and isinstance(s.value, Load)
+                    and s.value.buffer.scope is Scope.LOCAL):
+                return BufferStore(s.buffer, s.indices, act(s.value))
+            return s
+        return func.with_body(map_stmt(func.body, fn))
+
+    def as_python(self) -> str:
+        return f"epilogue({self.activation.text!r}, {list(self.args)!r})"
+
+
+@dataclass(frozen=True)
+class RenameParams:
+    """The function renamed, and its parameters prefixed (apart from a prologue's names)."""
+
+    name: str
+    prefix: str
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        body = func.body
+        params = []
+        for buf in func.params:
+            new = dataclasses.replace(buf, name=f"{self.prefix}{buf.name}")
+            body = replace_buffer(body, buf, new)
+            params.append(new)
+        k = len(func.inputs)
+        return PrimFunc(self.name, tuple(params[:k]), tuple(params[k:]), body)
+
+    def as_python(self) -> str:
+        return f"rename({self.name!r}, prefix={self.prefix!r})"
+
+
+@dataclass(frozen=True)
+class InlineRowPrologue:
+    """A row kernel's loads of its input row ``x[r, c]`` become ``value`` (the elementwise
+    prologue, one expression in ``index_vars`` over the prologue's ``params``); with
+    ``write_x`` each row of the prologue is first stored once to a new output ``x_out`` and
+    the row passes read it back (GPT-2's residual stream is needed after the layer norm)."""
+
+    value: Expr
+    index_vars: tuple[Var, ...]  # the prologue's iteration variables, outermost first
+    shape: tuple[int, ...]  # x's shape; the row kernel sees it as [rows, n]
+    params: tuple[Buffer, ...]
+    write_x: bool
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        x_buf, rest = func.inputs[0], func.inputs[1:]
+        rows, n = x_buf.shape
+        outputs: tuple[Buffer, ...] = func.outputs
+        if self.write_x:
+            x_out = Buffer("row_x_out", (rows, n), DType.F32)
+            loop = func.body
+            assert isinstance(loop, For), "a row kernel's body is its row loop"
+            write = _row_loop(loop.var, rows, n,
+                              lambda r, c: BufferStore(x_out, (r, c), self.at(r, c)))
+            body = _replace_loads(loop.body, x_buf, lambda idx: Load(x_out, idx))
+            body = For(loop.var, loop.extent, seq(write, body), loop.kind)
+            outputs = (x_out, *outputs)
+        else:
+            body = _replace_loads(func.body, x_buf, lambda idx: self.at(*idx))
+        return PrimFunc(func.name, (*self.params, *rest), outputs, body)
+
+    def at(self, r: Expr, c: Expr) -> Expr:
+        """The prologue's value at row-major position (r, c) of x."""
+        ivs, shape = self.index_vars, self.shape
+        mapping: dict[Var, Expr] = {ivs[-1]: c}
+        inner = 1
+        for k in range(len(shape) - 2, -1, -1):
+            idx = r if inner == 1 else r // inner
+            mapping[ivs[k]] = idx % shape[k] if k > 0 else idx
+            if shape[k] == 1:
+                mapping[ivs[k]] = const(0, DType.I64)
+            inner *= shape[k]
+        return substitute(self.value, mapping)
+
+    def as_python(self) -> str:
+        names = ", ".join(p.name for p in self.params)
+        return f"inline_row_prologue(params=[{names}], write_x={self.write_x})"
+
+
+def _row_loop(r: Var, rows: int, n: int, body) -> Stmt:  # noqa: ANN001
+    """``for j in vectorized(n): body(vr, vj)`` inside the row loop ``r``."""
+    j = Var("kiln_j")
+    vr, vj = IterVar(Var("kiln_vr"), rows), IterVar(Var("kiln_vj"), n)
+    block = Block("prologue", (vr, vj), (r, j), body(vr.var, vj.var))
+    return For(j, n, block, ForKind.VECTORIZED)
+
+
+def _replace_loads(stmt: Stmt, buf: Buffer, make) -> Stmt:  # noqa: ANN001
+    """Every load of ``buf`` becomes ``make(indices)``."""
+    def efn(e: Expr) -> Expr:
+        return make(e.indices) if isinstance(e, Load) and e.buffer == buf else e
+    return map_stmt(stmt, efn=efn)
+

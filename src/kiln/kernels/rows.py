@@ -1,0 +1,130 @@
+"""The rows recipe: a group closed by a last-axis softmax or layer norm.
+
+The row kernel of `kiln.kernels.rows_schedule` (its compute definition and the row schedule:
+rows in parallel, vectorized passes, reductions rfactored into lane partials) whose loads of
+its input ``x[r, c]`` are replaced by the group's elementwise prologue, inlined
+(compute_inline on the prologue's own lowering, then `plan.InlineRowPrologue`)::
+
+    x = where(mask, -inf, scores); y = softmax(x)   ->   y[r, :] = softmax(where(...)[r, :])
+
+When ``x`` itself is needed after the group (GPT-2's residual stream) each row is first
+written to it once, then the row passes read it back from L1. A prologue that selects between
+loads (GPT-2's ``where(mask, scores, -inf)``) vectorizes because the C renderer reads the
+loads that are in bounds either way before the select (a blend, not a branch); with a bool
+mask the row kernel uses `rows_schedule.BYTE_LANES` lanes.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels import rows_schedule
+from kiln.kernels.loops import inline_scalars
+from kiln.kernels.plan import Compact, InlineRowPrologue, KernelPlan, Recipe, RenameParams
+from kiln.passes.partition import KernelGroup
+from kiln.tir.lower import lower_chain
+from kiln.tir.nodes import Block, BufferStore
+from kiln.tir.schedule import Schedule
+from kiln.tir.visit import iter_stmts
+
+__all__ = ["NoRowKernel", "plan_rows"]
+
+ROW_OPS = frozenset({Op.SOFTMAX, Op.LAYER_NORM})
+
+
+class NoRowKernel(Exception):
+    """The group has a shape the rows recipe does not take."""
+
+
+def plan_rows(graph: Graph, group: KernelGroup
+              ) -> tuple[KernelPlan, Sequence[Value], Sequence[Value]]:
+    """The group's plan, and the values its parameters stand for (inputs, outputs)."""
+    norm = group.last
+    x, y = norm.inputs[0], norm.out(0)
+    shape = x.type.shape
+    n = shape[-1]
+    rows = math.prod(shape[:-1])
+    prologue = group.nodes[:-1]
+    reads_bytes = any(v.type.dtype is DType.BOOL for node in prologue for v in node.inputs)
+    lanes = rows_schedule.BYTE_LANES if reads_bytes else rows_schedule.LANES
+    if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
+        raise NoRowKernel(f"{norm.name}: the group has outputs besides the row input and result")
+    if norm.op is Op.SOFTMAX:
+        kernel, extra = _row_kernel("softmax", rows, n, 0.0, lanes), ()
+    else:
+        w, b = norm.inputs[1], norm.inputs[2]
+        if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
+            raise NoRowKernel(f"{norm.name}: weight and bias are not f32[{n}]")
+        eps = norm.attrs.eps  # type: ignore[attr-defined]
+        kernel = _row_kernel("layernorm", rows, n, eps, lanes)
+        extra = (w, b)
+    template = f"rows_schedule.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
+    # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
+    plan = KernelPlan(Recipe.ROWS, kernel.lowered, kernel.trace,
+                      (Compact(), RenameParams(kernel_name(group), "row_")),
+                      notes=f"# {template}({rows}, {n}, lanes={lanes}): the row schedule")
+    if not prologue:
+        return plan, (x, *extra), (y,)
+    taken = {f"row_{b.name}" for b in kernel.lowered.params}
+    inline, values, trace = _prologue(graph, prologue, x, x in group.outputs, taken)
+    ops = ", ".join(node.op.text for node in prologue)
+    notes = (f"{plan.notes}\n# its loads of x compute the prologue ({ops}), inlined by:\n"
+             f"{_comment(trace) or '# (one op: nothing to inline)'}")
+    plan = KernelPlan(Recipe.ROWS, plan.program, plan.trace, (*plan.post, inline), notes)
+    outs = (x, y) if inline.write_x else (y,)
+    return plan, (*values, *extra), outs
+
+
+@functools.lru_cache(maxsize=64)
+def _row_kernel(kind: str, rows: int, n: int, eps: float, lanes: int) -> rows_schedule.RowKernel:
+    """The scheduled row kernel, built once per shape (a transformer has one per layer)."""
+    if kind == "softmax":
+        return rows_schedule.softmax_rows(rows, n, name=kind, lanes=lanes)
+    return rows_schedule.layernorm_rows(rows, n, eps, name=kind, lanes=lanes)
+
+
+def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, write_x: bool, taken: set[str]
+              ) -> tuple[InlineRowPrologue, tuple[Value, ...], str]:
+    """The prologue as one expression over its inputs, and the trace that inlined it."""
+    lowered = lower_chain(nodes, outputs=[x])
+    sch = Schedule(lowered.func)
+    out_name = lowered.func.outputs[0].name
+    for name in sch.blocks():
+        block = _block(sch, name)
+        if not (isinstance(block.body, BufferStore) and block.body.buffer.name == out_name):
+            sch.compute_inline(name)  # raises ScheduleError where it cannot: no kernel then
+    blocks = [s for s in iter_stmts(sch.func.body) if isinstance(s, Block)]
+    if len(blocks) != 1 or not isinstance(blocks[0].body, BufferStore) or blocks[0].init:
+        raise NoRowKernel("the prologue does not inline into one elementwise block")
+    store = blocks[0].body
+    ivs = tuple(iv.var for iv in blocks[0].iter_vars)
+    if tuple(store.indices) != ivs:
+        raise NoRowKernel("the prologue does not store x element by element")
+    value, params, values = inline_scalars(graph, store, lowered.func.inputs, lowered.inputs)
+    assert isinstance(value, BufferStore)
+    clash = [p.name for p in params if p.name in taken]
+    if clash:
+        raise NoRowKernel(f"prologue buffer name {clash[0]} clashes with the row kernel's")
+    inline = InlineRowPrologue(value.value, ivs, x.type.shape, params, write_x)
+    return inline, values, sch.trace.as_python()
+
+
+def _block(sch: Schedule, name: str) -> Block:
+    for s in iter_stmts(sch.func.body):
+        if isinstance(s, Block) and s.name == name:
+            return s
+    raise NoRowKernel(f"no block {name}")
+
+
+def _comment(python: str) -> str:
+    return "\n".join(f"# {line}" for line in python.strip().splitlines())
+
+
+def kernel_name(group: KernelGroup) -> str:
+    text = "_".join(dict.fromkeys(n.op.text for n in group.nodes))
+    return "kiln_" + "".join(c if c.isalnum() else "_" for c in text)[:50]

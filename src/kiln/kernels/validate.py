@@ -1,0 +1,72 @@
+"""The safety net: a built kernel runs on random operands (the real weights for weights) and
+must agree with the group's library calls before it is used."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir.graph import Graph, Value
+from kiln.ir.interp import evaluate_node
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels.outcome import Built
+from kiln.passes.partition import KernelGroup
+
+__all__ = ["CHECK_TOLERANCE", "agrees_with_library", "random_operands"]
+
+CHECK_TOLERANCE = 1e-5  # relative L2, float32: a kernel off by more than this is not used
+
+
+def random_operands(graph: Graph, group: KernelGroup) -> dict[Value, torch.Tensor]:
+    """Random tensors for the group's inputs (bool masks 0/1), the real weights for weights."""
+    gen = torch.Generator().manual_seed(0)
+    env: dict[Value, torch.Tensor] = {}
+    for v in group.inputs:
+        t = v.type
+        if v.node.op is Op.CONSTANT:  # the real weight: kernels may bake in small ones
+            env[v] = graph.constant(v.node)
+        elif t.dtype is DType.BOOL:
+            env[v] = torch.randint(0, 2, t.shape, generator=gen).bool()
+        else:
+            env[v] = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
+    return env
+
+
+def library_results(graph: Graph, group: KernelGroup,
+                    env: dict[Value, torch.Tensor]) -> dict[Value, torch.Tensor]:
+    """``env`` extended with every value the group's library calls compute from it."""
+    out: dict[Value, object] = dict(env)
+    with torch.no_grad():
+        for node in group.nodes:
+            args = [out[v] if v in out else v.node.attrs.value  # type: ignore[attr-defined]
+                    for v in node.inputs]
+            out.update(zip(node.outputs, evaluate_node(node, args, graph)))
+    return out  # type: ignore[return-value]
+
+
+def kernel_pointers(graph: Graph, built: Built, env: dict[Value, torch.Tensor],
+                    outs: list[torch.Tensor]) -> list[int]:
+    operands = [built.weight(graph, v) if v.node.op is Op.CONSTANT else env[v]
+                for v in built.inputs]
+    return [t.data_ptr() for t in operands] + [o.data_ptr() for o in outs]
+
+
+def agrees_with_library(graph: Graph, built: Built) -> bool:
+    """Run the kernel and the group's library calls on the same operands; compare."""
+    env = library_results(graph, built.group, random_operands(graph, built.group))
+    outs = [torch.full(v.type.shape, float("nan")) for v in built.outputs]
+    built.kernel.run_unchecked(*kernel_pointers(graph, built, env, outs))
+    return all(_close(got, env[v]) for got, v in zip(outs, built.outputs))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Infinities and NaNs at the same places (masks put -inf in), finite values within
+    CHECK_TOLERANCE in relative L2."""
+    finite = torch.isfinite(want)
+    if not torch.equal(finite, torch.isfinite(got)):
+        return False
+    if not torch.equal(got[~finite].nan_to_num(), want[~finite].nan_to_num()):
+        return False
+    a, b = got[finite].double(), want[finite].double()
+    err = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30)
+    return float(err) < CHECK_TOLERANCE
