@@ -4,16 +4,18 @@ measurement says, results match the interpreter."""
 from __future__ import annotations
 
 import dataclasses
+import platform
 
 import pytest
 import torch
 
 import kiln_test_support as support
+from kiln.codegen.isa import Isa, target_isa
 from kiln.ir import Graph, parse_graph, verify
 from kiln.kernels import decide
 from kiln.kernels import gemm as G
 from kiln.kernels.decide import Decisions
-from kiln.kernels.gemm_schedule import pack_b
+from kiln.kernels.gemm_schedule import GemmConfig, pack_b
 from kiln.kernels.outcome import SkipReason
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
@@ -64,8 +66,9 @@ def test_generated_gemm_matches_the_interpreter(kernel_options: Options,
         assert "b_C_local, b_C_local_1 = sch.cache_inplace(b_C" in kernel.trace  # the schedule
         w = kernel.inputs[1]
         packed = kernel.weight(graph, w)
-        assert packed.shape == (-(-mkn[2] // 32), mkn[1], 32)
-        assert torch.equal(packed, pack_b(graph.constant(w.node), 32))
+        nr = GemmConfig.for_isa(target_isa(kernel_options)).nr
+        assert packed.shape == (-(-mkn[2] // nr), mkn[1], nr)
+        assert torch.equal(packed, pack_b(graph.constant(w.node), nr))
     moved = gather(graph, [k.group for k in built.kernels])
     run, source = build_executor(moved, plan_memory(moved), [0], built.kernels)
     assert source.count("KERNEL") == len(used)
@@ -136,3 +139,34 @@ def test_threads_split_the_columns_of_a_skinny_gemm(kernel_options: Options,
         actual = run(list(inputs))
     for a, e in zip(actual, support.run_interpreter(graph, tuple(inputs)), strict=True):
         assert support.relative_error(a, e) < 1e-5
+
+
+PORTABLE = [(("-O3", "-march=x86-64-v3", "-fopenmp"), Isa.AVX2),
+            (("-O3", "-march=x86-64", "-fopenmp"), Isa.VEC128)]
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+@pytest.mark.parametrize("flags,isa", PORTABLE, ids=[i.label for _, i in PORTABLE])
+def test_the_portable_paths_without_avx512(kernel_options: Options, flags: tuple[str, ...],
+                                           isa: Isa) -> None:
+    """Compiled for AVX2 or plain SSE2 (as on a machine without AVX-512), the GEMM takes the
+    register tile of that ISA and still matches, epilogue and column split included."""
+    options = dataclasses.replace(kernel_options, c_flags=flags)
+    assert target_isa(options) is isa
+    nr = GemmConfig.for_isa(isa).nr
+    for m, k, n in [(7, 33, 129), (29, 64, 70)]:
+        torch.manual_seed(m)
+        graph = parse_graph(ACT_TEXT.format(m=m, k=k, n=n, act="gelu", args="('tanh',)"),
+                            {"w": torch.randn(n, k).t(), "b": torch.randn(n)})
+        built = G.build_gemm_kernels(graph, gemms(graph), options, Decisions(None, False))
+        (kernel,) = built.kernels
+        assert kernel.weight(graph, kernel.inputs[1]).shape[-1] == nr
+        tile = GemmConfig.for_isa(isa)
+        assert f"float C_local[{tile.mr * tile.nr}]" in kernel.source  # the ISA's tile
+        moved = gather(graph, [k.group for k in built.kernels])
+        run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+        x = torch.randn(m, k)
+        with torch.no_grad():
+            (actual,) = run([x])
+        (expected,) = support.run_interpreter(graph, (x,))
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)

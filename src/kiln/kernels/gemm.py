@@ -17,12 +17,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.kernels.build import compile_plan
 from kiln.kernels.decide import Decisions, faster_than_library
-from kiln.kernels.gemm_schedule import default_gemm_config, gemm_plan, pack_b
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, Serial
 from kiln.kernels.validate import agrees_with_library
@@ -43,6 +44,7 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Opt
     result = KernelBuild()
     decisions = decisions if decisions is not None else Decisions.open(options)
     checked: dict[str, bool] = {}
+    base = GemmConfig.for_isa(target_isa(options))
     for group in groups:
         node = group.last
         bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
@@ -53,7 +55,7 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Opt
                                           f"no loop form for {node.attrs} as an epilogue"))
             continue
         packed = b.node.op is Op.CONSTANT
-        config = default_gemm_config(m, n, k, b_prepacked=packed,
+        config = default_gemm_config(m, n, k, base=base, b_prepacked=packed,
                                      one_k_block=epilogue is not None)
         weights = {}
         if packed:  # packed once, here: the kernel reads B's panels in place on every call

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.codegen.isa import Isa
 from kiln.ir.types import DType
 from kiln.kernels.plan import (
     Compact,
@@ -81,6 +82,17 @@ class GemmConfig:
     # transformer's 128 tokens) the M tiles are too few to balance, and with B prepacked each
     # thread streams only its own panels
     split_n: bool = False
+
+
+    @staticmethod
+    def for_isa(isa: Isa) -> GemmConfig:
+        """The register tile that fits the ISA's registers: MR x NR accumulators (NR = 2
+        vectors), two B vectors and one broadcast of A. AVX-512: 14 x 32 (28 of 32 zmm);
+        AVX2: 6 x 16 (12 of 16 ymm); 128-bit: 6 x 8; scalar: 4 x 4."""
+        if isa is Isa.SCALAR:
+            return GemmConfig(mr=4, nr=4)
+        mr = (isa.registers - 3) // 2 if isa is Isa.AVX512 else 6
+        return GemmConfig(mr=mr, nr=2 * isa.f32_lanes, mc=2 * mr)
 
 
 def _ceil_div(a: int, b: int) -> int:
