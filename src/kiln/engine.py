@@ -79,7 +79,9 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         planned_bytes=plan.planned_bytes if plan else 0,
         compile_seconds=time.perf_counter() - start,
         planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0,
-        kernels=kernel_infos(optimized, kernels, built.skipped))
+        kernels=kernel_infos(optimized, kernels, built.skipped),
+        packed_weight_bytes=sum(t.numel() * t.element_size() for k in kernels
+                                for t in k.weights.values()))
     return CompiledGraph(optimized, graph, plan, source, report, run)
 
 

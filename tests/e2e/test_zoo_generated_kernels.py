@@ -103,3 +103,23 @@ def test_measured_kernels_carry_their_decision(options: kiln.Options) -> None:
     again = compile_graph(case.graph, measured, range(len(case.graph.inputs)))
     assert all("cached decision" in k.decision for k in again.report.kernels
                if k.kind == "generated")
+
+
+@pytest.mark.parametrize("name", ["mlp", "bert", "gpt2", "vit_b16"])
+def test_generated_gemms_with_packed_weights_match_eager(options: kiln.Options,
+                                                         name: str) -> None:
+    """Every Linear becomes a generated GEMM on weights packed at compile time (its bias and
+    activation in the write-back), and the model still matches eager."""
+    gemm = dataclasses.replace(options, generated_gemm=True)
+    case = support.capture(name)
+    compiled = compile_graph(case.graph, gemm, range(len(case.graph.inputs)))
+    with torch.no_grad():
+        outputs = compiled(list(case.inputs))
+    for actual, expected in zip(outputs, case.expected, strict=True):
+        assert support.relative_error(actual, expected) < TOLERANCE
+    report = compiled.report
+    left = [k for k in report.kernels if k.kind == "library"
+            and k.ops[0] in ("mm", "addmm", "addmm_act")]
+    gemms = [k for k in report.kernels if k.kind == "generated" and "gemm_plan" in k.trace]
+    assert gemms and all("not lowerable" in k.decision for k in left), [k.decision for k in left]
+    assert report.packed_weight_bytes > 0

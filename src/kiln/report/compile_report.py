@@ -40,6 +40,7 @@ class GraphReport:
     compile_seconds: float
     planned_peak_bytes_before: int = 0  # the arena the captured graph would need, no rewrites
     kernels: tuple[KernelInfo, ...] = ()  # every computing node's kernel, in run order
+    packed_weight_bytes: int = 0  # weights repacked at compile time into kernels' layouts
 
     def rules_fired(self) -> dict[str, int]:
         """How often each rewrite rule fired, over every rule pass."""
@@ -108,6 +109,11 @@ class CompileReport:
             for p in g.passes:
                 lines.append(f"  {p.name:<12} {p.nodes_before:>6} -> {p.nodes_after:<6} "
                              f"{p.seconds * 1e3:8.2f} ms")
+            generated = sum(k.kind == "generated" for k in g.kernels)
+            if g.kernels:
+                lines.append(f"  kernels: {generated} generated, "
+                             f"{len(g.kernels) - generated} library; weights packed at compile "
+                             f"time: {_mib(g.packed_weight_bytes)}")
             if g.opaque_ops:
                 lines.append(f"  run as original ATen ops: {', '.join(sorted(set(g.opaque_ops)))}")
         ops = ", ".join(f"{k}: {v}" for k, v in self.op_counts().items())
