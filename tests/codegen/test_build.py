@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import multiprocessing
 import os
 import shutil
 import stat
+import subprocess
+import sys
 import uuid
 import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
+from kiln.codegen import build as build_mod
 from kiln.codegen.build import (
     BuiltLibrary,
     CompileError,
     CompilerUnavailable,
     build,
+    bundled_openmp_runtime,
     cache_dir,
+    cache_key,
     toolchain,
+    torch_openmp_runtime,
 )
 from kiln.options import Options
 
@@ -168,3 +176,132 @@ def test_compiler_without_openmp_drops_the_flag(options: Options, tmp_path: Path
     assert any("OpenMP" in str(w.message) for w in caught)
     lib = build(_source("noomp"), "answer", opts)
     assert isinstance(lib, BuiltLibrary) and lib.function("answer")(0) == 7
+
+
+# --- one OpenMP runtime: kernels link to the libgomp torch ships ----------------------------
+
+_OMP_SOURCE = """\
+#include <omp.h>
+/* {tag} */
+void *runtime_entry(void) {{ return (void *)&omp_get_max_threads; }}
+int threads_seen(void) {{
+    int n = 0;
+    #pragma omp parallel reduction(+:n)
+    n += 1;
+    return n;
+}}
+"""
+
+_MAPPED_GOMP = """\
+import ctypes, sys
+ctypes.CDLL(sys.argv[1])
+print("\\n".join(sorted({line.split()[-1] for line in open("/proc/self/maps")
+                         if "libgom" in line})))
+"""
+
+
+def _maps() -> list[tuple[int, int, str]]:
+    """(start, end, file) of this process's file mappings."""
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split()
+        if len(fields) >= 6:
+            start, end = (int(x, 16) for x in fields[0].split("-"))
+            out.append((start, end, fields[5]))
+    return out
+
+
+def _openmp_chain(options: Options) -> build_mod.Toolchain:
+    if not Path("/proc/self/maps").exists():
+        pytest.skip("needs /proc/self/maps")
+    chain = toolchain(options)
+    assert not isinstance(chain, CompilerUnavailable)
+    if not chain.openmp:
+        pytest.skip("the compiler builds no OpenMP code")
+    return chain
+
+
+def test_kernels_use_torchs_openmp_runtime(options: Options, tmp_path: Path) -> None:
+    """One thread pool: a kernel's OpenMP calls land in the libgomp torch loaded, and a
+    kernel loaded with no torch in the process pulls in torch's libgomp, not the system's."""
+    chain = _openmp_chain(options)
+    runtime = torch_openmp_runtime()
+    if runtime is None:
+        pytest.skip("this torch ships no libgomp of its own")
+    assert chain.openmp_runtime == str(runtime) and str(runtime) in chain.libs
+    torch.ones(1 << 16).exp_()  # ATen's parallel region: torch's pool exists
+    lib = build(_OMP_SOURCE.format(tag=uuid.uuid4()), "omp_probe", _fresh(options, tmp_path))
+    assert isinstance(lib, BuiltLibrary)
+    assert lib.function("threads_seen")() >= 1
+    entry = lib.function("runtime_entry")
+    entry.restype = ctypes.c_void_p
+    address = entry()
+    maps = _maps()
+    owner = [f for start, end, f in maps if start <= address < end]
+    assert owner and Path(owner[0]).samefile(runtime)
+    gomps = {f for _, _, f in maps if Path(f).name.startswith(("libgom", "libomp", "libiomp"))}
+    assert len(gomps) == 1, gomps
+    alone = subprocess.run([sys.executable, "-c", _MAPPED_GOMP, str(lib.path)],
+                           capture_output=True, text=True, check=True)
+    mapped = alone.stdout.split()
+    assert len(mapped) == 1 and Path(mapped[0]).samefile(runtime), alone.stdout
+
+
+def test_hashed_runtime_name_is_linked_alone(options: Options, tmp_path: Path) -> None:
+    """A libgomp under another soname (as auditwheel renames it) is the only OpenMP library
+    a kernel needs: the compiler's own -lgomp is dropped, else there would be two pools."""
+    chain = _openmp_chain(options)
+    readelf = shutil.which("readelf")
+    gomp = [f for _, _, f in _maps() if "libgomp" in Path(f).name]
+    if readelf is None or not gomp:
+        pytest.skip("needs readelf and a libgomp in this process")
+    data = Path(gomp[0]).read_bytes()
+    if data.count(b"libgomp.so.1\0") != 1:
+        pytest.skip("the loaded libgomp has an unexpected soname")
+    hashed = tmp_path / "libgomp-0a1b2c3d.so.1"  # soname libgomX.so.1, same length
+    hashed.write_bytes(data.replace(b"libgomp.so.1\0", b"libgomX.so.1\0"))
+    linked = dataclasses.replace(chain, libs=(*build_mod._runtime_libs(hashed), "-lm"))
+    source, out = tmp_path / "k.c", tmp_path / "k.so"
+    source.write_text(_OMP_SOURCE.format(tag="hashed"))
+    subprocess.run(linked.command(source, out), check=True, capture_output=True)
+    dynamic = subprocess.run([readelf, "-d", str(out)], capture_output=True, text=True,
+                             check=True).stdout
+    needed = [line.split("[")[1].rstrip("]") for line in dynamic.splitlines()
+              if "(NEEDED)" in line]
+    runtimes = [n for n in needed if n.startswith(("libgom", "libomp", "libiomp"))]
+    assert runtimes == ["libgomX.so.1"], needed
+    assert str(tmp_path) in dynamic  # the rpath finds it
+
+
+def test_no_torch_runtime_falls_back_to_the_compilers(options: Options, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without torch's libgomp (or with one that does not link) kernels use the compiler's
+    runtime, and their cache keys differ from kernels linked to torch's."""
+    real = toolchain(options)
+    assert not isinstance(real, CompilerUnavailable)
+    bogus = tmp_path / "libgomp.so.1"
+    bogus.write_text("not a library\n")
+    for case, runtime in (("none", None), ("bogus", bogus)):
+        monkeypatch.setattr(build_mod, "torch_openmp_runtime", lambda r=runtime: r)
+        opts = Options(kernel_cache_dir=str(tmp_path / case))
+        chain = toolchain(opts)
+        assert not isinstance(chain, CompilerUnavailable)
+        assert chain.openmp == real.openmp and chain.openmp_runtime == ""
+        assert not any("-Xlinker" in lib or "libgomp" in lib for lib in chain.libs)
+        lib = build(_source(f"fallback-{case}"), "answer", opts)
+        assert isinstance(lib, BuiltLibrary) and lib.function("answer")(0) == 7
+        if real.openmp_runtime:
+            assert cache_key("x", chain) != cache_key("x", real)
+
+
+def test_bundled_runtime_in_lib_or_torch_libs(tmp_path: Path) -> None:
+    package = tmp_path / "site" / "torch"
+    package.mkdir(parents=True)
+    assert bundled_openmp_runtime(package) is None
+    (tmp_path / "site" / "torch.libs").mkdir()
+    hashed = tmp_path / "site" / "torch.libs" / "libgomp-a34b3233.so.1.0.0"
+    hashed.write_bytes(b"")
+    assert bundled_openmp_runtime(package) == hashed.resolve()
+    (package / "lib").mkdir()
+    (package / "lib" / "libgomp.so.1").write_bytes(b"")
+    assert bundled_openmp_runtime(package) == (package / "lib" / "libgomp.so.1").resolve()

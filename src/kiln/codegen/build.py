@@ -11,12 +11,27 @@ The cache entry for one kernel is three files in ``<cache dir>/<key[:2]>/``::
     <key>.<digest[:16]>.so      the library, named by the sha256 of its own bytes
     <key>.json                  manifest: library file name, its sha256 and size, compiler, flags
 
-``key`` is the sha256 of the source, the flags, the compiler's identity and (with
-``-march=native``) the host CPU. Every file is written to a temporary name in the same folder
-and moved into place with ``os.replace``, so a reader sees either no entry or a whole one, and
-several processes compiling the same kernel at once all end up with a valid library. A library
-is loaded only after its bytes hash to the digest in the manifest; anything else (missing,
-truncated, corrupt, unparsable manifest) is rebuilt, never loaded.
+``key`` is the sha256 of the source, the flags, the link libraries, the compiler's identity
+and (with ``-march=native``) the host CPU. Every file is written to a temporary name in the
+same folder and moved into place with ``os.replace``, so a reader sees either no entry or a
+whole one, and several processes compiling the same kernel at once all end up with a valid
+library. A library is loaded only after its bytes hash to the digest in the manifest; anything
+else (missing, truncated, corrupt, unparsable manifest) is rebuilt, never loaded.
+
+One OpenMP runtime per process: torch's Linux wheels ship their own libgomp (``torch/lib``, or
+``torch.libs`` under a hashed soname), and ATen's and MKL's parallel regions run on its thread
+pool. A kernel linked with the compiler's plain ``-fopenmp`` needs the system's libgomp. Under
+one soname the loader maps only the first of the two, so which runtime torch and kiln share
+depends on which library is loaded first; under a hashed soname both are mapped, and the
+process has two pools whose idle workers spin (several ms after each parallel region) on the
+cores the other pool computes on. So the toolchain links kernels against torch's libgomp by
+path, with an rpath to its folder and ``--as-needed`` (the compiler's own ``-lgomp``, later on
+the line, is then left out), and falls back to the compiler's runtime where torch has no
+libgomp of its own (macOS, a torch built against the system's) or a probe kernel does not
+build and load against it::
+
+    cc -O3 -march=native -fopenmp -shared -fPIC -o k.so k.c \
+        -Xlinker --as-needed .../torch/lib/libgomp.so.1 -Xlinker -rpath -Xlinker .../torch/lib -lm
 """
 
 from __future__ import annotations
@@ -24,6 +39,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -42,9 +58,11 @@ __all__ = [
     "CompilerUnavailable",
     "Toolchain",
     "build",
+    "bundled_openmp_runtime",
     "cache_dir",
     "cache_key",
     "toolchain",
+    "torch_openmp_runtime",
 ]
 
 _CANDIDATES = ("cc", "gcc", "clang")
@@ -71,6 +89,8 @@ int kiln_probe(void) {
 }
 """
 _MVEC_FLAGS = ("-DKILN_LIBMVEC",)
+_TORCH_RUNTIME_DIRS = ("lib", "../torch.libs")  # relative to the torch package folder
+_TORCH_RUNTIME_GLOB = "libgomp*.so*"
 
 
 class CompileError(RuntimeError):
@@ -102,8 +122,9 @@ class Toolchain:
     version: str  # first line of ``--version`` plus the resolved path
     flags: tuple[str, ...]  # Options.c_flags, minus OpenMP if the compiler lacks it
     openmp: bool
-    libs: tuple[str, ...]  # link flags: -lm, and -lmvec where glibc's vector math links
+    libs: tuple[str, ...]  # link flags: torch's OpenMP runtime, -lmvec where it links, -lm
     host: str  # CPU identity folded into cache keys when flags say -march=native
+    openmp_runtime: str = ""  # the OpenMP library kernels link to by path; "" = the compiler's
 
     def command(self, source: Path, output: Path) -> list[str]:
         return [self.compiler, *self.flags, "-shared", "-fPIC", "-o", str(output), str(source),
@@ -157,10 +178,44 @@ def toolchain(options: Options) -> Toolchain | CompilerUnavailable:
     return _probe(options.c_compiler, options.c_flags, str(cache_dir(options)))
 
 
+def torch_openmp_runtime() -> Path | None:
+    """The libgomp that the installed torch ships and loads, found without importing torch.
+
+    ``torch/lib/libgomp.so.1`` in the Linux wheels (``torch.libs/libgomp-<hash>.so.1`` in
+    wheels renamed by auditwheel); None where torch has no libgomp of its own: no torch, macOS
+    (libomp), a torch built against the system's or conda's runtime (the same ``libgomp.so.1``
+    the compiler links, so one runtime anyway).
+    """
+    try:
+        spec = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return bundled_openmp_runtime(Path(list(spec.submodule_search_locations)[0]))
+
+
+def bundled_openmp_runtime(package: Path) -> Path | None:
+    """The libgomp in a torch package folder's ``lib``, or in ``torch.libs`` beside it."""
+    for folder in _TORCH_RUNTIME_DIRS:
+        found = sorted((package / folder).glob(_TORCH_RUNTIME_GLOB))
+        if found:
+            return found[0].resolve()
+    return None
+
+
+def _runtime_libs(runtime: Path) -> tuple[str, ...]:
+    """Link ``runtime`` by path, found through an rpath at load time; ``--as-needed`` drops
+    the compiler's own ``-lgomp`` (which comes later on the line) when nothing needs it."""
+    return ("-Xlinker", "--as-needed", str(runtime),
+            "-Xlinker", "-rpath", "-Xlinker", str(runtime.parent))
+
+
 def cache_key(source: str, chain: Toolchain) -> str:
-    """sha256 of everything that decides the bytes of the library."""
+    """sha256 of everything that decides the bytes of the library (and what it links to)."""
     digest = hashlib.sha256()
-    for part in (source, "\0".join(chain.flags), chain.version, chain.host):
+    for part in (source, "\0".join(chain.flags), "\0".join(chain.libs), chain.version,
+                 chain.host):
         digest.update(part.encode())
         digest.update(b"\x00\x01")
     return digest.hexdigest()
@@ -260,6 +315,7 @@ def _compile_entry(chain: Toolchain, folder: Path, key: str, source_path: Path,
         "size": len(data),
         "compiler": chain.version,
         "flags": list(chain.flags),
+        "libs": list(chain.libs),
     }
     _write_atomic(folder / f"{key}.json", json.dumps(manifest, indent=1).encode())
     return library
@@ -330,15 +386,22 @@ def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | Com
     if version is None:
         return _unavailable(f"kiln could not run {compiler} --version")
     host = _host_identity() if any(f.startswith("-march=native") for f in flags) else ""
-    probe_file = Path(folder) / f"toolchain-{_short_hash(version, *flags, host)}.json"
+    openmp = any(f in _OPENMP_FLAGS for f in flags)
+    runtime = torch_openmp_runtime() if openmp else None
+    identity = _short_hash(version, *flags, host, _identity(runtime))
+    probe_file = Path(folder) / f"toolchain-{identity}.json"
     try:
         cached = json.loads(probe_file.read_text())
         return Toolchain(compiler, version, tuple(cached["flags"]), cached["openmp"],
-                         tuple(cached["libs"]), host)
+                         tuple(cached["libs"]), host, cached["openmp_runtime"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
-    openmp = any(f in _OPENMP_FLAGS for f in flags)
-    error = _try_compile(compiler, flags, _PROBE_SOURCE if openmp else _PLAIN_PROBE_SOURCE)
+    probe_source = _PROBE_SOURCE if openmp else _PLAIN_PROBE_SOURCE
+    omp_libs = _runtime_libs(runtime) if runtime is not None else ()
+    error = _try_compile(compiler, flags, probe_source, omp_libs)
+    if error is not None and omp_libs:  # not with torch's runtime: the compiler's own
+        omp_libs = ()
+        error = _try_compile(compiler, flags, probe_source)
     if error is not None and openmp:
         plain = tuple(f for f in flags if f not in _OPENMP_FLAGS)
         if _try_compile(compiler, plain, _PLAIN_PROBE_SOURCE) is None:
@@ -349,13 +412,16 @@ def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | Com
     if error is not None:
         return _unavailable(f"kiln could not build a test kernel with {compiler} "
                             f"{' '.join(flags)}:\n{error}")
-    libs: tuple[str, ...] = ("-lm",)
-    if _try_compile(compiler, flags + _MVEC_FLAGS, _MVEC_PROBE_SOURCE, ("-lmvec", "-lm")) is None:
-        flags, libs = flags + _MVEC_FLAGS, ("-lmvec", "-lm")
-    chain = Toolchain(compiler, version, flags, openmp, libs, host)
+    libs = (*omp_libs, "-lm")
+    mvec_libs = (*omp_libs, "-lmvec", "-lm")
+    if _try_compile(compiler, flags + _MVEC_FLAGS, _MVEC_PROBE_SOURCE, mvec_libs) is None:
+        flags, libs = flags + _MVEC_FLAGS, mvec_libs
+    linked = str(runtime) if omp_libs else ""
+    chain = Toolchain(compiler, version, flags, openmp, libs, host, linked)
     try:
         Path(folder).mkdir(parents=True, exist_ok=True)
-        record = {"flags": list(flags), "openmp": openmp, "libs": list(libs)}
+        record = {"flags": list(flags), "openmp": openmp, "libs": list(libs),
+                  "openmp_runtime": linked}
         _write_atomic(probe_file, json.dumps(record).encode())
     except OSError:
         pass
@@ -366,6 +432,17 @@ def _unavailable(reason: str) -> CompilerUnavailable:
     _warn_once(f"{reason}; generated kernels are disabled and kiln calls library kernels "
                f"instead. Install gcc or clang, or set CC (Options.c_compiler) to a C compiler.")
     return CompilerUnavailable(reason)
+
+
+def _identity(path: Path | None) -> str:
+    """A library's path, size and time: a re-installed torch is probed again."""
+    if path is None:
+        return ""
+    try:
+        st = path.stat()
+    except OSError:
+        return str(path)
+    return f"{path}:{st.st_size}:{st.st_mtime_ns}"
 
 
 def _short_hash(*parts: str) -> str:
