@@ -21,7 +21,7 @@ from kiln.ir import Graph, Op, interpret, parse_graph, print_graph, verify
 from kiln.options import Options
 from kiln.passes.pipeline import PassRecord, run_pipeline
 
-NAMES: tuple[str, ...] = tuple(models.names())
+NAMES: tuple[str, ...] = tuple(models.names(models.Origin.BUILTIN))  # HF ones: tests/e2e
 
 
 @dataclass(frozen=True)

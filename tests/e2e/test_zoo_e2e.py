@@ -1,4 +1,5 @@
-"""Every zoo model, compiled both ways and at every opt level, matches eager PyTorch.
+"""Every built-in zoo model, compiled both ways and at every opt level, matches eager PyTorch
+(the HF architectures: test_hf_e2e.py).
 
 Float32 relative L2 error: below 1e-5 where only exact rewrites run (level 0), below 1e-4 where
 ieee rules fold batch norms and merge GEMMs (they round differently; 1.2e-5 measured at worst).
@@ -17,7 +18,7 @@ def _rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.names(models.Origin.BUILTIN))
 def test_torch_compile_backend_matches_eager(name):
     torch._dynamo.reset()
     model, inputs = models.build(name, quick=True)
@@ -28,7 +29,7 @@ def test_torch_compile_backend_matches_eager(name):
         assert _rel(fast(*inputs), expected) < TOLERANCE[2]  # a second call reuses the plan
 
 
-@pytest.mark.parametrize("name", models.names())
+@pytest.mark.parametrize("name", models.names(models.Origin.BUILTIN))
 @pytest.mark.parametrize("opt_level", [0, 1, 2, 3])
 def test_ahead_of_time_compile_matches_eager(name, opt_level):
     model, inputs = models.build(name, quick=True)

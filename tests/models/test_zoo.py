@@ -41,7 +41,8 @@ def _run(
 
 
 def test_names_and_specs() -> None:
-    assert models.names() == EXPECTED_NAMES
+    assert models.names(models.Origin.BUILTIN) == EXPECTED_NAMES
+    assert models.names()[: len(EXPECTED_NAMES)] == EXPECTED_NAMES  # then the HF ones, if any
     for name in models.names():
         spec = models.get(name)
         assert isinstance(spec, models.ModelSpec)

@@ -8,20 +8,31 @@ Usage::
 
 ``quick=True`` builds a much smaller variant of the same architecture (same block types,
 fewer layers/channels, small inputs) for fast tests.
+
+Next to the built-in models are Hugging Face ``transformers`` architectures (``hf_bert``,
+``hf_llama``, ...; see `kiln.models.hf`), built from configs with random weights. They are
+listed by `names` only where ``transformers`` is installed (``pip install -e '.[hf]'``).
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from . import inception, mlp, mobilenet, resnet, transformer
+from . import hf, inception, mlp, mobilenet, resnet, transformer
+from .hf import MissingDependency
 
-__all__ = ["ModelSpec", "names", "get", "build"]
+__all__ = ["ModelSpec", "Origin", "MissingDependency", "names", "get", "build"]
 
 BuildFn = Callable[[bool], tuple[torch.nn.Module, tuple[torch.Tensor, ...]]]
+
+
+class Origin(enum.Enum):
+    BUILTIN = "built-in"  # plain PyTorch modules in this package
+    HF = "hf"  # Hugging Face transformers architectures; need the optional [hf] extra
 
 
 @dataclass(frozen=True)
@@ -29,9 +40,14 @@ class ModelSpec:
     name: str
     description: str  # one line describing the default (quick=False) configuration
     build_fn: BuildFn  # build_fn(quick) -> (model in eval mode, example inputs)
+    origin: Origin = Origin.BUILTIN
+
+    def available(self) -> bool:
+        """Whether this model can be built here (HF models need transformers installed)."""
+        return self.origin is not Origin.HF or hf.available()
 
 
-_SPECS: tuple[ModelSpec, ...] = (
+_BUILTIN_SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("mlp", mlp.DESCRIPTION, mlp.build),
     ModelSpec("resnet18", resnet.DESCRIPTION_18, resnet.build_resnet18),
     ModelSpec("resnet50", resnet.DESCRIPTION_50, resnet.build_resnet50),
@@ -41,20 +57,36 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("vit_b16", transformer.DESCRIPTION_VIT, transformer.build_vit_b16),
     ModelSpec("inception", inception.DESCRIPTION, inception.build),
 )
+_HF_SPECS: tuple[ModelSpec, ...] = tuple(
+    ModelSpec(name, description, build_fn, Origin.HF)
+    for name, (build_fn, description) in hf.BUILDERS.items()
+)
+_SPECS = _BUILTIN_SPECS + _HF_SPECS
 _REGISTRY: dict[str, ModelSpec] = {spec.name: spec for spec in _SPECS}
 
 
-def names() -> list[str]:
-    """Names of all built-in models, in registry order."""
-    return [spec.name for spec in _SPECS]
+def names(origin: Origin | None = None) -> list[str]:
+    """Names of the models that can be built here, in registry order: the built-in ones, then
+    the HF ones if transformers is installed. ``origin`` keeps only the models of one origin."""
+    return [
+        spec.name
+        for spec in _SPECS
+        if (origin is None or spec.origin is origin) and spec.available()
+    ]
 
 
 def get(name: str) -> ModelSpec:
-    """The spec for ``name``; raises ValueError listing the known names if it does not exist."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(names())}") from None
+    """The spec for ``name``; raises ValueError listing the known names if it does not exist,
+    and `MissingDependency` (a ValueError too) saying what to install if it cannot be built."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        raise ValueError(f"unknown model {name!r}; known models: {', '.join(names())}")
+    if not spec.available():
+        raise MissingDependency(
+            f"model {name!r} needs the transformers package, which is not installed; "
+            f"install it with: {hf.INSTALL_HINT}"
+        )
+    return spec
 
 
 def build(
