@@ -13,6 +13,7 @@ from kiln.ir.verify import verify
 from kiln.kernels.build import build_kernels
 from kiln.kernels.decide import Decisions
 from kiln.kernels.gemm import build_gemm_kernels
+from kiln.kernels.library import build_library_kernels, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, gather, gemms, partition
@@ -40,6 +41,10 @@ KERNEL_STAGES: tuple[KernelStage, ...] = (
     KernelStage("rows and loops", lambda o: o.generated_kernels, partition, build_kernels),
     # GEMMs: compute-bound, each one competes with the library's GEMM on its own shape
     KernelStage("gemm", lambda o: o.generated_gemm, gemms, build_gemm_kernels),
+    # what is left of the convolutions and GEMMs with constant weights: the library's own
+    # kernels on weights reordered once (oneDNN), where that measures faster than ATen
+    KernelStage("prepacked library", lambda o: o.prepacked_library, library_groups,
+                build_library_kernels),
 )
 
 
@@ -81,7 +86,8 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0,
         kernels=kernel_infos(optimized, kernels, built.skipped),
         packed_weight_bytes=sum(t.numel() * t.element_size() for k in kernels
-                                for t in k.weights.values()))
+                                for t in k.weights.values()) + sum(
+            k.kernel.packed_bytes for k in kernels if not k.generated))  # type: ignore
     return CompiledGraph(optimized, graph, plan, source, report, run)
 
 
@@ -104,7 +110,7 @@ def build_kernels_for(graph: Graph, options: Options) -> KernelBuild:
 def fused_call(kernel: Built) -> FusedCall:
     nodes = kernel.group.nodes
     internal = frozenset(v for n in nodes for v in n.outputs if v not in kernel.outputs)
-    return FusedCall(nodes, kernel.inputs, kernel.outputs, internal)
+    return FusedCall(nodes, kernel.inputs, kernel.outputs, internal, kernel.generated)
 
 
 def kernel_infos(graph: Graph, kernels: Sequence[Built],
@@ -121,7 +127,8 @@ def kernel_infos(graph: Graph, kernels: Sequence[Built],
                                     decision=why_not.get(node, "")))
         elif k is not None and node is k.group.last:
             nodes = k.group.nodes
-            decision = f"generated, measured {k.measured}" if k.measured else "generated"
-            infos.append(KernelInfo("generated", tuple(n.op.text for n in nodes), k.source,
+            kind = "generated" if k.generated else "prepacked"
+            decision = f"{kind}, measured {k.measured}" if k.measured else kind
+            infos.append(KernelInfo(kind, tuple(n.op.text for n in nodes), k.source,
                                     k.trace, tuple(n.name for n in nodes), decision))
     return tuple(infos)

@@ -23,6 +23,10 @@ class Options:
     # library calls before use; no C compiler means library calls and a one-time warning
     generated_kernels: bool = True
     generated_gemm: bool = False  # also generate GEMMs (used only where it measures faster)
+    # at opt level 2 and up: convolutions and GEMMs with constant weights may run the
+    # library's own kernels (oneDNN) on weights reordered once at compile time, where that
+    # measures faster than the ATen call
+    prepacked_library: bool = True
     # time each checked kernel against the library calls it replaces and keep it only where it
     # is faster (decisions cached on disk); False uses every checked kernel (tests, debugging)
     measure_kernels: bool = True

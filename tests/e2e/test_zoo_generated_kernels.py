@@ -64,11 +64,13 @@ def test_kiln_compile_reports_the_kernels(options: kiln.Options) -> None:
     assert ops == {("add", "layer_norm"), ("where", "softmax")}  # the masked softmax: one kernel
     cache = options.kernel_cache_dir
     default = kiln.compile(model, inputs, kiln.Options(kernel_cache_dir=cache))
-    assert {k.ops for k in default.report.kernels if k.kind == "generated"} == ops  # on: O2
-    for off in (kiln.Options(generated_kernels=False, kernel_cache_dir=cache),
-                kiln.Options(opt_level=1, kernel_cache_dir=cache)):  # off, or below O2
-        plain = kiln.compile(model, inputs, off)
-        assert all(k.kind == "library" for k in plain.report.kernels)
+    # on at O2; each one kept only where it measured faster than the library calls
+    assert {k.ops for k in default.report.kernels if k.kind == "generated"} <= ops
+    off = kiln.compile(model, inputs, kiln.Options(generated_kernels=False,
+                                                   kernel_cache_dir=cache))
+    assert all(k.kind != "generated" for k in off.report.kernels)
+    below = kiln.compile(model, inputs, kiln.Options(opt_level=1, kernel_cache_dir=cache))
+    assert all(k.kind == "library" for k in below.report.kernels)  # nothing below O2
 
 
 def test_kiln_explain_kernels_prints_every_kernel(options: kiln.Options, capsys,

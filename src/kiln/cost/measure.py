@@ -58,6 +58,10 @@ class Timing:
     def min_s(self) -> float:
         return min(self.samples) if self.samples else math.inf
 
+    @property
+    def max_s(self) -> float:
+        return max(self.samples) if self.samples else math.inf
+
 
 def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget()) -> list[Timing]:
     """Time each of ``fns`` in interleaved rounds (see the module docstring). A contender that

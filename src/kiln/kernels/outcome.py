@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from kiln.codegen.kernel import CompiledKernel
 from kiln.ir.graph import Graph, Value
-from kiln.kernels.plan import KernelPlan
+from kiln.kernels.plan import KernelPlan, Recipe
 from kiln.passes.partition import KernelGroup
+
+if TYPE_CHECKING:
+    from kiln.kernels.library import LibraryKernel
 
 __all__ = ["Built", "KernelBuild", "Measured", "SkipReason", "Skipped"]
 
@@ -51,10 +55,10 @@ class Built:
     """A compiled kernel standing for a group; parameters are ``inputs`` then ``outputs``."""
 
     group: KernelGroup
-    kernel: CompiledKernel
+    kernel: CompiledKernel | LibraryKernel
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
-    plan: KernelPlan
+    plan: KernelPlan | None  # None for a library kernel: nothing is generated
     # the tensor to pass for a weight input, where not the weight made contiguous (a GEMM
     # reads a transposed weight in place: no copy of GPT-2's 154 MB LM head)
     weights: dict[Value, torch.Tensor] = field(default_factory=dict, compare=False)
@@ -65,9 +69,18 @@ class Built:
         return self.kernel.source
 
     @property
+    def recipe(self) -> Recipe:
+        return self.plan.recipe if self.plan is not None else Recipe.LIBRARY
+
+    @property
+    def generated(self) -> bool:
+        return isinstance(self.kernel, CompiledKernel)
+
+    @property
     def trace(self) -> str:
-        """How the kernel was made, as Python: its plan, then the measurement if any."""
-        text = self.plan.as_python()
+        """How the kernel was made, as Python: its plan (a library kernel: its call), then the
+        measurement if any."""
+        text = self.plan.as_python() if self.plan is not None else f"# {self.kernel.source}"
         return f"{text}\n# used: measured {self.measured}" if self.measured else text
 
     def weight(self, graph: Graph, v: Value) -> torch.Tensor:

@@ -22,7 +22,7 @@ Rules, each there for a reason:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from kiln.ir import attrs as A
@@ -136,6 +136,13 @@ def _describe(nodes: list[Node], users: dict[Node, list[Node]],
                     for v in user.inputs if v.node is n}
     outputs = [v for n in nodes for v in n.outputs if v in read_outside or v in returned]
     return KernelGroup(tuple(nodes), tuple(inputs), tuple(outputs))
+
+
+def singles(graph: Graph, keep: Callable[[Node], bool]) -> list[KernelGroup]:
+    """A one-node group for every node ``keep`` accepts, in graph order."""
+    users = graph.users()
+    returned = set(graph.outputs)
+    return [_describe([n], users, returned) for n in graph.nodes if keep(n)]
 
 
 def gemms(graph: Graph) -> list[KernelGroup]:

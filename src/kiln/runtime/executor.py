@@ -86,8 +86,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         fetch = ", ".join(f"args[{p}]" for p in input_positions)
         lines.append(f"    {unpack}, = {fetch},")
     lines.append("    args.clear()")  # the caller's references go; ours die at last use
-    if kernels:
-        env["sync_threads"] = ThreadSync([gk.kernel for gk in kernels])
+    compiled = [gk.kernel for gk in kernels if gk.generated]
+    if compiled:
+        env["sync_threads"] = ThreadSync(compiled)  # type: ignore[arg-type]
         lines.append("    sync_threads()")
     if arena is not None:
         env["buffers"] = arena.buffers
@@ -157,7 +158,13 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   ref: Callable[[Value], str], slot: dict[Value, int], contiguous: set[Value],
                   library_line: Callable[[Node, bool], str]) -> list[str]:
     """The kernel call, behind a contiguity check of the operands not known to be contiguous;
-    if the check fails (rare: a strided graph input), the group's library calls run instead."""
+    if the check fails (rare: a strided graph input), the group's library calls run instead.
+    A library kernel (a library entry point on prepared weights) takes tensors and returns
+    its output: no check, no slot."""
+    if not gk.generated:
+        fn = _bind(env, "LIB", gk.kernel.fn)  # type: ignore[union-attr]
+        (out,) = gk.outputs
+        return [f"    {ref(out)} = {fn}({', '.join(ref(v) for v in gk.inputs)})"]
     pointers = []
     for v in gk.inputs:
         if v.node.op is Op.CONSTANT:

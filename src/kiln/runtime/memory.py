@@ -45,6 +45,7 @@ class FusedCall:
     inputs: Sequence[Value]
     outputs: Sequence[Value]
     internal: frozenset[Value] = field(default_factory=frozenset)  # never materialized
+    writes_into: bool = True  # False: the call allocates its outputs (a library entry point)
 
 
 @dataclass(frozen=True)
@@ -117,13 +118,15 @@ def escaping(graph: Graph) -> set[Value]:
 def plan_memory(graph: Graph, fused: Sequence[FusedCall] = ()) -> MemoryPlan:
     spans = lifetimes(graph)
     internal = {v for call in fused for v in call.internal}
-    written = [v for call in fused for v in call.outputs]
+    written = [v for call in fused if call.writes_into for v in call.outputs]
+    allocated = {v for call in fused if not call.writes_into for v in call.outputs}
     spans.update(_kernel_spans(graph, spans, fused))
     escaped = escaping(graph)
     intermediates = [out for n in graph.nodes if not n.op.is_a(OpGroup.SOURCE)
                      and not n.op.is_a(OpGroup.VIEW) for out in n.outputs
                      if out not in escaped and out not in internal]
-    candidates = [n.out() for n in graph.nodes if plannable(n)] + written
+    candidates = [n.out() for n in graph.nodes if plannable(n) and n.out() not in allocated]
+    candidates += written
     planned = [v for v in dict.fromkeys(candidates) if v not in escaped and v not in internal
                and v.type.nbytes > 0]
     planned.sort(key=lambda v: (-v.type.nbytes, spans[v].first))

@@ -1,0 +1,198 @@
+"""Library variants: the same contraction through another library entry point that reads a
+weight prepared once, at compile time, in the library's own layout.
+
+    conv_act(x, W, b, r){relu}  ->  relu_(mkldnn._convolution_pointwise.binary(x, r, W', b,
+                                    ..., "add", ...))        W' = W reordered for oneDNN
+    addmm_act(b, x, Wt){gelu}   ->  gelu_(mkldnn._linear_pointwise(x, W', b, "none", ...))
+
+ATen's ``convolution`` and ``addmm`` reorder (oneDNN) or pack (MKL) the weight on every call;
+these variants do it once, and run the bias and the residual add as the library's post-ops.
+The activation runs afterwards, in place, with ATen's own kernel (`kiln.ir.fused`): oneDNN's
+relu post-op turns NaN into 0 where torch.relu keeps NaN, so fusing it would change results.
+A variant replaces the node only where `kiln.kernels.decide` measures it faster than the
+node's own ATen call, on its shapes, on this machine; its result is checked against that call
+first (`validate`).
+
+Each variant is a `LibraryKernel`: a callable of the node's non-weight operands, in order,
+with the prepared weights bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln.ir.attrs import AddmmActAttrs, AddmmAttrs, ConvActAttrs, ConvAttrs
+from kiln.ir.fused import ACTIVATIONS, apply_activation
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.passes.partition import KernelGroup, singles
+
+__all__ = ["LibraryKernel", "build_library_kernels", "library_groups"]
+
+mkldnn = torch.ops.mkldnn
+
+@dataclass(frozen=True)
+class LibraryKernel:
+    """A library entry point standing for one node: ``fn(*operands)`` returns its output."""
+
+    name: str  # e.g. "onednn_conv_packed"
+    fn: Callable[..., torch.Tensor]
+    description: str  # the call, as text, for reports
+    packed_bytes: int = 0  # the weights it holds in the library's layout
+
+    @property
+    def source(self) -> str:
+        return self.description
+
+
+def library_groups(graph: Graph) -> list[KernelGroup]:
+    """One group per fp32 convolution / addmm / mm whose weight is a constant."""
+    if graph.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return []
+    return singles(graph, lambda node: _variant(graph, node) is not None)
+
+
+def build_library_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Any,
+                          decisions: Any) -> KernelBuild:
+    """A prepared-weight library kernel per group where it agrees with the node's ATen call
+    and measures faster."""
+    from kiln.kernels.decide import faster_than_library
+    from kiln.kernels.validate import agrees_with_library
+
+    result = KernelBuild()
+    for group in groups:
+        node = group.last
+        make = _variant(graph, node)
+        if make is None:
+            continue
+        try:
+            kernel, inputs = make(graph, node)
+        except RuntimeError as err:  # the library refuses these shapes
+            result.skipped.append(Skipped(group, SkipReason.NOT_LOWERABLE, str(err)))
+            continue
+        built = Built(group, kernel, tuple(inputs), (node.out(),), None)
+        if not agrees_with_library(graph, built):
+            result.skipped.append(Skipped(group, SkipReason.DISAGREED))
+            continue
+        decided = faster_than_library(graph, built, decisions)
+        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
+    return result
+
+
+Variant = Callable[[Graph, Node], tuple[LibraryKernel, list[Value]]]
+
+
+def _variant(graph: Graph, node: Node) -> Variant | None:
+    if any(v.type.dtype is not DType.F32 for v in node.inputs if v.node.op is not Op.SCALAR):
+        return None
+    if node.op in (Op.CONVOLUTION, Op.CONV_ACT):
+        w = node.inputs[1]
+        if w.node.op is not Op.CONSTANT or len(w.type.shape) != 4:
+            return None
+        if node.op is Op.CONVOLUTION and (node.attrs.transposed  # type: ignore[attr-defined]
+                                          or len(node.inputs[0].type.shape) != 4):
+            return None
+        act = node.attrs.activation if node.op is Op.CONV_ACT else None  # type: ignore
+        return _conv if act is None or act in ACTIVATIONS else None
+    if node.op in (Op.ADDMM, Op.ADDMM_ACT, Op.MM):
+        w = node.inputs[-1]
+        x = node.inputs[-2]
+        if w.node.op is not Op.CONSTANT or len(x.type.shape) != 2:
+            return None
+        attrs = node.attrs
+        if isinstance(attrs, (AddmmAttrs, AddmmActAttrs)):
+            bias = node.inputs[0]
+            if attrs.beta != 1 or attrs.alpha != 1 or bias.type.shape != (w.type.shape[1],):
+                return None
+        if isinstance(attrs, AddmmActAttrs) and attrs.activation not in ACTIVATIONS:
+            return None
+        return _linear
+    return None
+
+
+def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
+    """oneDNN convolution on a weight reordered once; bias, residual, activation as post-ops."""
+    a = node.attrs
+    x, w = node.inputs[0], node.inputs[1]
+    if isinstance(a, ConvActAttrs):
+        bias = node.inputs[2] if a.has_bias else None
+        residual = node.inputs[-1] if a.has_residual else None
+        act, act_args = a.activation, a.act_args
+    else:
+        assert isinstance(a, ConvAttrs)
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        residual, act, act_args = None, None, ()
+    stride, padding, dilation = list(a.stride), list(a.padding), list(a.dilation)
+    packed = mkldnn._reorder_convolution_weight(graph.constant(w.node), padding, stride,
+                                                dilation, a.groups, list(x.type.shape))
+    b = graph.constant(bias.node).contiguous() if bias is not None and \
+        bias.node.op is Op.CONSTANT else None
+    inputs = [x] + ([bias] if bias is not None and b is None else []) + \
+        ([residual] if residual is not None else [])
+    if residual is None:
+        def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+            return mkldnn._convolution_pointwise(xt, packed, rest[0] if b is None and rest
+                                                 else b, padding, stride, dilation, a.groups,
+                                                 "none", [], "")
+    else:
+        def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+            bt = rest[0] if b is None and bias is not None else b
+            return mkldnn._convolution_pointwise.binary(
+                xt, rest[-1], packed, bt, padding, stride, dilation, a.groups, "add", 1.0,
+                None, [], None)
+    run = _then(conv, act, act_args)
+    text = (f"mkldnn._convolution_pointwise{'.binary' if residual is not None else ''}"
+            f"(x, W reordered once, stride={stride}, padding={padding}, groups={a.groups}, "
+            f"post-ops: {'bias, ' if bias is not None else ''}"
+            f"{'residual add' if residual is not None else ''}){_act_text(act)}")
+    return LibraryKernel("onednn_conv_packed", run, text, _nbytes(packed)), inputs
+
+
+def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
+    """oneDNN inner product on a weight reordered once; bias and activation as post-ops."""
+    x, w = node.inputs[-2], node.inputs[-1]
+    bias = node.inputs[0] if node.op is not Op.MM else None
+    weight = graph.constant(w.node).t().contiguous()  # [N, K], as nn.Linear keeps it
+    m = x.type.shape[0]
+    packed = mkldnn._reorder_linear_weight(weight, m)
+    b = graph.constant(bias.node).contiguous() if bias is not None and \
+        bias.node.op is Op.CONSTANT else None
+    a = node.attrs
+    act, act_args = (a.activation, a.act_args) if isinstance(a, AddmmActAttrs) else (None, ())
+    inputs = [x] + ([bias] if bias is not None and b is None else [])
+
+    def linear(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        bt = rest[0] if rest else b
+        return mkldnn._linear_pointwise(xt, packed, bt, "none", [], "")
+    run = _then(linear, act, act_args)
+    text = (f"mkldnn._linear_pointwise(x, W reordered once for M={m}"
+            f"{', post-op: bias' if bias is not None else ''}){_act_text(act)}")
+    return LibraryKernel("onednn_linear_packed", run, text, _nbytes(packed)), inputs
+
+
+def _then(call: Callable[..., torch.Tensor], act: Op | None,
+          act_args: tuple[Any, ...]) -> Callable[..., torch.Tensor]:
+    """``call``, then the activation in place with ATen's kernel (exact, NaN kept)."""
+    if act is None:
+        return call
+
+    def run(*operands: torch.Tensor) -> torch.Tensor:
+        y = call(*operands)
+        apply_activation(y, act, act_args)
+        return y
+    return run
+
+
+def _act_text(act: Op | None) -> str:
+    return f", then {act.text} in place (ATen)" if act is not None else ""
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+

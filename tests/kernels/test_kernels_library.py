@@ -1,0 +1,105 @@
+"""Library variants: convolutions and GEMMs with constant weights run oneDNN on weights
+reordered once, bias, residual and activation as post-ops; results match the interpreter."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln_test_support as support
+from kiln.ir import Graph, GraphBuilder, Op, TensorType, verify
+from kiln.ir.attrs import AddmmActAttrs, AddmmAttrs, ConvActAttrs
+from kiln.ir.types import DType
+from kiln.kernels.decide import Decisions
+from kiln.kernels.library import build_library_kernels, library_groups
+from kiln.options import Options
+from kiln.passes.partition import gather
+from kiln.runtime.executor import build_executor
+from kiln.runtime.memory import plan_memory
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+
+F32 = DType.F32
+CONVS = [  # (cin, cout, size, kernel, stride, groups, bias, residual, activation)
+    (3, 16, 15, 3, 1, 1, True, False, Op.RELU), (16, 16, 9, 1, 1, 1, True, True, Op.RELU),
+    (8, 24, 7, 3, 2, 1, False, False, None), (12, 12, 10, 3, 1, 12, True, False, Op.CLAMP),
+    (12, 24, 10, 3, 1, 4, True, True, None), (7, 5, 1, 1, 1, 1, True, False, Op.SIGMOID),
+]
+
+
+def _conv_graph(cin: int, cout: int, size: int, k: int, stride: int, groups: int,
+                bias: bool, residual: bool, act: Op | None) -> Graph:
+    torch.manual_seed(cin * cout)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((1, cin, size, size), F32))
+    out = (size + 2 * (k // 2) - k) // stride + 1
+    inputs = [x, b.constant("w", torch.randn(cout, cin // groups, k, k))]
+    if bias:
+        inputs.append(b.constant("b", torch.randn(cout)))
+    if residual:
+        inputs.append(b.input("r", TensorType((1, cout, out, out), F32)))
+    args = (-0.5, 0.5) if act is Op.CLAMP else ()
+    attrs = ConvActAttrs((stride, stride), (k // 2, k // 2), (1, 1), groups, bias, residual,
+                         act, args)
+    y = b.op(Op.CONV_ACT, *inputs, attrs=attrs)
+    graph = b.build(y)
+    verify(graph)
+    return graph
+
+
+def _linear_graph(m: int, k: int, n: int, act: Op | None) -> Graph:
+    torch.manual_seed(m * k)
+    b = GraphBuilder()
+    x = b.input("x", TensorType((m, k), F32))
+    w = b.constant("w", torch.randn(n, k).t())
+    bias = b.constant("b", torch.randn(n))
+    if act is None:
+        y = b.op(Op.ADDMM, bias, x, w, attrs=AddmmAttrs())
+    else:
+        y = b.op(Op.ADDMM_ACT, bias, x, w, attrs=AddmmActAttrs(act, ("tanh",)
+                                                                if act is Op.GELU else ()))
+    graph = b.build(y)
+    verify(graph)
+    return graph
+
+
+def _check(graph: Graph, options: Options) -> None:
+    groups = library_groups(graph)
+    assert len(groups) == 1
+    built = build_library_kernels(graph, groups, options, Decisions(None, False))
+    assert len(built.kernels) == 1, built.skipped
+    kernel = built.kernels[0]
+    assert not kernel.generated and kernel.kernel.packed_bytes > 0
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, source = build_executor(moved, plan_memory(moved), range(len(graph.inputs)),
+                                 built.kernels)
+    assert "LIB" in source
+    for seed in range(2):
+        inputs = support.random_inputs(graph, seed)
+        inputs[0].view(-1)[0] = float("nan")
+        with torch.no_grad():
+            (actual,) = run(list(inputs))
+        (expected,) = support.run_interpreter(graph, tuple(inputs))
+        torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("case", CONVS, ids=[f"conv{i}" for i in range(len(CONVS))])
+def test_prepacked_convolution_matches(kernel_options: Options, case: tuple) -> None:
+    _check(_conv_graph(*case), kernel_options)
+
+
+@pytest.mark.parametrize("mkn_act", [(1, 7, 15, None), (7, 129, 33, Op.RELU),
+                                     (129, 15, 7, Op.GELU), (30, 64, 100, None)])
+def test_prepacked_linear_matches(kernel_options: Options, mkn_act: tuple) -> None:
+    _check(_linear_graph(*mkn_act), kernel_options)
+
+
+def test_a_variant_that_measures_slower_is_not_used(kernel_options: Options,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiln.kernels import decide
+    from kiln.kernels.plan import Recipe
+
+    monkeypatch.setitem(decide.MARGIN, Recipe.LIBRARY, 0.0)  # nothing can win
+    graph = _conv_graph(*CONVS[1])
+    built = build_library_kernels(graph, library_groups(graph), kernel_options, Decisions(None))
+    assert built.kernels == [] and built.skipped[0].measured is not None
