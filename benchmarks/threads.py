@@ -14,11 +14,12 @@ Prints, in one process:
   ``torch.mm`` (f32[128, 3072] @ f32[3072, 768]) after a softmax over its left operand.
   Only the ATen call is timed, in four settings: alone; right after the kiln kernel; right
   after the same op done by eager PyTorch into the same buffer (the control: same data
-  touched, ATen's own pool);
-  and right after the kiln kernel built against a second OpenMP runtime (a copy of the
-  libgomp torch uses, renamed, as a wheel repaired by auditwheel ships it): what two
-  competing thread pools cost. The settings are interleaved in blocks (their order rotates
-  from block to block); medians over all calls, and the spread (interquartile range / median).
+  touched, ATen's own pool); and right after the kiln kernel built against a second OpenMP
+  runtime: a renamed copy of the libgomp torch uses (as auditwheel renames it), loaded with
+  RTLD_DEEPBIND so that the kernel's OpenMP calls bind to it rather than to the libgomp torch
+  put in the global symbol scope (as a kernel built by clang against libomp would): what two
+  thread pools cost. The settings are interleaved in blocks (their order rotates from block
+  to block); medians over all calls, and the spread (interquartile range / median).
 
 Timings are noisy on a shared machine: run with ``--repeats 3`` and compare repeats.
 """
@@ -140,9 +141,10 @@ def interleaved(settings: dict[str, Callable[[], float]], blocks: int,
 
 def second_runtime_kernel(kernel: CompiledKernel, options: Options,
                           folder: Path) -> Callable[..., None] | None:
-    """``kernel`` rebuilt against a renamed copy of the libgomp in use, so this process holds
-    two OpenMP runtimes (what a torch wheel with a hash-named libgomp gives); None if there
-    is no libgomp in use or no compiler."""
+    """``kernel`` rebuilt against a renamed copy of the libgomp in use and bound to it, so
+    this process runs two OpenMP thread pools; None if there is no libgomp in use or no
+    compiler. (Linked alone is not enough: torch loads its libgomp RTLD_GLOBAL, through
+    libtorch_global_deps.so, and a library loaded later binds its GOMP_* calls to it.)"""
     chain = toolchain(options)
     gomp = [p for p in mapped_openmp() if "libgomp" in p]
     if isinstance(chain, CompilerUnavailable) or not gomp or not chain.openmp:
@@ -157,7 +159,8 @@ def second_runtime_kernel(kernel: CompiledKernel, options: Options,
                "-Wl,--as-needed", str(folder / "libgomX.so.1"), f"-Wl,-rpath,{folder}",
                *[lib for lib in chain.libs if lib.startswith("-l")]]
     subprocess.run(command, check=True, capture_output=True)
-    cdll = ctypes.CDLL(str(library))
+    # DEEPBIND: bind to libgomX, not to the libgomp torch put in the global scope
+    cdll = ctypes.CDLL(str(library), mode=os.RTLD_DEEPBIND)
     cdll.kiln_set_num_threads(torch.get_num_threads())
     fn = getattr(cdll, CRenderer().entry_name(kernel.func))
     fn.argtypes = [ctypes.c_void_p] * len(kernel.func.params)

@@ -249,7 +249,7 @@ def test_kernels_use_torchs_openmp_runtime(options: Options, tmp_path: Path) -> 
 
 def test_hashed_runtime_name_is_linked_alone(options: Options, tmp_path: Path) -> None:
     """A libgomp under another soname (as auditwheel renames it) is the only OpenMP library
-    a kernel needs: the compiler's own -lgomp is dropped, else there would be two pools."""
+    a kernel needs: the compiler's own -lgomp is dropped, else a second runtime is mapped."""
     chain = _openmp_chain(options)
     readelf = shutil.which("readelf")
     gomp = [f for _, _, f in _maps() if "libgomp" in Path(f).name]

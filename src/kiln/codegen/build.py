@@ -21,14 +21,16 @@ else (missing, truncated, corrupt, unparsable manifest) is rebuilt, never loaded
 One OpenMP runtime per process: torch's Linux wheels ship their own libgomp (``torch/lib``, or
 ``torch.libs`` under a hashed soname), and ATen's and MKL's parallel regions run on its thread
 pool. A kernel linked with the compiler's plain ``-fopenmp`` needs the system's libgomp. Under
-one soname the loader maps only the first of the two, so which runtime torch and kiln share
-depends on which library is loaded first; under a hashed soname both are mapped, and the
-process has two pools whose idle workers spin (several ms after each parallel region) on the
-cores the other pool computes on. So the toolchain links kernels against torch's libgomp by
-path, with an rpath to its folder and ``--as-needed`` (the compiler's own ``-lgomp``, later on
-the line, is then left out), and falls back to the compiler's runtime where torch has no
-libgomp of its own (macOS, a torch built against the system's) or a probe kernel does not
-build and load against it::
+one soname the loader maps only the first of the two, so which one torch and kiln share
+depends on load order (a kernel loaded before torch puts torch on the system's); under two
+names both are mapped, and a kernel whose OpenMP calls bind to the system's (torch's wins only
+while it sits in the global symbol scope) runs a second pool, whose idle workers spin for
+several ms after each parallel region on the cores the next ATen call computes on
+(benchmarks/threads.py: that call ~2x slower). So the toolchain links kernels against torch's
+libgomp by path, with an rpath to its folder and ``--as-needed`` (the compiler's own
+``-lgomp``, later on the line, is then left out), and falls back to the compiler's runtime
+where torch has no libgomp of its own (macOS, a torch built against the system's) or a probe
+kernel does not build and load against it::
 
     cc -O3 -march=native -fopenmp -shared -fPIC -o k.so k.c \
         -Xlinker --as-needed .../torch/lib/libgomp.so.1 -Xlinker -rpath -Xlinker .../torch/lib -lm
