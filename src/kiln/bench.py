@@ -160,9 +160,11 @@ PEERS: dict[str, Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], Callable[
 
 # which kernels kiln may generate, per contender: the Options fields each mode turns on
 KERNEL_MODES: dict[str, dict[str, bool]] = {
-    "library": {"generated_kernels": False},  # every op a library call
-    "generated": {"generated_kernels": True},  # fused elementwise/row kernels in C (default)
-    "gemm": {"generated_kernels": True, "generated_gemm": True},  # and GEMMs where faster
+    "aten": {"generated_kernels": False, "prepacked_library": False},  # every op its ATen call
+    "library": {"generated_kernels": False},  # library calls, oneDNN on prepacked weights
+    # (the default) fused elementwise/row kernels and GEMMs in C, each where measured faster
+    "generated": {"generated_kernels": True},
+    "no-gemm": {"generated_kernels": True, "generated_gemm": False},  # row kernels only
 }
 
 
@@ -309,7 +311,8 @@ def _time_rounds(runners: list[_Runner], inputs: tuple[torch.Tensor, ...],
     """Call every runner once per round (`kiln.cost.measure`) until the timing budget says
     stop; returns the number of rounds."""
     budget = Budget(min_rounds=timing.min_rounds, target_s=timing.target_s, cap_s=timing.cap_s,
-                    max_rounds=timing.max_rounds, warmup=0)  # warmed up by _warm_up
+                    max_rounds=timing.max_rounds, warmup=0,  # warmed up by _warm_up
+                    settle_calls=1)
 
     def call(fn: Callable[..., Any]) -> Callable[[], object]:
         return lambda: fn(*inputs)

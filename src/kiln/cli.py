@@ -68,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
                    metavar="N", dest="opt_levels", help="kiln opt level(s) (default: 2)")
     b.add_argument("--kernels", nargs="+", action="extend", choices=list(bench.KERNEL_MODES),
                    metavar="MODE", help="kiln contender(s) per opt level: generated (the "
-                   "default: fused C kernels), library (library calls only), gemm (also "
-                   "generated GEMMs where faster)")
+                   "default: fused C kernels and GEMMs, each where measured faster), no-gemm "
+                   "(row kernels only), library (library calls, oneDNN on prepacked weights), "
+                   "aten (every op its ATen call)")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)

@@ -11,12 +11,11 @@ from kiln.ir.graph import Graph
 from kiln.ir.ops import Op
 from kiln.ir.verify import verify
 from kiln.kernels.build import build_kernels
+from kiln.kernels.contractions import build_contraction_kernels, contraction_groups
 from kiln.kernels.decide import Decisions
-from kiln.kernels.gemm import build_gemm_kernels
-from kiln.kernels.library import build_library_kernels, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup, gather, gemms, partition
+from kiln.passes.partition import KernelGroup, gather, partition
 from kiln.passes.pipeline import run_pipeline
 from kiln.report import GraphReport, KernelInfo
 from kiln.runtime.executor import build_executor
@@ -39,12 +38,10 @@ class KernelStage:
 KERNEL_STAGES: tuple[KernelStage, ...] = (
     # elementwise and row chains: memory-bound, so fusing them saves whole passes over memory
     KernelStage("rows and loops", lambda o: o.generated_kernels, partition, build_kernels),
-    # GEMMs: compute-bound, each one competes with the library's GEMM on its own shape
-    KernelStage("gemm", lambda o: o.generated_gemm, gemms, build_gemm_kernels),
-    # what is left of the convolutions and GEMMs with constant weights: the library's own
-    # kernels on weights reordered once (oneDNN), where that measures faster than ATen
-    KernelStage("prepacked library", lambda o: o.prepacked_library, library_groups,
-                build_library_kernels),
+    # GEMMs and convolutions: compute-bound; each runs the fastest of its ATen call, kiln's
+    # generated GEMM on packed weights and oneDNN on reordered weights, measured on its shapes
+    KernelStage("contractions", lambda o: o.generated_gemm or o.prepacked_library,
+                contraction_groups, build_contraction_kernels),
 )
 
 

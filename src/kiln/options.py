@@ -22,7 +22,9 @@ class Options:
     # layer norm, scale + mask + softmax) become generated C kernels, each checked against the
     # library calls before use; no C compiler means library calls and a one-time warning
     generated_kernels: bool = True
-    generated_gemm: bool = False  # also generate GEMMs (used only where it measures faster)
+    # at opt level 2 and up: GEMMs (Linear layers) may run kiln's generated GEMM on weights
+    # packed at compile time, its bias and activation fused, where that measures faster
+    generated_gemm: bool = True
     # at opt level 2 and up: convolutions and GEMMs with constant weights may run the
     # library's own kernels (oneDNN) on weights reordered once at compile time, where that
     # measures faster than the ATen call

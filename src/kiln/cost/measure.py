@@ -36,11 +36,16 @@ class Budget:
     max_rounds: int = 10_000
     min_sample_s: float = 0.0  # 0: one call per sample
     warmup: int = 1  # untimed calls per contender before the first round
+    # untimed calls of a contender right before each of its samples: the previous contender's
+    # threads (ORT's pool, an OpenMP team) spin for a while after its call and would slow this
+    # one's first call; this also wakes this contender's own pool
+    settle_calls: int = 0
 
     @staticmethod
     def kernel() -> Budget:
         """For one kernel against its library call at compile time: short and robust."""
-        return Budget(min_rounds=5, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3)
+        return Budget(min_rounds=5, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3,
+                      settle_calls=1)
 
 
 @dataclass
@@ -81,6 +86,8 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget()) 
             for i in list(live):
                 n = batches[i]
                 try:
+                    for _ in range(budget.settle_calls):
+                        fns[i]()
                     t0 = time.perf_counter()
                     for _ in range(n):
                         fns[i]()

@@ -13,6 +13,7 @@ import dataclasses
 import hashlib
 import platform
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from kiln.kernels.plan import Recipe
 from kiln.kernels.validate import random_operands, runner
 from kiln.options import Options
 
-__all__ = ["MARGIN", "Decisions", "faster_than_library"]
+__all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library"]
 
 # the generated kernel must take at most this fraction of the library's time: a GEMM must win
 # clearly (measurement noise on a tie would flip the choice between compiles); a fused
@@ -83,39 +84,57 @@ class Decisions:
 
 def faster_than_library(graph: Graph, built: Built, decisions: Decisions) -> Built | Skipped:
     """``built`` with its measurement where it beats the library by `MARGIN`; else Skipped."""
+    return fastest(graph, [built], decisions)
+
+
+def fastest(graph: Graph, candidates: Sequence[Built], decisions: Decisions
+            ) -> Built | Skipped:
+    """The fastest of ``candidates`` (kernels for the same group) among those that beat the
+    group's library calls by their `MARGIN`, with its measurement; else Skipped. Unmeasured
+    (``decisions.measure`` off): the first candidate. Candidates without a kept decision are
+    timed together with the library calls, in one interleaved run."""
     if not decisions.measure:
-        return built
-    key = decision_key(built)
-    measured = decisions.get(key)
-    if measured is None:
-        measured, steady = measure(graph, built)
-        if steady:  # a measurement disturbed by other work is used now, not kept
-            decisions.put(key, measured)
-    if measured.generated_s <= MARGIN[built.recipe] * measured.library_s:
-        return dataclasses.replace(built, measured=measured)
-    return Skipped(built.group, SkipReason.SLOWER, str(measured), measured)
+        return candidates[0]
+    keys = [decision_key(c) for c in candidates]
+    known = [decisions.get(key) for key in keys]
+    missing = [i for i, m in enumerate(known) if m is None]
+    if missing:
+        measured, steady = measure(graph, [candidates[i] for i in missing])
+        for i, m in zip(missing, measured):
+            known[i] = m
+            if steady:  # a measurement disturbed by other work is used now, not kept
+                decisions.put(keys[i], m)
+    timed = [(c, m) for c, m in zip(candidates, known) if m is not None]
+    winners = [(c, m) for c, m in timed if m.generated_s <= MARGIN[c.recipe] * m.library_s]
+    if winners:
+        best, m = min(winners, key=lambda cm: cm[1].generated_s)
+        return dataclasses.replace(best, measured=m)
+    detail = "; ".join(f"{c.kernel.name}: {m}" for c, m in timed)
+    return Skipped(candidates[0].group, SkipReason.SLOWER, detail, timed[0][1])
 
 
-def measure(graph: Graph, built: Built) -> tuple[Measured, bool]:
-    """The kernel and the group's library calls, interleaved on the same random operands;
+def measure(graph: Graph, candidates: Sequence[Built]) -> tuple[list[Measured], bool]:
+    """The kernels and the group's library calls, interleaved on the same random operands;
     and whether the samples were steady (each contender's spread within `STEADY` of its
     median: on a busy machine, time slices taken by other processes show as outliers)."""
-    env = random_operands(graph, built.group)
-    outs = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) for v in built.outputs]
-    generated = runner(graph, built, env, outs)
-    nodes = built.group.nodes
+    group = candidates[0].group
+    env = random_operands(graph, group)
+    runners = []
+    for built in candidates:
+        outs = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) for v in built.outputs]
+        runners.append(runner(graph, built, env, outs))
 
     def library() -> None:
         values = dict(env)
-        for node in nodes:
+        for node in group.nodes:
             args = [values[v] if v in values else v.node.attrs.value  # type: ignore[attr-defined]
                     for v in node.inputs]
             values.update(zip(node.outputs, evaluate_node(node, args, graph)))
 
     with torch.no_grad():
-        lib, gen = interleaved([library, generated], Budget.kernel())
-    steady = all(t.max_s - t.min_s <= STEADY * t.median_s for t in (lib, gen))
-    return Measured(lib.median_s, gen.median_s), steady
+        lib, *gens = interleaved([library, *runners], Budget.kernel())
+    steady = all(t.max_s - t.min_s <= STEADY * t.median_s for t in (lib, *gens))
+    return [Measured(lib.median_s, g.median_s) for g in gens], steady
 
 
 def decision_key(built: Built) -> str:

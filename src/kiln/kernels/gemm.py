@@ -32,7 +32,7 @@ from kiln.passes.partition import KernelGroup
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
 
-__all__ = ["SERIAL_MACS", "build_gemm_kernels"]
+__all__ = ["SERIAL_MACS", "build_gemm_kernels", "gemm_candidate"]
 
 SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
 
@@ -44,43 +44,48 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Opt
     result = KernelBuild()
     decisions = decisions if decisions is not None else Decisions.open(options)
     checked: dict[str, bool] = {}
-    base = GemmConfig.for_isa(target_isa(options))
     for group in groups:
-        node = group.last
-        bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
-        (m, k), n = a.type.shape, b.type.shape[1]
-        epilogue = _epilogue(node)
-        if epilogue is False:
-            result.skipped.append(Skipped(group, SkipReason.NOT_LOWERABLE,
-                                          f"no loop form for {node.attrs} as an epilogue"))
-            continue
-        packed = b.node.op is Op.CONSTANT
-        config = default_gemm_config(m, n, k, base=base, b_prepacked=packed,
-                                     one_k_block=epilogue is not None)
-        weights = {}
-        if packed:  # packed once, here: the kernel reads B's panels in place on every call
-            weights[b] = pack_b(graph.constant(b.node), config.nr)
-        plan = gemm_plan(m, n, k, config, bias=bias is not None,
-                         name=f"kiln_gemm_{m}x{n}x{k}", b_prepacked=packed,
-                         epilogue=epilogue or None)
-        if m * n * k < SERIAL_MACS:
-            plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
-        inputs = (a, b) if bias is None else (a, b, bias)
-        built = compile_plan(graph, group, plan, inputs, (node.out(),), options, weights)
+        built = gemm_candidate(graph, group, options, checked)
         if isinstance(built, Skipped):
             if built.reason is SkipReason.NO_COMPILER:
                 return KernelBuild([], [Skipped(g, built.reason, built.detail) for g in groups])
             result.skipped.append(built)
             continue
-        key = built.source
-        if key not in checked:
-            checked[key] = agrees_with_library(graph, built)
-        if not checked[key]:
-            result.skipped.append(Skipped(group, SkipReason.DISAGREED))
-            continue
         decided = faster_than_library(graph, built, decisions)
         (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
     return result
+
+
+def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
+                   checked: dict[str, bool] | None = None) -> Built | Skipped:
+    """The generated GEMM for a one-node mm / addmm / addmm_act group, compiled and checked
+    against the library (``checked`` remembers sources already checked), not yet measured."""
+    node = group.last
+    bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
+    (m, k), n = a.type.shape, b.type.shape[1]
+    epilogue = _epilogue(node)
+    if epilogue is False:
+        return Skipped(group, SkipReason.NOT_LOWERABLE,
+                       f"no loop form for {node.attrs} as an epilogue")
+    packed = b.node.op is Op.CONSTANT
+    base = GemmConfig.for_isa(target_isa(options))
+    config = default_gemm_config(m, n, k, base=base, b_prepacked=packed,
+                                 one_k_block=epilogue is not None)
+    weights = {}
+    if packed:  # packed once, here: the kernel reads B's panels in place on every call
+        weights[b] = pack_b(graph.constant(b.node), config.nr)
+    plan = gemm_plan(m, n, k, config, bias=bias is not None, name=f"kiln_gemm_{m}x{n}x{k}",
+                     b_prepacked=packed, epilogue=epilogue or None)
+    if m * n * k < SERIAL_MACS:
+        plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
+    inputs = (a, b) if bias is None else (a, b, bias)
+    built = compile_plan(graph, group, plan, inputs, (node.out(),), options, weights)
+    if isinstance(built, Skipped):
+        return built
+    checked = {} if checked is None else checked
+    if built.source not in checked:
+        checked[built.source] = agrees_with_library(graph, built)
+    return built if checked[built.source] else Skipped(group, SkipReason.DISAGREED)
 
 
 def _epilogue(node: Node) -> Epilogue | None | bool:

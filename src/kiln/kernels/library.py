@@ -20,7 +20,7 @@ with the prepared weights bound.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +33,7 @@ from kiln.ir.types import DType
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.passes.partition import KernelGroup, singles
 
-__all__ = ["LibraryKernel", "build_library_kernels", "library_groups"]
+__all__ = ["LibraryKernel", "build_library_kernels", "library_candidate", "library_groups"]
 
 mkldnn = torch.ops.mkldnn
 
@@ -45,6 +45,9 @@ class LibraryKernel:
     fn: Callable[..., torch.Tensor]
     description: str  # the call, as text, for reports
     packed_bytes: int = 0  # the weights it holds in the library's layout
+    # the tensors its weights live in, kept alive as long as the kernel (the library's
+    # reordered tensor may be a view of the source weight's memory)
+    holds: tuple[torch.Tensor, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def source(self) -> str:
@@ -63,26 +66,33 @@ def build_library_kernels(graph: Graph, groups: Sequence[KernelGroup], options: 
     """A prepared-weight library kernel per group where it agrees with the node's ATen call
     and measures faster."""
     from kiln.kernels.decide import faster_than_library
-    from kiln.kernels.validate import agrees_with_library
 
     result = KernelBuild()
     for group in groups:
-        node = group.last
-        make = _variant(graph, node)
-        if make is None:
-            continue
-        try:
-            kernel, inputs = make(graph, node)
-        except RuntimeError as err:  # the library refuses these shapes
-            result.skipped.append(Skipped(group, SkipReason.NOT_LOWERABLE, str(err)))
-            continue
-        built = Built(group, kernel, tuple(inputs), (node.out(),), None)
-        if not agrees_with_library(graph, built):
-            result.skipped.append(Skipped(group, SkipReason.DISAGREED))
+        built = library_candidate(graph, group)
+        if isinstance(built, Skipped):
+            result.skipped.append(built)
             continue
         decided = faster_than_library(graph, built, decisions)
         (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
     return result
+
+
+def library_candidate(graph: Graph, group: KernelGroup) -> Built | Skipped:
+    """The prepared-weight library kernel for a one-node group, checked against the node's
+    ATen call, not yet measured."""
+    from kiln.kernels.validate import agrees_with_library
+
+    node = group.last
+    make = _variant(graph, node)
+    if make is None:
+        return Skipped(group, SkipReason.NO_RECIPE, "no library variant takes this node")
+    try:
+        kernel, inputs = make(graph, node)
+    except RuntimeError as err:  # the library refuses these shapes
+        return Skipped(group, SkipReason.NOT_LOWERABLE, str(err))
+    built = Built(group, kernel, tuple(inputs), (node.out(),), None)
+    return built if agrees_with_library(graph, built) else Skipped(group, SkipReason.DISAGREED)
 
 
 Variant = Callable[[Graph, Node], tuple[LibraryKernel, list[Value]]]
@@ -129,8 +139,12 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         residual, act, act_args = None, None, ()
     stride, padding, dilation = list(a.stride), list(a.padding), list(a.dilation)
-    packed = mkldnn._reorder_convolution_weight(graph.constant(w.node), padding, stride,
+    # the reordered weight may share the source's memory (no reorder needed): the kernel
+    # holds both, so the source outlives every call
+    source = graph.constant(w.node).contiguous()
+    packed = mkldnn._reorder_convolution_weight(source, padding, stride,
                                                 dilation, a.groups, list(x.type.shape))
+    held = (source, packed)
     b = graph.constant(bias.node).contiguous() if bias is not None and \
         bias.node.op is Op.CONSTANT else None
     inputs = [x] + ([bias] if bias is not None and b is None else []) + \
@@ -151,7 +165,7 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
             f"(x, W reordered once, stride={stride}, padding={padding}, groups={a.groups}, "
             f"post-ops: {'bias, ' if bias is not None else ''}"
             f"{'residual add' if residual is not None else ''}){_act_text(act)}")
-    return LibraryKernel("onednn_conv_packed", run, text, _nbytes(packed)), inputs
+    return LibraryKernel("onednn_conv_packed", run, text, _nbytes(packed), held), inputs
 
 
 def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
@@ -160,7 +174,8 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     bias = node.inputs[0] if node.op is not Op.MM else None
     weight = graph.constant(w.node).t().contiguous()  # [N, K], as nn.Linear keeps it
     m = x.type.shape[0]
-    packed = mkldnn._reorder_linear_weight(weight, m)
+    packed = mkldnn._reorder_linear_weight(weight, m)  # (may share weight's memory)
+    held = (weight, packed)
     b = graph.constant(bias.node).contiguous() if bias is not None and \
         bias.node.op is Op.CONSTANT else None
     a = node.attrs
@@ -173,7 +188,7 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     run = _then(linear, act, act_args)
     text = (f"mkldnn._linear_pointwise(x, W reordered once for M={m}"
             f"{', post-op: bias' if bias is not None else ''}){_act_text(act)}")
-    return LibraryKernel("onednn_linear_packed", run, text, _nbytes(packed)), inputs
+    return LibraryKernel("onednn_linear_packed", run, text, _nbytes(packed), held), inputs
 
 
 def _then(call: Callable[..., torch.Tensor], act: Op | None,

@@ -55,7 +55,11 @@ def runner(graph: Graph, built: Built, env: dict[Value, torch.Tensor],
     kernel = built.kernel
     if isinstance(kernel, CompiledKernel):
         pointers = [t.data_ptr() for t in operands] + [o.data_ptr() for o in outs]
-        return lambda: kernel.run_unchecked(*pointers)
+        held = (operands, outs)  # the tensors behind the pointers live as long as the call
+
+        def run() -> object:
+            return kernel.run_unchecked(*pointers), held
+        return run
     return lambda: outs[0].copy_(kernel.fn(*operands))
 
 

@@ -1,0 +1,63 @@
+"""Contractions (GEMMs and convolutions) run by whichever kernel is fastest on their shapes,
+on this machine: the node's own ATen call, kiln's generated GEMM on weights packed at compile
+time (`kiln.kernels.gemm`), or the library's kernel on weights reordered once
+(`kiln.kernels.library`, oneDNN). Each candidate is checked against the ATen call first;
+then all are timed together with it, interleaved (`kiln.kernels.decide.fastest`), and the
+decision is kept on disk.
+
+    addmm_act(b, x, Wt){gelu}  f32[128, 3072]:
+        library 3.61 ms | kiln_gemm_128x3072x768 2.95 ms | onednn_linear_packed 3.02 ms
+        -> kiln_gemm_128x3072x768
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kiln.ir.graph import Graph
+from kiln.kernels.decide import Decisions, fastest
+from kiln.kernels.gemm import gemm_candidate
+from kiln.kernels.library import library_candidate, library_groups
+from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.options import Options
+from kiln.passes.partition import KernelGroup, gemms
+
+__all__ = ["build_contraction_kernels", "contraction_groups"]
+
+
+def contraction_groups(graph: Graph) -> list[KernelGroup]:
+    """One group per GEMM a generated kernel may run or contraction a library variant takes."""
+    groups = {g.last: g for g in library_groups(graph)}
+    groups.update({g.last: g for g in gemms(graph)})
+    index = {node: i for i, node in enumerate(graph.nodes)}
+    return sorted(groups.values(), key=lambda g: index[g.last])
+
+
+def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
+                              decisions: Decisions) -> KernelBuild:
+    """The fastest checked candidate per group, where one beats the ATen call."""
+    result = KernelBuild()
+    generate = options.generated_kernels and options.generated_gemm
+    gemm_nodes = {g.last for g in gemms(graph)} if generate else set()
+    checked: dict[str, bool] = {}
+    compiler = True
+    for group in groups:
+        candidates: list[Built] = []
+        reasons: list[Skipped] = []
+        if compiler and group.last in gemm_nodes:
+            built = gemm_candidate(graph, group, options, checked)
+            if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
+                compiler = False  # (warned once, by codegen.build)
+            (candidates if isinstance(built, Built) else reasons).append(built)
+        if options.prepacked_library:
+            built = library_candidate(graph, group)
+            if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
+                (candidates if isinstance(built, Built) else reasons).append(built)
+        if not candidates:
+            if reasons:
+                result.skipped.append(Skipped(group, reasons[0].reason,
+                                              "; ".join(str(r) for r in reasons)))
+            continue
+        decided = fastest(graph, candidates, decisions)
+        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
+    return result
