@@ -10,6 +10,9 @@ Prints, in one process, with contenders interleaved sample by sample and medians
 * fp32 GEMM at 256..2048 and a Linear layer's 512x768x3072 (B = weight.T): kiln's GEMM (the
   matmul lowering scheduled into packed panels and a register-tiled micro-kernel) against
   torch.mm and numpy's BLAS, in GFLOP/s and as a fraction of the machine peak;
+* Linear layers at transformer sizes (M in 1..512, (K, N) from BERT/GPT-2/ViT/Llama-style
+  layers): kiln's generated GEMM on prepacked weights against F.linear, oneDNN on reordered
+  weights and ONNX Runtime's MLAS Gemm (optional peer, ``pip install -e '.[peers]'``);
 * memory-bound fused kernels at BERT-base sizes (softmax, layernorm, bias+gelu, add+relu):
   GB/s (compulsory bytes: inputs read once, output written once), fraction of the measured
   copy bandwidth, element rate, and time against eager PyTorch's unfused op sequence, the
@@ -243,6 +246,81 @@ def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
     return rows
 
 
+# --- Linear layers against the peers ---------------------------------------------------------
+
+LINEAR_SHAPES = [(k, n) for k, n in ((768, 3072), (3072, 768), (768, 768), (512, 1376),
+                                     (1376, 512))]
+LINEAR_M = (1, 32, 128, 197, 512)
+
+
+def linear(options: Options, quick: bool, peak: float, threads: int) -> list[Row]:
+    """nn.Linear (x @ W.T + b) at transformer sizes: torch's F.linear, kiln's generated GEMM on
+    W packed at compile time (the tile kiln's compiler picks for this machine and M), oneDNN
+    on W reordered once (kiln's library variant) and ONNX Runtime's Gemm on a constant W
+    (MLAS, prepacked) when onnxruntime is installed."""
+    from kiln.codegen.isa import target_isa
+    from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
+
+    rows = []
+    base = GemmConfig.for_isa(target_isa(options))
+    ms = (1, 128) if quick else LINEAR_M
+    shapes = LINEAR_SHAPES[:2] if quick else LINEAR_SHAPES
+    for m in ms:
+        for k, n in shapes:
+            x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+            out = torch.empty(m, n)
+            contenders: dict[str, Fn] = {"torch F.linear": lambda x=x, w=w, b=b: F.linear(x, w, b)}
+            cfg = default_gemm_config(m, n, k, threads=threads, base=base, b_prepacked=True)
+            kernel = compile_kernel(gemm_func(m, n, k, cfg, bias=True, b_prepacked=True), options)
+            if not isinstance(kernel, CompilerUnavailable):
+                packed = pack_b(w.t(), cfg.nr)
+                ptrs = (x.data_ptr(), packed.data_ptr(), b.data_ptr(), out.data_ptr())
+                kernel.run_unchecked(*ptrs)
+                torch.testing.assert_close(out, F.linear(x, w, b), rtol=1e-4, atol=1e-3)
+                contenders["kiln generated"] = (
+                    lambda k=kernel, p=ptrs, keep=packed: k.run_unchecked(*p))
+            if torch.backends.mkldnn.is_available():
+                reordered = torch.ops.mkldnn._reorder_linear_weight(w, m)
+                contenders["oneDNN prepacked"] = (
+                    lambda x=x, r=reordered, b=b, keep=w: torch.ops.mkldnn._linear_pointwise(
+                        x, r, b, "none", [], ""))
+            session = _ort_gemm(w, b, m, threads)
+            if session is not None:
+                feed = {"x": x.numpy()}
+                contenders["ORT (MLAS)"] = lambda s=session, f=feed: s.run(None, f)
+            timings = measure(contenders, samples=7 if quick else 11, settle_s=0.05)
+            flops = 2 * m * n * k
+            case = f"{m}x{k}x{n}"
+            for name, t in timings.items():
+                rate = flops / t.median_s
+                metrics = {"GFLOP/s": rate / 1e9,
+                           "vs torch": timings["torch F.linear"].median_s / t.median_s}
+                if peak:
+                    metrics["of peak"] = rate / 1e9 / peak
+                rows.append(_row("linear", case, name, t, metrics))
+    return rows
+
+
+def _ort_gemm(w: torch.Tensor, b: torch.Tensor, m: int, threads: int) -> object | None:
+    """An ONNX Runtime session computing x @ w.T + b with w and b as initializers."""
+    try:
+        import onnxruntime
+        from onnx import TensorProto, helper, numpy_helper
+    except ImportError:
+        return None
+    n, k = w.shape
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1)], "linear",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
+        [numpy_helper.from_array(w.numpy(), "w"), numpy_helper.from_array(b.numpy(), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = threads
+    return onnxruntime.InferenceSession(model.SerializeToString(), opts,
+                                        providers=["CPUExecutionProvider"])
+
+
 # --- fused memory-bound kernels ----------------------------------------------------------------
 
 
@@ -409,12 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--no-inductor", action="store_true", help="skip torch.compile")
-    parser.add_argument("--only", choices=("machine", "gemm", "fused"), action="append")
+    parser.add_argument("--only", choices=("machine", "gemm", "linear", "fused"),
+                        action="append")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(args.threads))
     options = Options.from_env()
-    only = set(args.only or ("machine", "gemm", "fused"))
+    only = set(args.only or ("machine", "gemm", "linear", "fused"))
     notes: list[str] = []
     cache = options.kernel_cache_dir or "~/.cache/kiln/kernels"
     load_before = os.getloadavg()[0]
@@ -424,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, copy_bw, peak = machine(options, args.quick)
     if "gemm" in only:
         rows += gemm(options, args.quick, peak)
+    if "linear" in only:
+        rows += linear(options, args.quick, peak, args.threads)
     if "fused" in only:
         rows += fused_kernels(options, args.quick, copy_bw, not args.no_inductor, notes)
     print_table(rows)

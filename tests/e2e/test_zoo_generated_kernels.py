@@ -126,3 +126,15 @@ def test_generated_gemms_with_packed_weights_match_eager(options: kiln.Options,
     gemms = [k for k in report.kernels if k.kind == "generated" and "gemm_plan" in k.trace]
     assert gemms and all("not lowerable" in k.decision for k in left), [k.decision for k in left]
     assert report.packed_weight_bytes > 0
+
+
+def test_a_weight_changed_in_place_is_packed_again(options: kiln.Options) -> None:
+    """Packed weights are copies: a weight the user changes after compiling leads to a
+    recompile (the version-counter check), so the GEMM reads the new values."""
+    model, inputs = kiln.models.build("mlp", quick=True)
+    compiled = kiln.compile(model, inputs, dataclasses.replace(options, generated_gemm=True))
+    assert compiled.report.graphs[0].packed_weight_bytes > 0
+    with torch.no_grad():
+        first = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+        first.weight.mul_(-2.0)
+        assert support.relative_error(compiled(*inputs), model(*inputs)) < TOLERANCE
