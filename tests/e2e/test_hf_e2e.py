@@ -1,9 +1,8 @@
 """Every quick HF architecture, compiled both ways at the default opt level, matches eager.
 
 Each case runs with ``strict=True``, so a model kiln cannot compile fails here instead of
-falling back to eager (or, for kiln.compile, to Dynamo) with a warning. Known failures are
-strict xfails naming the error, so a fix shows up as an XPASS to remove the mark. Unlike the
-zoo's, these run without ``debug=True`` (verify after every pass): it adds 40% to the time.
+falling back to eager (or, for kiln.compile, to Dynamo) with a warning. Unlike the zoo's,
+these run without ``debug=True`` (verify after every pass): it adds 40% to the time.
 """
 
 import pytest
@@ -11,21 +10,10 @@ import torch
 
 import kiln
 from kiln import models
-from kiln.frontend.importer import UnsupportedGraph
 
 pytest.importorskip("transformers")
 
 NAMES = models.names(models.Origin.HF)
-
-# torch.export records every `.to(dtype)` (a no-op here) as aten._assert_tensor_metadata, an op
-# with no result, and kiln's fx importer rejects it; Dynamo + AOTAutograd drops these nodes.
-_ASSERT_METADATA = ("UnsupportedGraph: result None is not a tensor at node "
-                    "'_assert_tensor_metadata' (aten._assert_tensor_metadata.default)")
-EXPORT_FAILURES = {
-    "hf_gpt2": f"{_ASSERT_METADATA}; from position_embeds.to(), the causal mask, softmax .to()",
-    "hf_vit": f"{_ASSERT_METADATA}; from attn_weights.to(query.dtype) after the softmax",
-    "hf_llama": f"{_ASSERT_METADATA}; from the causal mask and the rotary embedding's .to()",
-}
 
 # Opaque ATen calls kiln keeps (correct, not fused): BertEmbeddings gathers its token type ids.
 EXPECTED_OPAQUE = {"hf_bert": {"aten.gather.default"}}
@@ -51,13 +39,10 @@ def test_torch_compile_backend_matches_eager(name: str) -> None:
         _check(fast(*inputs), expected, name)  # a second call reuses the plan
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, raises=UnsupportedGraph, reason=EXPORT_FAILURES[name]))
-    if name in EXPORT_FAILURES else name
-    for name in NAMES
-])
+@pytest.mark.parametrize("name", NAMES)
 def test_ahead_of_time_compile_matches_eager(name: str) -> None:
+    """(torch.export records each ``.to(dtype)`` of GPT-2, ViT and Llama as
+    ``_assert_tensor_metadata``: checked at import against the static types, then dropped.)"""
     model, inputs = models.build(name, quick=True)
     compiled = kiln.compile(model, inputs, kiln.Options(strict=True))  # opt level 2
     with torch.no_grad():

@@ -88,3 +88,35 @@ def test_model_export_cannot_capture_falls_back_to_dynamo(caplog):
 def test_strict_mode_raises_instead_of_falling_back():
     with pytest.raises(Exception):  # noqa: B017 - torch.export's own error type
         kiln.compile(Branchy().eval(), (torch.randn(2, 4),), kiln.Options(strict=True))
+
+
+class CastsAndChecks(nn.Module):
+    """``.to(dtype)`` on a float tensor: torch.export records aten._assert_tensor_metadata."""
+
+    def forward(self, x):
+        y = torch.softmax(x, dim=-1).to(torch.float32)
+        return y * x.to(x.dtype)
+
+
+def test_export_metadata_checks_are_verified_and_dropped():
+    x = torch.randn(2, 5)
+    exported = torch.export.export(CastsAndChecks(), (x,))
+    targets = {n.target for n in exported.graph.nodes}
+    assert torch.ops.aten._assert_tensor_metadata.default in targets  # what torch 2.13 emits
+    compiled = kiln.compile(CastsAndChecks(), (x,), options=kiln.Options(strict=True))
+    torch.testing.assert_close(compiled(x), CastsAndChecks()(x))
+    assert not compiled.report.graphs[0].opaque_ops
+
+
+def test_a_metadata_check_that_fails_statically_is_refused():
+    from kiln.frontend.importer import UnsupportedGraph, import_fx
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = torch.empty(2, 3)
+    check = graph.call_function(torch.ops.aten._assert_tensor_metadata.default, (x,),
+                                {"dtype": torch.float64})
+    check.meta["val"] = None
+    graph.output((x,))
+    with pytest.raises(UnsupportedGraph, match="metadata check fails"):
+        import_fx(torch.fx.GraphModule({}, graph), {}, torch.device("cpu"))

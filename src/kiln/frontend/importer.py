@@ -142,6 +142,9 @@ class _Importer:
             return parts[index]
         if not isinstance(node.target, torch._ops.OpOverload):
             raise UnsupportedGraph(node, f"call of {node.target!r} is not an ATen op")
+        if node.target in _RUNTIME_CHECKS:
+            _RUNTIME_CHECKS[node.target](self, node)  # holds for the static types, or raises
+            return None
         self.out_types = self._out_types(node)
         self.target = node.target
         args = torch.fx.node.map_arg(node.args, self.env.__getitem__)
@@ -211,6 +214,33 @@ class _Importer:
             return TensorType.of(val)
         except UnsupportedDType as err:
             raise UnsupportedGraph(node, str(err)) from None
+
+
+def _check_metadata(importer: Any, node: torch.fx.Node) -> None:
+    """torch.export records each ``.to(dtype)`` as ``_assert_tensor_metadata(x, dtype=...)``:
+    a run-time check of what kiln's static types already say. Checked here, once."""
+    value = importer.env[node.args[0]]
+    t = value.type if isinstance(value, Value) else None
+    size = node.kwargs.get("size", node.args[1] if len(node.args) > 1 else None)
+    dtype = node.kwargs.get("dtype", node.args[3] if len(node.args) > 3 else None)
+    if t is None or (size is not None and tuple(size) != t.shape) or (
+            dtype is not None and dtype != t.dtype.torch):
+        raise UnsupportedGraph(node, f"tensor metadata check fails on {t} (size {size}, "
+                                     f"dtype {dtype})")
+
+
+def _check_scalar(importer: Any, node: torch.fx.Node) -> None:
+    """``_assert_scalar(cond, msg)`` on sizes that are static here: a Python bool."""
+    cond = node.args[0]
+    if cond is not True:
+        raise UnsupportedGraph(node, f"run-time assertion on {cond!r}: {node.args[1]}")
+
+
+# ops that only check, at run time, what kiln knows statically: verified at import, dropped
+_RUNTIME_CHECKS: dict[Any, Any] = {
+    torch.ops.aten._assert_tensor_metadata.default: _check_metadata,
+    torch.ops.aten._assert_scalar.default: _check_scalar,
+}
 
 
 def _single(node: torch.fx.Node) -> bool:
