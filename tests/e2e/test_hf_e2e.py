@@ -15,8 +15,11 @@ pytest.importorskip("transformers")
 
 NAMES = models.names(models.Origin.HF)
 
-# Opaque ATen calls kiln keeps (correct, not fused): BertEmbeddings gathers its token type ids.
-EXPECTED_OPAQUE = {"hf_bert": {"aten.gather.default"}}
+# Opaque ATen calls kiln keeps (correct, not fused): BertEmbeddings gathers its token type ids;
+# through torch.export, GPT-2's and Llama's causal masks are built at run time from a cumsum,
+# an index and a bitwise and (Dynamo folds them away as constants).
+MASK_OPS = {"aten.bitwise_and.Tensor", "aten.cumsum.default", "aten.index.Tensor"}
+EXPECTED_OPAQUE = {"hf_bert": {"aten.gather.default"}, "hf_gpt2": MASK_OPS, "hf_llama": MASK_OPS}
 
 # MobileNetV2's quick variant is ill-conditioned in float32: eager itself is 3.3e-4 off a float64
 # run at its largest output (6.0, the relu6 clamp), and kiln's folded batch norms land nearer to
