@@ -40,12 +40,15 @@ class Budget:
     # threads (ORT's pool, an OpenMP team) spin for a while after its call and would slow this
     # one's first call; this also wakes this contender's own pool
     settle_calls: int = 0
+    # a full garbage collection first (then none while timing): a clean heap for a benchmark;
+    # at compile time, with the compiler's own objects alive, it costs more than the timing
+    collect_first: bool = True
 
     @staticmethod
     def kernel() -> Budget:
         """For one kernel against its library call at compile time: short and robust."""
         return Budget(min_rounds=5, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3,
-                      settle_calls=1)
+                      settle_calls=1, collect_first=False)
 
 
 @dataclass
@@ -79,7 +82,8 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget()) 
     batches = {i: _batch(fns[i], budget.min_sample_s) for i in live}
     started = time.perf_counter()
     rounds = 0
-    gc.collect()
+    if budget.collect_first:
+        gc.collect()
     gc.disable()  # a collection in one contender's call would be noise only it pays for
     try:
         while live and rounds < budget.max_rounds:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -79,10 +80,7 @@ class KernelPlan:
     notes: str = ""  # how ``program`` was made, as comments (the template, the prologue)
 
     def build(self) -> PrimFunc:
-        func = self.trace.apply(self.program).func
-        for step in self.post:
-            func = step.apply(func)
-        return func
+        return _build(self.program, self.trace.to_json(), self.post)
 
     def with_post(self, *steps: PostPass) -> KernelPlan:
         return dataclasses.replace(self, post=(*self.post, *steps))
@@ -92,6 +90,15 @@ class KernelPlan:
         lines.append(self.trace.as_python().rstrip("\n"))
         lines += [f"post.{step.as_python()}" for step in self.post]
         return "\n".join(line for line in lines if line)
+
+
+@functools.lru_cache(maxsize=256)
+def _build(program: PrimFunc, trace: str, post: tuple[PostPass, ...]) -> PrimFunc:
+    """Replay, once per distinct plan: a transformer's layers repeat the same few plans."""
+    func = Trace.from_json(trace).apply(program).func
+    for step in post:
+        func = step.apply(func)
+    return func
 
 
 # -- post-passes ------------------------------------------------------------------------------
