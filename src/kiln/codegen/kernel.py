@@ -12,16 +12,24 @@ proven them (the runtime's static memory plan). Output tensors are written in pl
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from kiln.codegen.build import BuiltLibrary, CompilerUnavailable, build, toolchain
-from kiln.codegen.c import CRenderer
+from kiln.codegen.build import (
+    BuiltLibrary,
+    CompileError,
+    CompilerUnavailable,
+    build,
+    toolchain,
+)
+from kiln.codegen.c import CRenderer, UnsupportedForC
 from kiln.options import Options
 from kiln.tir.nodes import Buffer, PrimFunc, contiguous_strides
 
-__all__ = ["CompiledKernel", "KernelArgumentError", "compile_kernel"]
+__all__ = ["CompiledKernel", "KernelArgumentError", "compile_kernel", "prebuild"]
 
 
 class KernelArgumentError(ValueError):
@@ -96,6 +104,32 @@ def compile_kernel(func: PrimFunc, options: Options | None = None,
     fn.argtypes = [ctypes.c_void_p] * len(func.params)
     fn.restype = None
     return CompiledKernel(func, source, library, fn)
+
+
+def prebuild(funcs: Sequence[PrimFunc], options: Options | None = None) -> None:
+    """Compile every distinct kernel of ``funcs`` into the kernel cache, several compiler
+    processes at once (one per core), so that the `compile_kernel` calls that follow, one by
+    one, find them there. Failures are left for those calls to report."""
+    options = options if options is not None else Options.from_env()
+    if isinstance(toolchain(options), CompilerUnavailable):
+        return
+    renderer = CRenderer()
+    sources: dict[str, str] = {}
+    for func in funcs:
+        try:
+            sources.setdefault(renderer.render(func), func.name)
+        except UnsupportedForC:
+            continue
+    if len(sources) < 2:
+        return
+
+    def one(item: tuple[str, str]) -> None:
+        try:
+            build(item[0], item[1], options)
+        except CompileError:
+            pass  # reported by compile_kernel, with the source kept on disk
+    with ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1)) as pool:
+        list(pool.map(one, sources.items()))
 
 
 def _layout_ok(buf: Buffer) -> Callable[[torch.Tensor], bool]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 from kiln.codegen.build import CompileError, CompilerUnavailable
 from kiln.codegen.c import UnsupportedForC
-from kiln.codegen.kernel import compile_kernel
+from kiln.codegen.kernel import compile_kernel, prebuild
 from kiln.ir.graph import Graph, Value
 from kiln.kernels.decide import Decisions, faster_than_library
 from kiln.kernels.loops import plan_loops
@@ -56,8 +56,10 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
     result = KernelBuild()
     decisions = decisions if decisions is not None else Decisions.open(options)
     checked: dict[str, bool] = {}  # kernel source + types -> agreed (repeated layers)
+    planned = {group: plan_group(graph, group, options) for group in groups}
+    prebuild([p[0].build() for p in planned.values() if not isinstance(p, Skipped)], options)
     for i, group in enumerate(groups):
-        built = build_group_kernel(graph, group, options)
+        built = build_group_kernel(graph, group, options, planned[group])
         prologue = without_last(group)
         if isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE and prologue:
             # the normalization stays a library call; its prologue still fuses
@@ -82,20 +84,34 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
     return result
 
 
-def build_group_kernel(graph: Graph, group: KernelGroup, options: Options) -> Built | Skipped:
-    """The group's compiled kernel (not yet checked or measured), or why there is none."""
+Planned = tuple[KernelPlan, tuple[Value, ...], tuple[Value, ...]]
+
+
+def plan_group(graph: Graph, group: KernelGroup, options: Options) -> Planned | Skipped:
+    """The group's plan and the values its parameters stand for, or why there is none."""
     try:
         plan, ins, outs = recipe_for(group)(graph, group)
         plan = plan.with_post(BoolsAsBytes())
         if sum(v.type.numel for v in outs) < GRAIN:
             plan = plan.with_post(Serial(f"fewer than {GRAIN} output elements"))
+        plan.build()  # (a primitive that refuses does so here)
     except NoRowKernel as err:
         return Skipped(group, SkipReason.NO_RECIPE, str(err))
     except (NotLowerable, ScheduleError) as err:
         return Skipped(group, SkipReason.NOT_LOWERABLE, str(err))
     except Exception as err:  # noqa: BLE001 - a bug in lowering must cost speed, not the model
         return _internal_error(group, err, options)
-    return compile_plan(graph, group, plan, tuple(ins), tuple(outs), options)
+    return plan, tuple(ins), tuple(outs)
+
+
+def build_group_kernel(graph: Graph, group: KernelGroup, options: Options,
+                       planned: Planned | Skipped | None = None) -> Built | Skipped:
+    """The group's compiled kernel (not yet checked or measured), or why there is none."""
+    planned = planned if planned is not None else plan_group(graph, group, options)
+    if isinstance(planned, Skipped):
+        return planned
+    plan, ins, outs = planned
+    return compile_plan(graph, group, plan, ins, outs, options)
 
 
 def compile_plan(graph: Graph, group: KernelGroup, plan: KernelPlan, ins: tuple[Value, ...],

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from kiln.codegen.kernel import prebuild
 from kiln.ir.graph import Graph
 from kiln.kernels.decide import Decisions, fastest
-from kiln.kernels.gemm import gemm_candidate
+from kiln.kernels.gemm import gemm_candidate, plan_gemm
 from kiln.kernels.library import library_candidate, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.options import Options
@@ -41,11 +42,13 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     gemm_nodes = {g.last for g in gemms(graph)} if generate else set()
     checked: dict[str, bool] = {}
     compiler = True
+    planned = {g: plan_gemm(graph, g, options) for g in groups if g.last in gemm_nodes}
+    prebuild([p[0].build() for p in planned.values() if not isinstance(p, Skipped)], options)
     for group in groups:
         candidates: list[Built] = []
         reasons: list[Skipped] = []
         if compiler and group.last in gemm_nodes:
-            built = gemm_candidate(graph, group, options, checked)
+            built = gemm_candidate(graph, group, options, checked, planned[group])
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
                 compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)

@@ -17,22 +17,24 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
+
 from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import AddmmActAttrs
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.kernels.build import compile_plan
 from kiln.kernels.decide import Decisions, faster_than_library
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
-from kiln.kernels.plan import Epilogue, Serial
+from kiln.kernels.plan import Epilogue, KernelPlan, Serial
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
 
-__all__ = ["SERIAL_MACS", "build_gemm_kernels", "gemm_candidate"]
+__all__ = ["SERIAL_MACS", "build_gemm_kernels", "gemm_candidate", "plan_gemm"]
 
 SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
 
@@ -56,10 +58,12 @@ def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Opt
     return result
 
 
-def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
-                   checked: dict[str, bool] | None = None) -> Built | Skipped:
-    """The generated GEMM for a one-node mm / addmm / addmm_act group, compiled and checked
-    against the library (``checked`` remembers sources already checked), not yet measured."""
+GemmPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
+
+
+def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
+    """The plan of the generated GEMM for a one-node mm / addmm / addmm_act group, its
+    inputs, and the weights packed for it."""
     node = group.last
     bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
     (m, k), n = a.type.shape, b.type.shape[1]
@@ -78,8 +82,19 @@ def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
                      b_prepacked=packed, epilogue=epilogue or None)
     if m * n * k < SERIAL_MACS:
         plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
-    inputs = (a, b) if bias is None else (a, b, bias)
-    built = compile_plan(graph, group, plan, inputs, (node.out(),), options, weights)
+    return plan, ((a, b) if bias is None else (a, b, bias)), weights
+
+
+def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
+                   checked: dict[str, bool] | None = None,
+                   planned: GemmPlanned | Skipped | None = None) -> Built | Skipped:
+    """The generated GEMM for a one-node mm / addmm / addmm_act group, compiled and checked
+    against the library (``checked`` remembers sources already checked), not yet measured."""
+    planned = planned if planned is not None else plan_gemm(graph, group, options)
+    if isinstance(planned, Skipped):
+        return planned
+    plan, inputs, weights = planned
+    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
     if isinstance(built, Skipped):
         return built
     checked = {} if checked is None else checked
