@@ -41,6 +41,7 @@ import torch.nn.functional as F
 
 from kiln.codegen.build import CompilerUnavailable, build
 from kiln.codegen.kernel import compile_kernel
+from kiln.cost.machine import fma_probe
 from kiln.kernels import rows_schedule as fused
 from kiln.kernels.gemm_schedule import gemm_func
 from kiln.options import Options
@@ -119,44 +120,6 @@ void kiln_copy(const float* restrict src, float* restrict dst, int64_t n) {
 }
 """
 
-PEAK_C = """
-#include <omp.h>
-#include <stdint.h>
-typedef float v16 __attribute__((vector_size(64)));
-/* Independent FMA chains on each of `threads` threads: the peak rate, not a latency. */
-double kiln_peak(int64_t iters, int threads) {
-  double total = 0.0;
-  #pragma omp parallel num_threads(threads) reduction(+:total)
-  {
-    /* distinct starting values, so the compiler cannot merge the chains */
-    v16 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0};
-    v16 a6 = {0}, a7 = {0}, a8 = {0}, a9 = {0}, a10 = {0}, a11 = {0};
-    v16 x = {0}, y = {0};
-    for (int i = 0; i < 16; ++i) {
-      x[i] = 1.0f - 1e-7f * i; y[i] = 1e-7f;
-      a0[i] = 0.1f; a1[i] = 0.2f; a2[i] = 0.3f; a3[i] = 0.4f; a4[i] = 0.5f; a5[i] = 0.6f;
-      a6[i] = 0.7f; a7[i] = 0.8f; a8[i] = 0.9f; a9[i] = 1.1f; a10[i] = 1.2f; a11[i] = 1.3f;
-    }
-    for (int64_t it = 0; it < iters; ++it) {
-      a0 = a0 * x + y; a1 = a1 * x + y; a2 = a2 * x + y; a3 = a3 * x + y;
-      a4 = a4 * x + y; a5 = a5 * x + y; a6 = a6 * x + y; a7 = a7 * x + y;
-      a8 = a8 * x + y; a9 = a9 * x + y; a10 = a10 * x + y; a11 = a11 * x + y;
-    }
-    v16 s = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7 + a8 + a9 + a10 + a11;
-    for (int i = 0; i < 16; ++i) total += s[i];
-  }
-  return total;
-}
-int kiln_threads(void) {
-  int n = 1;
-  #pragma omp parallel
-  {
-    #pragma omp single
-    n = omp_get_num_threads();
-  }
-  return n;
-}
-"""
 
 
 def _row(section: str, case: str, contender: str, t: Timing, metrics: dict[str, float]) -> Row:
@@ -187,19 +150,16 @@ def machine(options: Options, quick: bool) -> tuple[list[Row], float, float]:
         best_bw = max(best_bw, bw)
         rows.append(_row("machine", f"copy {n * 4 >> 20} MiB", name, t, {"GB/s": bw}))
     peak = 0.0
-    lib = build(PEAK_C, "peak", options)
-    if not isinstance(lib, CompilerUnavailable):
-        fn = lib.function("kiln_peak")
-        fn.argtypes = [ctypes.c_int64, ctypes.c_int]
-        fn.restype = ctypes.c_double
-        threads = lib.function("kiln_threads")()
+    probe = fma_probe(options)
+    if probe is not None:
         iters = 20_000_000 if not quick else 5_000_000
-        timings = measure({"1 thread": lambda: fn(iters, 1),
-                           f"{threads} threads": lambda: fn(iters, threads)}, samples=5)
+        threads = probe.threads
+        timings = measure({"1 thread": lambda: probe.run(iters, 1),
+                           f"{threads} threads": lambda: probe.run(iters, threads)}, samples=5)
         rates = {}
         for name, t in timings.items():
             used = 1 if name == "1 thread" else threads
-            rates[name] = used * iters * 12 * 16 * 2 / t.median_s / 1e9
+            rates[name] = used * probe.flops_per_iter * iters / t.median_s / 1e9
             rows.append(_row("machine", f"FMA chains, {name}", "C AVX-512 FMA chains", t,
                              {"GFLOP/s": rates[name]}))
         # the nominal peak: every core at the single-thread rate (a shared machine's second

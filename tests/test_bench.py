@@ -48,8 +48,11 @@ def test_contenders_are_timed_and_accurate(mlp_result: Run) -> None:
         assert math.isclose(k.speedup, eager.median_ms / k.median_ms)
         assert k.rel_err < 1e-5 and k.max_abs_err < 1e-4
         assert k.compile_s > 0
+        rate = result.gflops(k)  # the model's counted FLOPs over the median
+        assert rate is not None and math.isclose(rate, result.gflop / (k.median_ms / 1e3))
         assert k.kiln is not None and k.kiln.nodes_before >= k.kiln.nodes_after > 0
         assert k.kiln.intermediate_bytes > 0 and k.kiln.fallbacks == []
+    assert result.gflop is not None and result.gflop > 0  # torch's flop counter on eager
 
 
 def test_failing_peers_are_reported_not_raised(mlp_result: Run) -> None:

@@ -11,6 +11,7 @@ eager median / contender median. Nothing here prints: progress goes to a callbac
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -87,6 +88,14 @@ class BenchResult:
     rounds: int = 0
     contenders: list[ContenderResult] = field(default_factory=list)
     error: str | None = None  # the model itself could not be built or run eagerly
+    gflop: float | None = None  # one call's floating-point work (torch.utils.flop_counter)
+    peak_gflops: float | None = None  # this machine's measured FMA peak (kiln.cost.machine)
+
+    def gflops(self, contender: ContenderResult) -> float | None:
+        """The contender's rate on this model's FLOPs, in GFLOP/s."""
+        if self.gflop is None or not contender.median_ms:
+            return None
+        return self.gflop / (contender.median_ms / 1e3)
 
     def contender(self, name: str) -> ContenderResult | None:
         return next((c for c in self.contenders if c.name == name), None)
@@ -229,6 +238,8 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
         result.inputs = [f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}" for x in inputs]
         with torch.no_grad():
             reference = model(*inputs)
+        result.gflop = _gflop(model, inputs)
+        result.peak_gflops = _peak()
     except Exception as err:  # noqa: BLE001 - a broken model is a row, not a crash
         result.error = describe_error(err)
         step("done", 1.0)
@@ -289,6 +300,34 @@ def _compile(name: str, make: Callable[..., Any], model: torch.nn.Module,
                                 report.planned_peak_bytes, report.intermediate_bytes,
                                 report.compile_seconds, list(report.fallbacks))
     return _Runner(result, fn)
+
+
+def _gflop(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> float | None:
+    """FLOPs of one eager call, as torch.utils.flop_counter counts them (matmuls and
+    convolutions: 2 per multiply-add), in GFLOP."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(*inputs)
+    except Exception:  # noqa: BLE001 - a model the counter cannot follow gets no rate
+        return None
+    return counter.get_total_flops() / 1e9
+
+
+def _peak() -> float | None:
+    """This machine's FMA peak on torch's thread count, measured once per process."""
+    from kiln.cost.machine import fma_probe
+
+    probe = fma_probe(kiln.Options.from_env())
+    if probe is None:
+        return None
+    return _peak_on(probe, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=8)
+def _peak_on(probe: Any, threads: int) -> float:
+    return probe.gflops(threads)
 
 
 def _warm_up(runner: _Runner, inputs: tuple[torch.Tensor, ...], reference: Any,

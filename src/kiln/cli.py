@@ -152,8 +152,8 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
     header = ["model", "eager ms", "kiln ms", "speedup"]
     for peer in peers:
         header += [f"{peer} ms", f"{peer} speedup"]
-    header += ["max abs err", "rel err", "compile s", "nodes before→after",
-               "planned / intermediates MiB"]
+    header += ["kiln GFLOP/s (% peak)", "max abs err", "rel err", "compile s",
+               "nodes before→after", "planned / intermediates MiB"]
     rows: list[list[str]] = []
     notes: list[str] = []
     for r in results:
@@ -179,6 +179,9 @@ def _rows(r: BenchResult, peers: Sequence[str]) -> list[list[str]]:
         for peer in peers:
             p = r.contender(peer)
             row += [_ms(p.median_ms), _x(p.speedup)] if p else ["", ""]
+        rate = r.gflops(k)
+        share = f" ({rate / r.peak_gflops:.0%})" if rate and r.peak_gflops else ""
+        row += [f"{rate:.0f}{share}" if rate else ""]
         row += [_num(k.max_abs_err, ".1e"), _num(k.rel_err, ".1e"), _num(k.compile_s, ".2f")]
         stats = k.kiln
         row += [f"{stats.nodes_before}→{stats.nodes_after}",

@@ -1,0 +1,45 @@
+"""kiln.cost.measure: interleaved rounds, untimed calls, batching, failing contenders."""
+
+from __future__ import annotations
+
+import time
+
+from kiln.cost.measure import Budget, interleaved
+
+
+def test_contenders_run_in_interleaved_rounds_with_untimed_calls_first() -> None:
+    calls: list[str] = []
+    budget = Budget(min_rounds=3, max_rounds=3, warmup=1, settle_calls=1)
+    a, b = interleaved([lambda: calls.append("a"), lambda: calls.append("b")], budget)
+    assert len(a.samples) == len(b.samples) == 3
+    # a warm-up call each, then per round: a settle call and the timed call, a then b
+    assert calls == ["a", "b"] + ["a", "a", "b", "b"] * 3
+
+
+def test_a_sample_is_a_batch_long_enough_to_time() -> None:
+    count = [0]
+
+    def tiny() -> None:
+        count[0] += 1
+    (t,) = interleaved([tiny], Budget(min_rounds=2, max_rounds=2, min_sample_s=1e-3, warmup=0))
+    assert count[0] > 2 * 16  # batched: many calls per sample
+    assert 0 < t.median_s < 1e-3
+
+
+def test_the_slower_contender_has_the_larger_median() -> None:
+    fast, slow = interleaved([lambda: time.sleep(1e-4), lambda: time.sleep(2e-3)],
+                             Budget(min_rounds=3, max_rounds=3))
+    assert slow.median_s > 3 * fast.median_s
+    assert fast.min_s <= fast.median_s <= fast.max_s
+
+
+def test_a_contender_that_raises_leaves_the_race_with_its_error() -> None:
+    rounds = [0]
+
+    def flaky() -> None:
+        rounds[0] += 1
+        if rounds[0] > 2:
+            raise RuntimeError("boom")
+    ok, bad = interleaved([lambda: None, flaky], Budget(min_rounds=4, max_rounds=4))
+    assert len(ok.samples) == 4 and isinstance(bad.error, RuntimeError)
+    assert len(bad.samples) == 1  # the warm-up and one timed call, then it raised
