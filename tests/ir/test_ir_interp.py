@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import pytest
 import torch
 import torch.nn.functional as F
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import GraphBuilder, Op, TensorType, interpret, verify
 from kiln.ir import attrs as A
 from kiln.ir.types import DType

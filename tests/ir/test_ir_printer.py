@@ -7,10 +7,10 @@ bools), opaque CALL nodes with argument templates, and weights.
 
 from __future__ import annotations
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import pytest
 import torch
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import Graph, GraphBuilder, Node, Op, TensorType, parse_graph, print_graph, verify
 from kiln.ir import attrs as A
 from kiln.ir.types import DType

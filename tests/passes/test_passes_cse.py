@@ -7,9 +7,9 @@ are never merged.
 
 from __future__ import annotations
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import torch
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import interpret, parse_graph
 from kiln.passes.cse import eliminate_common_subexpressions as cse
 

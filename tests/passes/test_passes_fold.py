@@ -6,9 +6,9 @@ bit-identical outputs.
 
 from __future__ import annotations
 
-import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 import torch
 
+import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import parse_graph
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
