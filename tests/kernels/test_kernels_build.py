@@ -22,6 +22,7 @@ from kiln.options import Options
 from kiln.passes.partition import gather, partition
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
+from kiln.tir.printer import print_func
 
 TOLERANCE = 1e-5
 
@@ -121,6 +122,8 @@ def test_generated_kernels_match_the_interpreter(kernel_options: Options, kind: 
     assert kernel.plan.recipe is (Recipe.ROWS if "softmax" in kind or "layernorm" in kind
                                   else Recipe.LOOPS)
     assert "KERNEL" in source and kernel.trace
+    # the shipped kernel is its plan: replaying the trace and post-passes gives the same program
+    assert print_func(kernel.plan.replayed()) == print_func(kernel.kernel.func)
     small = math.prod(shape) < K.GRAIN
     if small or kernel.plan.recipe is Recipe.ROWS:  # (the default schedule decides for loops)
         assert ("#pragma omp parallel" in kernel.source) != small

@@ -23,6 +23,7 @@ from kiln.options import Options
 from kiln.passes.partition import gather, gemms
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
+from kiln.tir.printer import print_func
 
 TEXT = """\
 graph(%x: f32[{m}, {k}]) {{
@@ -63,6 +64,7 @@ def test_generated_gemm_matches_the_interpreter(kernel_options: Options,
     assert all(s.reason is SkipReason.SLOWER and s.measured for s in built.skipped)
     assert all(k.measured for k in built.kernels)
     for kernel in built.kernels:  # the constant weight is packed once, at compile time
+        assert print_func(kernel.plan.replayed()) == print_func(kernel.kernel.func)
         assert "b_prepacked=True" in kernel.trace
         assert "b_C_local, b_C_local_1 = sch.cache_inplace(b_C" in kernel.trace  # the schedule
         w = kernel.inputs[1]

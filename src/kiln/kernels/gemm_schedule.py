@@ -292,7 +292,8 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
         post += (epilogue,)
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
             f"b_prepacked={b_prepacked})")
-    return KernelPlan(Recipe.GEMM, program, sch.trace, post, notes=f"# kiln.kernels.{call}")
+    return KernelPlan(Recipe.GEMM, program, sch.trace, post, notes=f"# kiln.kernels.{call}",
+                      scheduled=sch.func)
 
 
 def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,

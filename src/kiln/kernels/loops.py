@@ -30,9 +30,10 @@ def plan_loops(graph: Graph, group: KernelGroup
     body, params, values = inline_scalars(graph, lowered.func.body, lowered.func.inputs,
                                           lowered.inputs)
     program = PrimFunc(lowered.func.name, params, lowered.func.outputs, body)
-    _, trace = default_schedule(program)
+    scheduled, trace = default_schedule(program)
     plan = KernelPlan(Recipe.LOOPS, program, trace, (Compact(),),
-                      notes="# kiln.kernels.loops_schedule.default_schedule")
+                      notes="# kiln.kernels.loops_schedule.default_schedule",
+                      scheduled=scheduled)
     return plan, values, lowered.outputs
 
 

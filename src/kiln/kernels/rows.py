@@ -16,6 +16,7 @@ mask the row kernel uses `rows_schedule.BYTE_LANES` lanes.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -67,7 +68,8 @@ def plan_rows(graph: Graph, group: KernelGroup
     # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
     plan = KernelPlan(Recipe.ROWS, kernel.lowered, kernel.trace,
                       (Compact(), RenameParams(kernel_name(group), "row_")),
-                      notes=f"# {template}({rows}, {n}, lanes={lanes}): the row schedule")
+                      notes=f"# {template}({rows}, {n}, lanes={lanes}): the row schedule",
+                      scheduled=kernel.scheduled)
     if not prologue:
         return plan, (x, *extra), (y,)
     taken = {f"row_{b.name}" for b in kernel.lowered.params}
@@ -75,7 +77,7 @@ def plan_rows(graph: Graph, group: KernelGroup
     ops = ", ".join(node.op.text for node in prologue)
     notes = (f"{plan.notes}\n# its loads of x compute the prologue ({ops}), inlined by:\n"
              f"{_comment(trace) or '# (one op: nothing to inline)'}")
-    plan = KernelPlan(Recipe.ROWS, plan.program, plan.trace, (*plan.post, inline), notes)
+    plan = dataclasses.replace(plan, post=(*plan.post, inline), notes=notes)
     outs = (x, y) if inline.write_x else (y,)
     return plan, (*values, *extra), outs
 

@@ -53,6 +53,7 @@ class RowKernel:
     func: PrimFunc
     trace: Trace
     lowered: PrimFunc  # the compute definition before scheduling
+    scheduled: PrimFunc | None = None  # the trace applied, before compaction
 
 
 def _c(value: float) -> Const:
@@ -156,7 +157,7 @@ def schedule_rows(func: PrimFunc, lanes: int = LANES) -> RowKernel:
             sch.vectorize(loops[-1])  # a row pass
     sch.vectorize(col)
     sch.parallel(row)
-    return RowKernel(compact_buffers(sch.func), sch.trace, func)
+    return RowKernel(compact_buffers(sch.func), sch.trace, func, sch.func)
 
 
 def _tree_combine(sch: Schedule, name: str) -> None:
