@@ -70,7 +70,7 @@ def test_measurement_gives_times_for_both_layouts() -> None:
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "inception"])
 def test_zoo_models_in_nhwc_match_eager(name, monkeypatch) -> None:
-    monkeypatch.setattr(layout, "_measured_faster", lambda convs: True)
+    monkeypatch.setattr(layout, "_measured_faster", lambda convs, prepacked=False: True)
     model, inputs = models.build(name, quick=True)
     compiled = kiln.compile(model, inputs, kiln.Options(opt_level=3, debug=True, strict=True))
     assert compiled.report.op_counts()["to_layout"] >= 1

@@ -28,8 +28,8 @@ PIPELINE: tuple[Pass | RulePass, ...] = (
     RulePass("fuse.epilogue", rules.EPILOGUE, 2,
              "bias/residual/activation onto their contraction, before merging siblings"),
     RulePass("merge.parallel", rules.MERGE, 2, "one wide GEMM/conv per shared input"),
-    Pass("layout", to_channels_last, 3, "NHWC convolutions where measured faster; after merging, "
-         "so the merged weights are converted once"),
+    Pass("layout", to_channels_last, 2, "NHWC convolutions where measured faster (ATen's or "
+         "oneDNN's, as the kernel stage may pick); after merging: merged weights convert once"),
     Pass("fold.rewritten", fold_constants, 1, "compute the weights the rules built"),
     Pass("cse.final", eliminate_common_subexpressions, 1, "rewrites can make equal nodes"),
     Pass("dce.final", eliminate_dead_code, 0, "drop the sources folding left behind"),
