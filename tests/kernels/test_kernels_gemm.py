@@ -15,15 +15,23 @@ from kiln.codegen.isa import Isa, target_isa
 from kiln.ir import Graph, parse_graph, verify
 from kiln.kernels import decide
 from kiln.kernels import gemm as G
+from kiln.kernels.contractions import build_contraction_kernels
 from kiln.kernels.decide import Decisions
 from kiln.kernels.gemm_schedule import GemmConfig, pack_b
-from kiln.kernels.outcome import SkipReason
+from kiln.kernels.outcome import KernelBuild, SkipReason
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
 from kiln.passes.partition import gather, gemms
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
 from kiln.tir.printer import print_func
+
+
+def gemm_kernels(graph: Graph, options: Options, decisions: Decisions) -> KernelBuild:
+    """The contraction stage with kiln's generated GEMM as the only candidate."""
+    only_gemm = dataclasses.replace(options, generated_gemm=True, prepacked_library=False)
+    return build_contraction_kernels(graph, gemms(graph), only_gemm, decisions)
+
 
 TEXT = """\
 graph(%x: f32[{m}, {k}]) {{
@@ -58,7 +66,7 @@ def test_generated_gemm_matches_the_interpreter(kernel_options: Options,
     monkeypatch.setitem(decide.MARGIN, Recipe.GEMM, margin)
     graph = _graph(*mkn)
     measured = dataclasses.replace(kernel_options, measure_kernels=True)
-    built = G.build_gemm_kernels(graph, gemms(graph), measured, Decisions(None))
+    built = gemm_kernels(graph, measured, Decisions(None))
     used = [k.group.last.name for k in built.kernels]
     assert used == (["y", "z"] if margin > 1 else [])
     assert all(s.reason is SkipReason.SLOWER and s.measured for s in built.skipped)
@@ -106,7 +114,7 @@ def test_the_activation_runs_in_the_write_back(kernel_options: Options, act: str
     graph = parse_graph(ACT_TEXT.format(m=m, k=k, n=n, act=act, args=repr(args)),
                         {"w": torch.randn(n, k).t(), "b": torch.randn(n)})
     verify(graph)
-    built = G.build_gemm_kernels(graph, gemms(graph), kernel_options, Decisions(None, False))
+    built = gemm_kernels(graph, kernel_options, Decisions(None, False))
     assert len(built.kernels) == 1, built.skipped
     kernel = built.kernels[0]
     assert f"post.epilogue('{act}'" in kernel.trace
@@ -133,7 +141,7 @@ def test_threads_split_the_columns_of_a_skinny_gemm(kernel_options: Options,
     config = G.default_gemm_config(m, n, k, threads=2, b_prepacked=True)
     assert config.split_n and config.nc % config.nr == 0
     graph = _graph(m, k, n)
-    built = G.build_gemm_kernels(graph, gemms(graph), kernel_options, Decisions(None, False))
+    built = gemm_kernels(graph, kernel_options, Decisions(None, False))
     assert [k.group.last.name for k in built.kernels] == ["y", "z"]
     inputs = support.random_inputs(graph, 2)
     moved = gather(graph, [k.group for k in built.kernels])
@@ -161,7 +169,7 @@ def test_the_portable_paths_without_avx512(kernel_options: Options, flags: tuple
         torch.manual_seed(m)
         graph = parse_graph(ACT_TEXT.format(m=m, k=k, n=n, act="gelu", args="('tanh',)"),
                             {"w": torch.randn(n, k).t(), "b": torch.randn(n)})
-        built = G.build_gemm_kernels(graph, gemms(graph), options, Decisions(None, False))
+        built = gemm_kernels(graph, options, Decisions(None, False))
         (kernel,) = built.kernels
         assert kernel.weight(graph, kernel.inputs[1]).shape[-1] == nr
         tile = GemmConfig.for_isa(isa)  # the register tile fits the ISA's registers

@@ -3,6 +3,8 @@ reordered once, bias, residual and activation as post-ops; results match the int
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,8 +12,10 @@ import kiln_test_support as support
 from kiln.ir import Graph, GraphBuilder, Op, TensorType, verify
 from kiln.ir.attrs import AddmmActAttrs, AddmmAttrs, ConvActAttrs
 from kiln.ir.types import DType
+from kiln.kernels.contractions import build_contraction_kernels
 from kiln.kernels.decide import Decisions
-from kiln.kernels.library import build_library_kernels, library_groups
+from kiln.kernels.library import library_groups
+from kiln.kernels.outcome import KernelBuild
 from kiln.options import Options
 from kiln.passes.partition import gather
 from kiln.runtime.executor import build_executor
@@ -25,6 +29,13 @@ CONVS = [  # (cin, cout, size, kernel, stride, groups, bias, residual, activatio
     (8, 24, 7, 3, 2, 1, False, False, None), (12, 12, 10, 3, 1, 12, True, False, Op.CLAMP),
     (12, 24, 10, 3, 1, 4, True, True, None), (7, 5, 1, 1, 1, 1, True, False, Op.SIGMOID),
 ]
+
+
+def library_kernels(graph: Graph, groups: list, options: Options,
+                    decisions: Decisions) -> KernelBuild:
+    """The contraction stage with oneDNN on prepacked weights as the only candidate."""
+    only_library = dataclasses.replace(options, generated_gemm=False, prepacked_library=True)
+    return build_contraction_kernels(graph, groups, only_library, decisions)
 
 
 def _conv_graph(cin: int, cout: int, size: int, k: int, stride: int, groups: int,
@@ -66,7 +77,7 @@ def _linear_graph(m: int, k: int, n: int, act: Op | None) -> Graph:
 def _check(graph: Graph, options: Options) -> None:
     groups = library_groups(graph)
     assert len(groups) == 1
-    built = build_library_kernels(graph, groups, options, Decisions(None, False))
+    built = library_kernels(graph, groups, options, Decisions(None, False))
     assert len(built.kernels) == 1, built.skipped
     kernel = built.kernels[0]
     assert not kernel.generated and kernel.kernel.packed_bytes > 0
@@ -101,5 +112,5 @@ def test_a_variant_that_measures_slower_is_not_used(kernel_options: Options,
 
     monkeypatch.setitem(decide.MARGIN, Recipe.LIBRARY, 0.0)  # nothing can win
     graph = _conv_graph(*CONVS[1])
-    built = build_library_kernels(graph, library_groups(graph), kernel_options, Decisions(None))
+    built = library_kernels(graph, library_groups(graph), kernel_options, Decisions(None))
     assert built.kernels == [] and built.skipped[0].measured is not None

@@ -1,6 +1,6 @@
 """Generated GEMMs (``Options.generated_gemm``): an ``mm``/``addmm``/``addmm_act`` node becomes
-the GEMM of `kiln.kernels.gemm_schedule`, used only where it measures faster than the library
-call, on this machine, at the node's shapes (`kiln.kernels.decide`).
+the GEMM of `kiln.kernels.gemm_schedule`: one candidate of `kiln.kernels.contractions`, used
+only where it measures fastest, on this machine, at the node's shapes.
 
 A constant B (a Linear weight) is packed once, at compile time, into the panel layout the
 kernel reads (`gemm_schedule.pack_b`: f32[ceil(N/NR), K, NR]); the kernel then streams its
@@ -8,14 +8,13 @@ panels in place, where the library re-packs the weight on every call. An ``addmm
 activation runs in the register tile's write-back (`plan.Epilogue`), so Linear + bias + GELU
 is one kernel and one pass over the output.
 
-Each distinct kernel is built once, checked against the library on random inputs with the real
-weights, then timed against it. The kernel's plan is its schedule (replayable Python) and its
-lowering post-passes; ``kiln explain MODEL --kernels`` shows it and the measurement.
+Each distinct kernel is built once and checked against the library on random inputs with the
+real weights; the contraction stage then times it. The kernel's plan is its schedule
+(replayable Python) and its lowering post-passes; ``kiln explain MODEL --kernels`` shows it
+and the measurement.
 """
 
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import torch
 
@@ -24,9 +23,8 @@ from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.kernels.build import compile_plan
-from kiln.kernels.decide import Decisions, faster_than_library
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
-from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan, Serial
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
@@ -34,28 +32,9 @@ from kiln.passes.partition import KernelGroup
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
 
-__all__ = ["SERIAL_MACS", "build_gemm_kernels", "gemm_candidate", "plan_gemm"]
+__all__ = ["SERIAL_MACS", "gemm_candidate", "plan_gemm"]
 
 SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
-
-
-def build_gemm_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
-                       decisions: Decisions | None = None) -> KernelBuild:
-    """A generated GEMM for each of ``groups`` (from `kiln.passes.partition.gemms`) where one
-    measures faster than the library; the reasons elsewhere."""
-    result = KernelBuild()
-    decisions = decisions if decisions is not None else Decisions.open(options)
-    checked: dict[str, bool] = {}
-    for group in groups:
-        built = gemm_candidate(graph, group, options, checked)
-        if isinstance(built, Skipped):
-            if built.reason is SkipReason.NO_COMPILER:
-                return KernelBuild([], [Skipped(g, built.reason, built.detail) for g in groups])
-            result.skipped.append(built)
-            continue
-        decided = faster_than_library(graph, built, decisions)
-        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
-    return result
 
 
 GemmPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]

@@ -9,9 +9,9 @@ ATen's ``convolution`` and ``addmm`` reorder (oneDNN) or pack (MKL) the weight o
 these variants do it once, and run the bias and the residual add as the library's post-ops.
 The activation runs afterwards, in place, with ATen's own kernel (`kiln.ir.fused`): oneDNN's
 relu post-op turns NaN into 0 where torch.relu keeps NaN, so fusing it would change results.
-A variant replaces the node only where `kiln.kernels.decide` measures it faster than the
-node's own ATen call, on its shapes, on this machine; its result is checked against that call
-first (`validate`).
+A variant replaces the node only where `kiln.kernels.contractions` measures it fastest, the
+node's own ATen call included, on its shapes, on this machine; its result is checked against
+that call first (`validate`).
 
 Each variant is a `LibraryKernel`: a callable of the node's non-weight operands, in order,
 with the prepared weights bound.
@@ -19,7 +19,7 @@ with the prepared weights bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,10 +30,10 @@ from kiln.ir.fused import ACTIVATIONS, apply_activation
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
-from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.passes.partition import KernelGroup, singles
 
-__all__ = ["LibraryKernel", "build_library_kernels", "library_candidate", "library_groups"]
+__all__ = ["LibraryKernel", "library_candidate", "library_groups"]
 
 mkldnn = torch.ops.mkldnn
 
@@ -59,23 +59,6 @@ def library_groups(graph: Graph) -> list[KernelGroup]:
     if graph.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return []
     return singles(graph, lambda node: _variant(graph, node) is not None)
-
-
-def build_library_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Any,
-                          decisions: Any) -> KernelBuild:
-    """A prepared-weight library kernel per group where it agrees with the node's ATen call
-    and measures faster."""
-    from kiln.kernels.decide import faster_than_library
-
-    result = KernelBuild()
-    for group in groups:
-        built = library_candidate(graph, group)
-        if isinstance(built, Skipped):
-            result.skipped.append(built)
-            continue
-        decided = faster_than_library(graph, built, decisions)
-        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
-    return result
 
 
 def library_candidate(graph: Graph, group: KernelGroup) -> Built | Skipped:
