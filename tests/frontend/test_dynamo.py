@@ -143,3 +143,28 @@ def test_outputs_are_not_overwritten_by_the_next_call():
         kept = y1.clone()
         fast(x2)
         assert torch.equal(y1, kept)
+
+
+@pytest.mark.parametrize("split", [
+    lambda x: torch.split(x, 5, 1),  # one piece: ATen still returns a list
+    lambda x: torch.unsafe_split(x, 5, 1),
+    lambda x: torch.chunk(x, 1, 0),
+    lambda x: torch.split(x, 2, 1),
+], ids=["split-one", "unsafe_split-one", "chunk-one", "split-three"])
+def test_multi_output_op_with_one_output_returns_tensors(split):
+    x = torch.randn(5, 5, 5)
+    got = torch.compile(split, backend="kiln", options={"strict": True})(x)
+    expected = split(x)
+    assert type(got) is type(expected) and len(got) == len(expected)
+    assert all(type(g) is torch.Tensor for g in got)
+    torch.testing.assert_close(got, expected)
+
+
+def test_op_with_an_effect_runs_in_the_graph_and_still_raises():
+    """linalg.inv checks for a singular matrix through an effect token (with_effects)."""
+    fast = torch.compile(lambda a: torch.linalg.inv(a) * 2, backend="kiln",
+                         options={"strict": True, "debug": True})
+    a = torch.randn(5, 5) + 5 * torch.eye(5)
+    torch.testing.assert_close(fast(a), torch.linalg.inv(a) * 2)
+    with pytest.raises(torch.linalg.LinAlgError, match="linalg.inv"):
+        fast(torch.zeros(5, 5))

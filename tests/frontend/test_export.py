@@ -120,3 +120,17 @@ def test_a_metadata_check_that_fails_statically_is_refused():
     graph.output((x,))
     with pytest.raises(UnsupportedGraph, match="metadata check fails"):
         import_fx(torch.fx.GraphModule({}, graph), {}, torch.device("cpu"))
+
+
+def test_op_with_an_effect_keeps_its_check():
+    """torch.export threads an effect token through linalg.inv's singular-matrix check."""
+    class Inverse(nn.Module):
+        def forward(self, a):
+            return torch.linalg.inv(a) + 1
+
+    a = torch.randn(4, 4) + 4 * torch.eye(4)
+    compiled = kiln.compile(Inverse(), [a], kiln.Options(strict=True))
+    torch.testing.assert_close(compiled(a), torch.linalg.inv(a) + 1)
+    assert "aten._linalg_check_errors.default" in compiled.report.graphs[0].opaque_ops
+    with pytest.raises(torch.linalg.LinAlgError):
+        compiled(torch.zeros(4, 4))

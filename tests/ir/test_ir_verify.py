@@ -93,7 +93,7 @@ def test_wrong_number_of_declared_outputs() -> None:
 def test_node_without_outputs() -> None:
     x = _x()
     (problem,) = _problems(Graph([x], [_relu(x, ())], []))
-    assert problem.endswith(": has no outputs")
+    assert problem.endswith(": has no outputs and no effect")
 
 
 @pytest.mark.parametrize(("op", "attrs", "message"), [

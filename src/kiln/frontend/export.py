@@ -101,8 +101,10 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         program = torch.export.export(model, inputs).run_decompositions()
     frozen, user_positions = _freeze(program)
     outputs = program.graph_signature.output_specs
-    if any(spec.kind is not OutputKind.USER_OUTPUT for spec in outputs):
+    if any(spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN) for spec in outputs):
         raise NotImplementedError("the model mutates its buffers or inputs")
+    # effect tokens (kiln.ir.calls) come out first; the caller sees only its own outputs
+    user_outputs = [i for i, spec in enumerate(outputs) if spec.kind is OutputKind.USER_OUTPUT]
     device = inputs[0].device if inputs else torch.device("cpu")
     runner = FxGraphRunner(program.graph_module, frozen, options, report, device)
     weights = {i: t for i, (_, t) in frozen.items()}
@@ -117,6 +119,7 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
             boxed[position] = arg
         with torch.no_grad():
             flat = runner(boxed)
+        flat = [flat[i] for i in user_outputs]
         return torch.utils._pytree.tree_unflatten(flat, spec) if spec is not None else flat
 
     return run
@@ -135,6 +138,8 @@ def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor
             frozen[i] = (spec.target, tensor.detach())
         elif spec.kind is InputKind.CONSTANT_TENSOR:
             frozen[i] = (spec.target, program.constants[spec.target])
+        elif spec.kind is InputKind.TOKEN:  # orders ops with effects; its value is unread
+            frozen[i] = (f"effect_token_{i}", torch.empty(0))
         else:
             raise NotImplementedError(f"input kind {spec.kind.name} is not supported")
     return frozen, users

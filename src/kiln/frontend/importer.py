@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._higher_order_ops.effects import with_effects
 
 from kiln.frontend.aten import CONVERTERS
 from kiln.ir import attrs as A
@@ -140,6 +141,8 @@ class _Importer:
             if not isinstance(parts, tuple):
                 raise UnsupportedGraph(node, "getitem on a value that is not a tuple")
             return parts[index]
+        if node.target is with_effects:
+            return self._effect(node)
         if not isinstance(node.target, torch._ops.OpOverload):
             raise UnsupportedGraph(node, f"call of {node.target!r} is not an ATen op")
         if node.target in _RUNTIME_CHECKS:
@@ -180,7 +183,23 @@ class _Importer:
         return all((v is None and i not in read) or (v is not None and v.type == t)
                    for i, (v, t) in enumerate(zip(result, self.out_types)))
 
-    def _opaque(self, node: torch.fx.Node, args: Any, kwargs: Any) -> Any:
+    def _effect(self, node: torch.fx.Node) -> tuple[Any, ...]:
+        """``with_effects(token, op, *args)``: AOTAutograd threads a token through ops with
+        an effect (``_linalg_check_errors`` raises on a singular matrix) to keep them in order.
+        The op becomes a CALL kept in graph order (kiln.ir.calls); the token passes through."""
+        token, op, *args = node.args
+        if not isinstance(op, torch._ops.OpOverload):
+            raise UnsupportedGraph(node, f"with_effects of {op!r}, which is not an ATen op")
+        results = node.meta["val"][1:]
+        self.out_types = tuple(self._type_of(node, v) for v in results if v is not None)
+        self.target = op
+        args = torch.fx.node.map_arg(tuple(args), self.env.__getitem__)
+        kwargs = torch.fx.node.map_arg(node.kwargs, self.env.__getitem__)
+        outputs = self._opaque(node, args, kwargs, target=op)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return (self.env[token], *outputs)
+
+    def _opaque(self, node: torch.fx.Node, args: Any, kwargs: Any, target: Any = None) -> Any:
         operands: list[Value] = []
 
         def template(x: Any) -> Any:
@@ -191,9 +210,10 @@ class _Importer:
                 return tuple(template(v) for v in x)
             return x
 
-        attrs = A.CallAttrs(node.target, template(tuple(args)),
+        target = node.target if target is None else target
+        attrs = A.CallAttrs(target, template(tuple(args)),
                             tuple((k, template(v)) for k, v in kwargs.items()))
-        self.opaque.append(str(node.target))
+        self.opaque.append(str(target))
         built = self.b.node(Op.CALL, *operands, attrs=attrs, types=self.out_types,
                             name=node.name)
         return built.out() if _single(node) else built.outputs

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.ir import calls
 from kiln.ir.attrs import Attrs, ConstantAttrs, InputAttrs, Number, ScalarAttrs
 from kiln.ir.ops import Op
 from kiln.ir.types import DType, TensorType
@@ -280,11 +281,8 @@ def substitute(graph: Graph, mapping: Mapping[Value, Value],
     result = graph.replace(nodes=order, outputs=outputs,
                            constants={**graph.constants, **(constants or {})})
     live = live_nodes(result)
-    kept = [n for n in order if n in live or _keeps_effect(n)]
+    kept = [n for n in order if n in live or calls.has_effect(n)]
     used = {n.attrs.name for n in kept if n.op is Op.CONSTANT}  # type: ignore[attr-defined]
     return result.replace(nodes=kept, constants={k: v for k, v in result.constants.items()
                                                  if k in used})
 
-
-def _keeps_effect(node: Node) -> bool:
-    return node.op is Op.CALL and bool(node.attrs.target._schema.is_mutable)  # type: ignore

@@ -35,7 +35,7 @@ class AtenCall:
     target: Any  # torch._ops.OpOverload
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
-    returns_list: bool = False  # the ATen op returns Tensor[] (split)
+    returns_list: bool = False  # the ATen op returns a sequence (split), even of one tensor
     select: int | None = None  # the kiln op is this one output of the ATen op
 
 
@@ -169,8 +169,15 @@ LOWERINGS: dict[Op, Lowering] = {
          a.divisor_override)),
     Op.ADAPTIVE_AVG_POOL2D: lambda a, n: AtenCall(aten._adaptive_avg_pool2d.default,
                                                   (X, list(a.output_size))),
-    Op.CALL: lambda a, n: AtenCall(a.target, _listify(a.args), dict(_listify(a.kwargs))),
+    Op.CALL: lambda a, n: AtenCall(a.target, _listify(a.args), dict(_listify(a.kwargs)),
+                                   returns_list=returns_sequence(a.target)),
 }
+
+
+def returns_sequence(target: Any) -> bool:
+    """The ATen op returns a tuple or a list, even of one tensor (split into one piece)."""
+    returns = target._schema.returns
+    return len(returns) != 1 or isinstance(returns[0].type, torch.ListType)
 
 
 def _listify(template: Any) -> Any:
@@ -235,4 +242,4 @@ def run_call(call: AtenCall, operands: Any, device: Any) -> tuple[Any, ...]:
         return (result[call.select],)
     if isinstance(result, (tuple, list)):
         return tuple(result)
-    return (result,)
+    return () if result is None else (result,)  # None: an op returning () for its effect

@@ -7,6 +7,7 @@ type) and that every node's declared types equal the types its ATen meaning prod
 
 from __future__ import annotations
 
+from kiln.ir import calls
 from kiln.ir.attrs import CallAttrs, ConstantAttrs, InputAttrs, attrs_class_of
 from kiln.ir.graph import Graph, Node, scalar_type, unique_names
 from kiln.ir.infer import InferenceError, infer_types
@@ -80,8 +81,8 @@ def _check_node(node: Node, graph: Graph, where: str, check_types: bool) -> list
         expected = scalar_type(node.attrs.value)  # type: ignore[attr-defined]
         ok = node.types == (expected,)
         return [] if ok else [f"{where}: a scalar {node.attrs} has type {expected}"]
-    if not node.types:
-        return [f"{where}: has no outputs"]
+    if not node.types and not calls.has_effect(node):
+        return [f"{where}: has no outputs and no effect"]
     if not check_types:
         return []
     try:

@@ -11,19 +11,9 @@ random or mutating ATen ops are never merged.
 
 from __future__ import annotations
 
-import torch
-
+from kiln.ir import calls
 from kiln.ir.graph import Graph, Node, Value, transform
-from kiln.ir.ops import Op
 from kiln.options import Options
-
-
-def _mergeable(node: Node) -> bool:
-    if node.op is not Op.CALL:
-        return True
-    target = node.attrs.target  # type: ignore[attr-defined]
-    return (torch.Tag.nondeterministic_seeded not in target.tags
-            and not target._schema.is_mutable)
 
 
 def eliminate_common_subexpressions(graph: Graph, options: Options | None = None) -> Graph:
@@ -32,7 +22,7 @@ def eliminate_common_subexpressions(graph: Graph, options: Options | None = None
     def rewrite(node: Node, inputs: tuple[Value, ...]) -> Node | None:
         rebuilt = node if inputs == node.inputs else Node(node.op, inputs, node.attrs,
                                                           node.types, node.name)
-        if not _mergeable(node):
+        if not calls.is_pure(node):
             return rebuilt
         return seen.setdefault(rebuilt.key(), rebuilt)
 

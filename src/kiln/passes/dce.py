@@ -8,22 +8,15 @@
 
 from __future__ import annotations
 
-from kiln.ir.graph import Graph, Node, live_nodes
+from kiln.ir import calls
+from kiln.ir.graph import Graph, live_nodes
 from kiln.ir.ops import Op
 from kiln.options import Options
 
 
-def has_side_effects(node: Node) -> bool:
-    """An opaque call of a mutating ATen op must run even if nothing reads its result."""
-    if node.op is not Op.CALL:
-        return False
-    schema = node.attrs.target._schema  # type: ignore[attr-defined]
-    return bool(schema.is_mutable)
-
-
 def eliminate_dead_code(graph: Graph, options: Options | None = None) -> Graph:
     live = live_nodes(graph)
-    roots = [n for n in graph.nodes if n not in live and has_side_effects(n)]
+    roots = [n for n in graph.nodes if n not in live and calls.has_effect(n)]
     if roots:
         stack = list(roots)
         while stack:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.ir import calls
 from kiln.ir.graph import Graph, Node, Value, make_constant, transform
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
@@ -28,10 +29,8 @@ _MAX_GROWTH_BYTES = 1 << 16  # a folded result may exceed its sources by this mu
 def _foldable(node: Node, inputs: tuple[Value, ...]) -> bool:
     if node.op.is_a(OpGroup.SOURCE):
         return False
-    if node.op is Op.CALL:
-        target = node.attrs.target  # type: ignore[attr-defined]
-        if torch.Tag.nondeterministic_seeded in target.tags or target._schema.is_mutable:
-            return False
+    if not calls.is_pure(node) or not node.types:
+        return False
     if not all(v.node.op in (Op.CONSTANT, Op.SCALAR) for v in inputs):
         return False
     if not any(v.node.op is Op.CONSTANT for v in inputs) and not node.op.is_a(OpGroup.CREATION):

@@ -114,10 +114,14 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             dies_at.setdefault(span.last, []).append(ref(value))
 
     def library_line(node: Node, use_slot: bool = True) -> str:
+        call = lower_node(node)
+        if not node.types:  # run for its effect only
+            return _call_text(env, node, call, ref, None, graph.device)
         targets = ", ".join(ref(v) for v in node.outputs)
         out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
-        return (f"{targets}{',' if len(node.types) > 1 else ''} = "
-                f"{_call_text(env, node, lower_node(node), ref, out, graph.device)}")
+        unpack = len(node.types) > 1 or (call.returns_list and call.select is None)
+        return (f"{targets}{',' if unpack else ''} = "
+                f"{_call_text(env, node, call, ref, out, graph.device)}")
 
     contiguous = set(slot)  # values known contiguous without a runtime check
     pending: list[str] = []  # deaths inside a group wait for its kernel call

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kiln.ir import fused
+from kiln.ir import calls, fused
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 
@@ -80,10 +80,8 @@ def aliases(node: Node) -> Sequence[Value]:
     """Operands whose storage the node's results may share."""
     if node.op.is_a(OpGroup.VIEW):
         return node.inputs[:1]
-    if node.op is Op.CALL:
-        schema = node.attrs.target._schema  # type: ignore[attr-defined]
-        if any(r.alias_info is not None for r in schema.returns):
-            return node.inputs
+    if node.op is Op.CALL and calls.results_alias_operands(node):
+        return node.inputs
     return ()
 
 

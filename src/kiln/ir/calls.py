@@ -1,0 +1,39 @@
+"""What kiln may assume of an opaque ATen call (a CALL node): effects, randomness, aliasing.
+
+A CALL whose op mutates an argument or is registered with an effect (``_linalg_check_errors``
+raising on a singular matrix, reached through ``with_effects``) must run even when nothing reads
+its result, in graph order; a seeded random op must not be merged or folded.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch._higher_order_ops.effects import has_effects
+
+from kiln.ir.ops import Op
+
+if TYPE_CHECKING:
+    from kiln.ir.graph import Node
+
+
+def has_effect(node: Node) -> bool:
+    if node.op is not Op.CALL:
+        return False
+    target = node.attrs.target  # type: ignore[attr-defined]
+    return bool(target._schema.is_mutable) or has_effects(target)
+
+
+def is_pure(node: Node) -> bool:
+    """Same operands, same result, nothing else changes: safe to merge, fold or drop."""
+    if node.op is not Op.CALL:
+        return True
+    target = node.attrs.target  # type: ignore[attr-defined]
+    return torch.Tag.nondeterministic_seeded not in target.tags and not has_effect(node)
+
+
+def results_alias_operands(node: Node) -> bool:
+    """The op may return a view of an operand (its schema says so)."""
+    schema = node.attrs.target._schema  # type: ignore[attr-defined]
+    return any(r.alias_info is not None for r in schema.returns)

@@ -1,0 +1,56 @@
+"""kiln.ir.calls: an opaque call with an effect survives the passes; a pure one may go."""
+
+import pytest
+import torch
+
+from kiln.ir import attrs as A
+from kiln.ir import calls
+from kiln.ir.builder import GraphBuilder
+from kiln.ir.ops import Op
+from kiln.ir.types import DType, TensorType
+from kiln.ir.verify import verify
+from kiln.passes.cse import eliminate_common_subexpressions
+from kiln.passes.dce import eliminate_dead_code
+from kiln.runtime.executor import build_executor
+
+aten = torch.ops.aten
+
+
+def _check_errors_graph():
+    """y = x * 2, plus the singular-matrix check of an info tensor nobody reads."""
+    b = GraphBuilder("cpu")
+    x = b.input("x", TensorType((3,), DType.F32))
+    info = b.input("info", TensorType((), DType.I32))
+    check = A.CallAttrs(aten._linalg_check_errors.default, (A.Operand(0), "linalg.inv"),
+                        (("is_matrix", True),))
+    effect = b.node(Op.CALL, info, attrs=check, types=())
+    b.node(Op.CALL, info, attrs=check, types=())  # a second check is not a duplicate
+    y = b.node(Op.MUL, x, b.scalar(2.0)).out()
+    return b.build(y), effect
+
+
+def test_effects_and_purity_are_read_from_the_op():
+    graph, effect = _check_errors_graph()
+    assert calls.has_effect(effect) and not calls.is_pure(effect)
+    mul = graph.nodes[-1]
+    assert not calls.has_effect(mul) and calls.is_pure(mul)
+    b = GraphBuilder("cpu")
+    x = b.input("x", TensorType((3,), DType.F32))
+    rand = b.node(Op.CALL, x, attrs=A.CallAttrs(aten.rand_like.default, (A.Operand(0),)))
+    assert not calls.has_effect(rand) and not calls.is_pure(rand)  # random: never merged
+
+
+def test_effect_without_outputs_verifies_and_outlives_cse_and_dce():
+    graph, _ = _check_errors_graph()
+    verify(graph)
+    kept = eliminate_dead_code(eliminate_common_subexpressions(graph))
+    assert [n.op for n in kept.nodes].count(Op.CALL) == 2
+
+
+def test_effect_runs_in_the_executor():
+    graph, _ = _check_errors_graph()
+    run, _ = build_executor(graph, None, (0, 1), [])
+    (y,) = run([torch.ones(3), torch.tensor(0, dtype=torch.int32)])
+    torch.testing.assert_close(y, torch.full((3,), 2.0))
+    with pytest.raises(torch.linalg.LinAlgError):
+        run([torch.ones(3), torch.tensor(2, dtype=torch.int32)])
