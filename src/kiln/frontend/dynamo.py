@@ -9,6 +9,7 @@ still works.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from typing import Any
@@ -49,6 +50,13 @@ def _weights(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[int, t
     return frozen
 
 
+@functools.cache
+def _decompositions() -> dict[Any, Any]:
+    """Core ATen's decomposition table, built once: materializing it costs about 0.2 s, which
+    every captured graph would pay again."""
+    return dict(core_aten_decompositions().items())
+
+
 def _device_of(example_inputs: list[Any]) -> torch.device:
     for x in example_inputs:
         if isinstance(x, torch.Tensor):
@@ -74,7 +82,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
     try:
         return aot_module_simplified(
             gm, example_inputs, fw_compiler=training_compiler, bw_compiler=training_compiler,
-            inference_compiler=inference_compiler, decompositions=core_aten_decompositions())
+            inference_compiler=inference_compiler, decompositions=_decompositions())
     except Exception as err:  # noqa: BLE001 - any capture failure: run this piece eagerly
         if opts.strict:
             raise

@@ -7,6 +7,7 @@ torch.compile backend instead (graph breaks run eagerly), with one warning sayin
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Callable, Sequence
@@ -98,7 +99,7 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         # torch's own deprecation notices must not count as a failed capture under -W error
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        program = torch.export.export(model, inputs).run_decompositions()
+        program = torch.export.export(model, inputs).run_decompositions(_decompositions())
     frozen, user_positions = _freeze(program)
     outputs = program.graph_signature.output_specs
     if any(spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN) for spec in outputs):
@@ -123,6 +124,17 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         return torch.utils._pytree.tree_unflatten(flat, spec) if spec is not None else flat
 
     return run
+
+
+@functools.cache
+def _core_aten_table() -> dict[Any, Any]:
+    return dict(torch.export.default_decompositions().items())
+
+
+def _decompositions() -> dict[Any, Any]:
+    """torch.export's default table (to core ATen), materialized once: building it anew costs
+    about 0.2 s a compile. A copy each time, since the caller may change the table it gets."""
+    return dict(_core_aten_table())
 
 
 def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor]], list[int]]:
