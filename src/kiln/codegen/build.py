@@ -16,7 +16,10 @@ and (with ``-march=native``) the host CPU. Every file is written to a temporary 
 same folder and moved into place with ``os.replace``, so a reader sees either no entry or a
 whole one, and several processes compiling the same kernel at once all end up with a valid
 library. A library is loaded only after its bytes hash to the digest in the manifest; anything
-else (missing, truncated, corrupt, unparsable manifest) is rebuilt, never loaded.
+else (missing, truncated, corrupt, unparsable manifest, a library that does not load) is
+rebuilt, never loaded. Where this process cannot write into the cache folder (read-only, a file
+where the folder should be, an unwritable home), entries found there are still loaded, new
+ones go to a private temporary folder removed at exit, and one warning says so.
 
 One OpenMP runtime per process: torch's Linux wheels ship their own libgomp (``torch/lib``, or
 ``torch.libs`` under a hashed soname), and ATen's and MKL's parallel regions run on its thread
@@ -38,6 +41,7 @@ kernel does not build and load against it::
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
@@ -65,6 +69,7 @@ __all__ = [
     "cache_key",
     "toolchain",
     "torch_openmp_runtime",
+    "writable_cache_dir",
 ]
 
 _CANDIDATES = ("cc", "gcc", "clang")
@@ -155,6 +160,29 @@ def cache_dir(options: Options) -> Path:
     return Path.home() / ".cache" / "kiln" / "kernels"
 
 
+def writable_cache_dir(options: Options) -> Path:
+    """Where this process writes new cache entries: `cache_dir`, if it can be created and
+    written to; else a private temporary folder, removed at exit (one warning per process)."""
+    return _writable(str(cache_dir(options)))
+
+
+@functools.cache
+def _writable(folder: str) -> Path:
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".kiln-write-test-")
+        os.close(fd)
+        os.unlink(probe)
+        return Path(folder)
+    except OSError as err:
+        private = Path(tempfile.mkdtemp(prefix="kiln-kernels-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        _warn_once(f"kiln: cannot write to the kernel cache {folder} ({err}); kernels not "
+                   f"found there are compiled into {private}, for this process only. Set "
+                   f"KILN_CACHE_DIR (Options.kernel_cache_dir) to a writable folder.")
+        return private
+
+
 def find_compiler(options: Options) -> str | None:
     """Absolute path of the C compiler to use, or None.
 
@@ -233,18 +261,25 @@ def build(source: str, name: str, options: Options) -> BuiltLibrary | CompilerUn
     if isinstance(chain, CompilerUnavailable):
         return chain
     key = cache_key(source, chain)
-    folder = cache_dir(options) / key[:2]
+    folder = writable_cache_dir(options) / key[:2]
+    for root in dict.fromkeys((cache_dir(options), folder.parent)):  # the shared cache first
+        loaded = _load_verified(root / key[:2], key)
+        if loaded is not None:
+            path, cdll = loaded
+            source_path = root / key[:2] / f"{key}.c"
+            return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=True)
     folder.mkdir(parents=True, exist_ok=True)
     source_path = folder / f"{key}.c"
-    loaded = _load_verified(folder, key)
-    if loaded is not None:
-        path, cdll = loaded
-        return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=True)
     _write_atomic(source_path, source.encode())
     path = _compile_entry(chain, folder, key, source_path, name)
     loaded = _load_verified(folder, key)
     if loaded is None:  # another process replaced the entry with a bad one meanwhile: load ours
-        return BuiltLibrary(name, key, path, source_path, ctypes.CDLL(str(path)), cache_hit=False)
+        try:
+            cdll = ctypes.CDLL(str(path))
+        except OSError as err:  # built, but the loader refuses it: the kernel is not usable
+            raise CompileError(name, f"the compiled library does not load: {err}", source_path,
+                               chain.command(source_path, path)) from err
+        return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=False)
     path, cdll = loaded
     return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=False)
 

@@ -24,6 +24,7 @@ from kiln.codegen.build import (
     CompilerUnavailable,
     build,
     toolchain,
+    writable_cache_dir,
 )
 from kiln.codegen.c import CRenderer, UnsupportedForC
 from kiln.options import Options
@@ -109,7 +110,8 @@ def compile_kernel(func: PrimFunc, options: Options | None = None,
 def prebuild(funcs: Sequence[PrimFunc], options: Options | None = None) -> None:
     """Compile every distinct kernel of ``funcs`` into the kernel cache, several compiler
     processes at once (one per core), so that the `compile_kernel` calls that follow, one by
-    one, find them there. Failures are left for those calls to report."""
+    one, find them there. Failures (the compiler's, or the file system's) are left for those
+    calls to report: prebuilding only saves time."""
     options = options if options is not None else Options.from_env()
     if isinstance(toolchain(options), CompilerUnavailable):
         return
@@ -122,12 +124,13 @@ def prebuild(funcs: Sequence[PrimFunc], options: Options | None = None) -> None:
             continue
     if len(sources) < 2:
         return
+    writable_cache_dir(options)  # settled (and warned about) once, before the threads start
 
     def one(item: tuple[str, str]) -> None:
         try:
             build(item[0], item[1], options)
-        except CompileError:
-            pass  # reported by compile_kernel, with the source kept on disk
+        except (CompileError, OSError):
+            pass  # reported by compile_kernel (a rejected source stays on disk)
     with ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1)) as pool:
         list(pool.map(one, sources.items()))
 

@@ -5,14 +5,23 @@ so a recompile does not measure again.
 
     decisions = Decisions.open(options)          # <kernel cache>/decisions.sqlite
     outcome = faster_than_library(graph, built, decisions)   # Built (with .measured) or Skipped
+
+The database is a cache: it never costs a compile or changes an answer. Processes share it
+through sqlite's locks (a writer waits up to `TIMEOUT_S`); a database that cannot be read or
+written (locked too long, read-only, a file where its folder should be) leaves the decisions
+in memory for this process; a corrupt one is moved aside (``decisions.sqlite.corrupt``), with a
+warning, and a new one started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
+import os
 import platform
 import sqlite3
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +46,8 @@ __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library"]
 # a library variant on prepared weights must win by a little more than the noise
 MARGIN = {Recipe.GEMM: 0.95, Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.97}
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
+TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock
+_CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 _SCHEMA = """CREATE TABLE IF NOT EXISTS decisions (
     key TEXT PRIMARY KEY, library_s REAL NOT NULL, generated_s REAL NOT NULL)"""
 
@@ -74,12 +85,53 @@ class Decisions:
         if self.path is None:
             return None
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with sqlite3.connect(self.path, timeout=10) as db:
-                db.execute(_SCHEMA)
-                return db.execute(sql, args).fetchone()
-        except sqlite3.Error:
+            return _execute(self.path, sql, args)
+        except sqlite3.DatabaseError as err:
+            if not _is_corrupt(err) or not self._set_aside(err):
+                return None
+        except (sqlite3.Error, OSError):
             return None
+        try:  # on the new database
+            return _execute(self.path, sql, args)
+        except (sqlite3.Error, OSError):
+            return None
+
+    def _set_aside(self, err: sqlite3.Error) -> bool:
+        """Move a corrupt database (and its journal) aside; False where that fails, and then
+        this process keeps its decisions in memory."""
+        assert self.path is not None
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)
+            for suffix in ("-journal", "-wal", "-shm"):  # a hot journal belongs to the old file
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(f"{self.path}{suffix}")
+        except OSError as move_err:
+            warnings.warn(f"kiln: the kernel decisions database {self.path} is corrupt ({err}) "
+                          f"and cannot be moved aside ({move_err}); decisions are kept in "
+                          f"memory", RuntimeWarning, stacklevel=4)
+            self.path = None
+            return False
+        warnings.warn(f"kiln: the kernel decisions database {self.path} was corrupt ({err}); "
+                      f"moved it to {aside.name} and started a new one (kernels are measured "
+                      f"again)", RuntimeWarning, stacklevel=4)
+        return True
+
+
+def _execute(path: Path, sql: str, args: tuple) -> tuple | None:
+    """One statement in its own transaction, on a connection closed straight after."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.closing(sqlite3.connect(path, timeout=TIMEOUT_S)) as db, db:
+        db.execute(_SCHEMA)
+        return db.execute(sql, args).fetchone()
+
+
+def _is_corrupt(err: sqlite3.DatabaseError) -> bool:
+    code = getattr(err, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF in _CORRUPT
+    text = str(err)
+    return "not a database" in text or "malformed" in text
 
 
 def faster_than_library(graph: Graph, built: Built, decisions: Decisions) -> Built | Skipped:
