@@ -10,6 +10,8 @@ Exactness arguments, for the rows tagged exact:
 
 from __future__ import annotations
 
+import torch
+
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.rewrite.pattern import FloatDType, Number, On, Var, Weight
@@ -36,6 +38,19 @@ def _wide_float(m: Match) -> str | None:
     return None if m["x"].type.dtype in (DType.F32, DType.F64) else "only f32/f64"
 
 
+def _normal_reciprocal(m: Match) -> str | None:
+    # ATen rounds c to x's dtype first: a subnormal c loses bits there, and a 1/c beyond the
+    # dtype's range turns x*(1/c) into x*inf (0/1e-39 is 0 in float32; 0*(1/1e-39) is NaN)
+    wide = _wide_float(m)
+    if wide:
+        return wide
+    c = abs(m.number_of("c"))
+    tiny = torch.finfo(m["x"].type.dtype.torch).smallest_normal
+    if not tiny <= c <= 1 / tiny:
+        return f"c = {m.number_of('c')!r} or 1/c is not a normal {m['x'].type.dtype.value}"
+    return None
+
+
 def _reciprocal(m: Match):
     return m.op(Op.MUL, m["x"], m.number(1.0 / m.number_of("c")))
 
@@ -59,5 +74,5 @@ RULES = (
     Rule("div-const",
          On(Op.DIV, x, Number("c", is_finite_nonzero, "a finite nonzero number"),
             where=true_division, describe="true division"),
-         _reciprocal, IEEE, guard=_wide_float),  # x/c -> x*(1/c)
+         _reciprocal, IEEE, guard=_normal_reciprocal),  # x/c -> x*(1/c)
 )
