@@ -168,3 +168,18 @@ def test_op_with_an_effect_runs_in_the_graph_and_still_raises():
     torch.testing.assert_close(fast(a), torch.linalg.inv(a) * 2)
     with pytest.raises(torch.linalg.LinAlgError, match="linalg.inv"):
         fast(torch.zeros(5, 5))
+
+
+def test_dynamo_restarting_its_analysis_is_not_a_fallback():
+    """Dynamo may restart its analysis from inside the backend (TensorifyScalarRestartAnalysis,
+    seen on a 0-d float64 operand); kiln must let that through, not fall back to eager."""
+    import functools
+
+    from kiln.report import CompileReport
+
+    report = CompileReport()
+    backend = functools.partial(kiln_backend, report=report)
+    fast = torch.compile(torch.nn.functional.relu, backend=backend)
+    x = torch.tensor(-1.5, dtype=torch.float64)
+    torch.testing.assert_close(fast(x), torch.relu(x))
+    assert not report.fallbacks and report.graphs

@@ -83,6 +83,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
         return aot_module_simplified(
             gm, example_inputs, fw_compiler=training_compiler, bw_compiler=training_compiler,
             inference_compiler=inference_compiler, decompositions=_decompositions())
+    except torch._dynamo.exc.RestartAnalysis:
+        raise  # Dynamo's own control flow (a float argument becomes a tensor): not a failure
     except Exception as err:  # noqa: BLE001 - any capture failure: run this piece eagerly
         if opts.strict:
             raise
