@@ -206,10 +206,11 @@ class CRenderer:
         return None
 
     def unary_call(self, op: UnOp, dtype: DType, arg: str) -> str:
+        operand = _operand(arg)  # what a prefix operator applies to: -(a + b), not -a + b
         if op is UnOp.NEG:
-            return f"(-{arg})"
+            return f"(-{operand})"
         if op is UnOp.NOT:
-            return f"(!{arg})"
+            return f"(!{operand})"
         if dtype.is_floating:
             one = "1.0f" if dtype is DType.F32 else "1.0"
             suffix = "" if dtype is DType.F32 else "drop"
@@ -217,14 +218,14 @@ class CRenderer:
             if op is UnOp.RSQRT:
                 return f"({one} / {self._math('sqrtf', suffix)}({arg}))"
             if op is UnOp.SIGMOID:
-                return f"({one} / ({one} + {exp}(-{arg})))"
+                return f"({one} / ({one} + {exp}(-{operand})))"
             if op is UnOp.EXP:
                 return f"{exp}({arg})"
             if op is UnOp.ERF and dtype is DType.F32:
                 return f"kiln_erff({arg})"
             return f"{self._math(_MATH[op], suffix)}({arg})"
         if op is UnOp.ABS:
-            return f"({arg} < 0 ? -{arg} : {arg})"
+            return f"({operand} < 0 ? -{operand} : {operand})"
         if op in (UnOp.FLOOR, UnOp.CEIL):
             return arg
         raise UnsupportedForC(f"{op.name} on {dtype.value}")
@@ -480,6 +481,26 @@ def _strip(text: str) -> str:
         if depth == 0 and i < len(text) - 1:
             return text
     return text[1:-1]
+
+
+def _operand(text: str) -> str:
+    """``text`` ready for a prefix operator: as it is where it is one primary expression (a
+    name, an unsigned number, a load ``x[...]``, a call ``f(...)``, a parenthesized whole),
+    else in parentheses (``-`` before ``a + b`` or before ``-1.0f``)."""
+    if re.fullmatch(r"[\w.]+", text):
+        return text
+    name = re.match(r"[A-Za-z_]\w*", text)
+    start = name.end() if name else 0
+    if text[start:start + 1] in ("[", "("):
+        depth = 0
+        for i in range(start, len(text)):
+            depth += text[i] in "[("
+            depth -= text[i] in "])"
+            if depth == 0:
+                if i == len(text) - 1 and (name or not text.startswith("({")):
+                    return text
+                break
+    return f"({text})"
 
 
 def _nonneg(expr: Expr) -> bool:
