@@ -44,7 +44,7 @@ LAYOUT_BUDGET = Budget(min_rounds=3, max_rounds=3)  # per convolution, both layo
 def to_channels_last(graph: Graph, options: Options | None = None,
                      decide: bool | None = None) -> Graph:
     """Rewrite for NHWC when measured faster; ``decide`` skips the measurement (tests)."""
-    convs = [n for n in graph.nodes if _nhwc_capable(n)]
+    convs = [n for n in graph.nodes if _nhwc_capable(n, graph)]
     if not convs:
         return graph
     if decide is None:
@@ -55,10 +55,21 @@ def to_channels_last(graph: Graph, options: Options | None = None,
     return _rewrite(graph, set(convs))
 
 
-def _nhwc_capable(node: Node) -> bool:
+def _nhwc_capable(node: Node, graph: Graph) -> bool:
     if node.op not in CONVS or len(node.type.shape) != 4:
         return False
-    return not getattr(node.attrs, "transposed", False)
+    return not getattr(node.attrs, "transposed", False) and not _pads_nonfinite(node, graph)
+
+
+def _pads_nonfinite(node: Node, graph: Graph) -> bool:
+    """Might the zero padding meet a non-finite weight? ATen's NCHW convolution multiplies the
+    padding by the weights (0 * inf is NaN) where its NHWC one skips it: the results differ."""
+    if not any(node.attrs.padding):  # type: ignore[attr-defined]
+        return False
+    weight = node.inputs[1].node
+    if weight.op is not Op.CONSTANT:
+        return True  # values known only at run time
+    return not bool(torch.isfinite(graph.constant(weight)).all())
 
 
 def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
