@@ -5,19 +5,26 @@ falling back to eager (or, for kiln.compile, to Dynamo) with a warning. Unlike t
 these run without ``debug=True`` (verify after every pass): it adds 40% to the time.
 """
 
+import functools
+
 import pytest
 import torch
+from torch.export import Dim
 
 import kiln
 from kiln import models
+from kiln.frontend.dynamo import kiln_backend
+from kiln.report import CompileReport
 
 pytest.importorskip("transformers")
 
 NAMES = models.names(models.Origin.HF)
 
-# Opaque ATen calls kiln keeps (correct, not fused): BertEmbeddings gathers its token type ids;
-# through torch.export, GPT-2's and Llama's causal masks are built at run time from a cumsum,
-# an index and a bitwise and (Dynamo folds them away as constants).
+# ATen ops imported as opaque CALLs (kiln has no op for them), by both frontends alike:
+# BertEmbeddings gathers its token type ids from a buffer; GPT-2's and Llama's causal masks are
+# built from a cumsum, an index and a bitwise and. All of them read only constants here, so
+# constant folding computes them at compile time and no CALL is left in the compiled graph
+# (checked below). T5's relative position buckets use full_like, which kiln converts to FULL.
 MASK_OPS = {"aten.bitwise_and.Tensor", "aten.cumsum.default", "aten.index.Tensor"}
 EXPECTED_OPAQUE = {"hf_bert": {"aten.gather.default"}, "hf_gpt2": MASK_OPS, "hf_llama": MASK_OPS}
 
@@ -31,15 +38,27 @@ def _check(got: torch.Tensor, expected: torch.Tensor, name: str) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=ATOL.get(name, 1e-4))
 
 
+def _check_report(report: CompileReport, name: str) -> None:
+    assert not report.fallbacks and len(report.graphs) == 1
+    graph = report.graphs[0]
+    assert set(graph.opaque_ops) <= EXPECTED_OPAQUE.get(name, set())
+    assert "call" not in graph.ops  # folded at compile time
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_torch_compile_backend_matches_eager(name: str) -> None:
+    """(``backend="kiln"`` with ``options={"strict": True}`` is the same backend; called
+    directly, it hands back its report.)"""
     torch._dynamo.reset()
     model, inputs = models.build(name, quick=True)
-    fast = torch.compile(model, backend="kiln", fullgraph=True, options={"strict": True})
+    report = CompileReport()
+    backend = functools.partial(kiln_backend, options={"strict": True}, report=report)
+    fast = torch.compile(model, backend=backend, fullgraph=True)
     with torch.no_grad():
         expected = model(*inputs)
         _check(fast(*inputs), expected, name)
         _check(fast(*inputs), expected, name)  # a second call reuses the plan
+    _check_report(report, name)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -50,6 +69,20 @@ def test_ahead_of_time_compile_matches_eager(name: str) -> None:
     compiled = kiln.compile(model, inputs, kiln.Options(strict=True))  # opt level 2
     with torch.no_grad():
         _check(compiled(*inputs), model(*inputs), name)
-    report = compiled.report
-    assert not report.fallbacks and len(report.graphs) == 1
-    assert set(report.graphs[0].opaque_ops) <= EXPECTED_OPAQUE.get(name, set())
+    _check_report(compiled.report, name)
+
+
+def test_sequence_length_left_symbolic_through_torch_export() -> None:
+    """Llama (RoPE, grouped-query attention, causal mask) exported with a symbolic sequence
+    length: one compiled model, specialized per length on first use."""
+    model, (ids,) = models.build("hf_llama", quick=True)  # 16 tokens, 64 positions
+    seq = Dim("seq", max=64)
+    compiled = kiln.compile(model, (ids,), kiln.Options(strict=True),
+                            dynamic_shapes=(({1: seq},),))  # forward(*inputs)
+    with torch.no_grad():
+        for length in (16, 9):
+            ids = torch.randint(0, 512, (1, length))
+            _check(compiled(ids), model(ids), "hf_llama")
+    assert len(compiled.report.graphs) == 2 and not compiled.report.fallbacks
+    with pytest.raises(ValueError, match=r"<= 64"):
+        compiled(torch.randint(0, 512, (1, 65)))

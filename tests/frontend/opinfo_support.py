@@ -71,6 +71,10 @@ FALLBACK_REASONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"symbolic shapes must be specialized",
          "the output shape depends on the data (nonzero, unique, masked_select): kiln "
          "compiles static shapes only"),
+        (r"kiln compiles sizes known before the run; \w+(, \w+)* depends on the data",
+         "kiln.compile: torch.export's graph has a size or number known only at run time "
+         "(nonzero, masked_select, .item()); it is compiled through torch.compile instead, "
+         "which runs that op between the graphs kiln compiles"),
         (r"result [uz]uf?\d+ is not a tensor at node '_local_scalar_dense'",
          "a tensor read back as a Python number (.item(), tensor_split by a tensor) is a "
          "data-dependent value: the graph runs as captured"),

@@ -1,5 +1,7 @@
 """kiln.compile: ahead-of-time compile, report, and clear errors for wrong calls."""
 
+import re
+
 import pytest
 import torch
 import torch.nn as nn
@@ -134,3 +136,89 @@ def test_op_with_an_effect_keeps_its_check():
     assert "aten._linalg_check_errors.default" in compiled.report.graphs[0].opaque_ops
     with pytest.raises(torch.linalg.LinAlgError):
         compiled(torch.zeros(4, 4))
+
+
+class PositiveSum(nn.Module):
+    """Boolean-mask indexing: the result's size (u0) is known only when it runs."""
+
+    def forward(self, x):
+        return torch.relu(x)[x > 0].sum() * 2 + x.mean()
+
+
+def test_a_size_that_depends_on_the_data_goes_through_torch_compile():
+    x = torch.randn(4, 8)
+    exported = torch.export.export(PositiveSum(), (x,)).run_decompositions()
+    targets = {n.target for n in exported.graph.nodes}
+    assert torch.ops.aten._assert_scalar.default in targets  # 0 <= u0 <= 32, at run time
+    torch._dynamo.reset()
+    compiled = kiln.compile(PositiveSum(), (x,))
+    (fallback,) = compiled.report.fallbacks
+    assert "u0 depends on the data at node 'index'" in fallback
+    assert "compiling through torch.compile(backend='kiln') instead" in fallback
+    assert compiled.report.graphs, "kiln compiles the graphs around the data-dependent op"
+    for sample in (x, -x, torch.randn(4, 8)):
+        torch.testing.assert_close(compiled(sample), PositiveSum()(sample))
+    from kiln.frontend.importer import UnsupportedGraph
+
+    with pytest.raises(UnsupportedGraph, match="sizes known before the run; u0 depends on"):
+        kiln.compile(PositiveSum(), (x,), kiln.Options(strict=True))
+
+
+class Rows(nn.Module):
+    """Its batch size can be left symbolic; it branches on the parity of another size."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Linear(8, 4)
+
+    def forward(self, x, y):
+        scale = 2.0 if y.shape[0] % 2 == 0 else 3.0
+        return torch.softmax(self.fc(x), dim=-1).reshape(x.shape[0] * 2, 2) * scale + y.sum()
+
+
+def test_dynamic_shapes_compile_once_per_shape():
+    from torch.export import Dim
+
+    model = Rows().eval()
+    x, y = torch.randn(3, 8), torch.randn(4)
+    compiled = kiln.compile(model, (x, y), kiln.Options(strict=True),
+                            dynamic_shapes=({0: Dim("batch", max=64)}, {0: Dim.DYNAMIC}))
+    assert len(compiled.report.graphs) == 1  # the example shapes, compiled at once
+    assert re.fullmatch(r"<kiln CompiledModel Rows\(float32\[s\d+, 8\], float32\[s\d+\]\)>",
+                        repr(compiled))
+    with torch.no_grad():
+        for batch, n in ((3, 4), (7, 2), (64, 6), (3, 4)):
+            x, y = torch.randn(batch, 8), torch.randn(n)
+            torch.testing.assert_close(compiled(x, y), model(x, y))
+    assert len(compiled.report.graphs) == 3  # one graph per distinct shape, kept
+    with pytest.raises(ValueError, match=r"does not take float32\[65, 8\].*size\(\)\[0\] <= 64"):
+        compiled(torch.randn(65, 8), y)
+    # torch.export traced the even branch: an odd size must be refused, not answered wrongly
+    with pytest.raises(ValueError, match=r"Guard failed: y.size\(\)\[0\] % 2 == 0"):
+        compiled(x, torch.randn(5))
+    with pytest.raises(ValueError, match=r"expected float32\[s\d+, 8\], got float32\[3, 9\]"):
+        compiled(torch.randn(3, 9), y)
+
+
+def test_full_like_is_a_full():
+    """T5's relative position buckets: ``torch.min(pos, torch.full_like(pos, n - 1))``."""
+    def buckets(x):
+        pos = (x * 10).to(torch.int64)
+        return torch.min(pos, torch.full_like(pos, 15)) + torch.full_like(pos, 2.7), \
+            torch.full_like(x, 7, dtype=torch.float64)
+
+    x = torch.randn(4, 6)
+    compiled = kiln.compile(_Function(buckets), (x,), kiln.Options(strict=True))
+    for got, expected in zip(compiled(x), buckets(x)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)  # 2.7 truncates to 2, as ATen
+    assert not compiled.report.graphs[0].opaque_ops
+
+
+class _Function(nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)

@@ -19,6 +19,8 @@ HF_NAMES = [
     "hf_mobilenet_v2",
     "hf_whisper_encoder",
     "hf_llama",
+    "hf_t5_encoder",
+    "hf_convnext",
 ]
 
 # (input shapes, output shape) of the quick variants
@@ -30,6 +32,8 @@ QUICK_SHAPES = {
     "hf_mobilenet_v2": ([(1, 3, 32, 32)], (1, 1280, 1, 1)),
     "hf_whisper_encoder": ([(1, 16, 64)], (1, 32, 64)),  # the second conv halves the frames
     "hf_llama": ([(1, 16)], (1, 16, 64)),
+    "hf_t5_encoder": ([(1, 16)], (1, 16, 64)),
+    "hf_convnext": ([(1, 3, 32, 32)], (1, 10)),
 }
 
 
@@ -81,7 +85,7 @@ def test_deterministic_and_seed_dependent(name: str, transformers) -> None:
 
 
 @pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2", "hf_vit", "hf_whisper_encoder",
-                                  "hf_llama"])
+                                  "hf_llama", "hf_t5_encoder"])
 def test_attention_is_eager_and_norms_are_random(name: str, transformers) -> None:
     model, _ = models.build(name, quick=True)
     assert model.model.config._attn_implementation == "eager"
@@ -96,7 +100,16 @@ def test_architecture_details(transformers) -> None:
     assert gpt2.model.config.activation_function == "gelu_new"  # tanh GELU
     assert gpt2.model.lm_head.weight is gpt2.model.transformer.wte.weight  # tied
     llama, _ = models.build("hf_llama", quick=True)
-    assert llama.model.config.num_key_value_heads < llama.model.config.num_attention_heads
+    config = llama.model.config
+    assert config.num_key_value_heads < config.num_attention_heads  # grouped-query attention
+    assert type(llama.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"  # RoPE
+    t5, _ = models.build("hf_t5_encoder", quick=True)
+    assert type(t5.model).__name__ == "T5EncoderModel"
+    assert t5.model.encoder.block[0].layer[0].SelfAttention.has_relative_attention_bias
+    convnext, _ = models.build("hf_convnext", quick=True)
+    scales = [m.layer_scale_parameter for m in convnext.modules()
+              if getattr(m, "layer_scale_parameter", None) is not None]
+    assert scales and all(s.min() >= 0.1 for s in scales)  # not the 1e-6 that mutes a block
 
 
 @pytest.mark.parametrize("name", ["hf_resnet50", "hf_mobilenet_v2"])
@@ -115,6 +128,7 @@ def test_batchnorm_state_is_nontrivial(name: str, transformers) -> None:
     ("hf_mobilenet_v2", (1, 3, 224, 224), 2.2),
     ("hf_whisper_encoder", (1, 80, 3000), 20.6),
     ("hf_llama", (1, 128), 28.0),
+    ("hf_convnext", (1, 3, 224, 224), 28.6),  # ConvNeXt-T; T5's embedding takes 5 s to build
 ])
 def test_full_size_builds(name: str, input_shape: tuple[int, ...], params_m: float,
                           transformers) -> None:

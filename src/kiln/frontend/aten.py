@@ -396,6 +396,16 @@ def _full(ctx: Context, size: Any, fill_value: Any, *, dtype: Any = None, layout
     return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, fill_value, out.dtype))
 
 
+@converts(aten.full_like.default)
+def _full_like(ctx: Context, x: Value, fill_value: Any, *, dtype: Any = None, layout: Any = None,
+               device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> Any:
+    if not _creation_ok(ctx, layout, device, pin_memory) or memory_format not in (
+            None, torch.preserve_format, torch.contiguous_format):
+        return None  # channels-last strides: kiln's FULL is contiguous
+    out = ctx.out_types[0]  # x's shape; x's dtype unless dtype says otherwise
+    return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, fill_value, out.dtype))
+
+
 @converts(aten.scalar_tensor.default)
 def _scalar_tensor(ctx: Context, value: Any, *, dtype: Any = None, layout: Any = None,
                    device: Any = None, pin_memory: Any = None) -> Any:

@@ -1,8 +1,16 @@
 """Ahead-of-time compilation: ``kiln.compile(model, example_inputs, options)``.
 
 Capture is ``torch.export`` lowered to core ATen, with parameters, buffers and lifted constants
-frozen by name. A model torch.export cannot capture as one graph is compiled through the
-torch.compile backend instead (graph breaks run eagerly), with one warning saying so.
+frozen by name. A model torch.export cannot capture as one graph, or whose graph kiln cannot
+hold, is compiled through the torch.compile backend instead (graph breaks run eagerly), with
+one warning saying so.
+
+Shapes are the example inputs' unless ``dynamic_shapes`` (torch.export's argument, passed on)
+makes some dimensions symbolic: the compiled model then takes any size torch.export allows
+there, and kiln compiles the graph once per distinct input shape (the example inputs' at
+once). A size that depends on the data (``nonzero``, boolean-mask indexing, ``.item()``)
+cannot be specialized that way: such a graph goes to the torch.compile backend, which runs
+the op between graphs.
 """
 
 from __future__ import annotations
@@ -11,26 +19,53 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from kiln.frontend.fx_compile import FxGraphRunner
+from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size
+from kiln.frontend.importer import UnsupportedGraph
 from kiln.options import Options
 from kiln.report import CompileReport
 
 log = logging.getLogger("kiln")
 
 
-class CompiledModel:
-    """A model compiled for fixed input shapes; call it like the model."""
+Size = int | str  # a fixed size, or the name of one torch.export left symbolic (s0, 2*s0)
+ShapeCheck = Callable[[tuple[torch.Tensor, ...]], None]  # raises if the shapes are not allowed
 
-    def __init__(self, run: Callable[..., Any], signature: Sequence[tuple[tuple[int, ...],
-                 torch.dtype]], report: CompileReport, name: str) -> None:
+
+@dataclass(frozen=True)
+class InputSpec:
+    """What one argument of a compiled model must be."""
+
+    shape: tuple[Size, ...]
+    dtype: torch.dtype
+
+    @staticmethod
+    def of(x: torch.Tensor) -> InputSpec:
+        return InputSpec(tuple(int(d) for d in x.shape), x.dtype)
+
+    def __str__(self) -> str:
+        return _show(self.shape, self.dtype)
+
+
+class CompiledModel:
+    """A model compiled for the example inputs' shapes, or for those ``dynamic_shapes`` allows
+    (``check_shapes`` then says which: torch.export's range constraints and guards); call it
+    like the model."""
+
+    def __init__(self, run: Callable[..., Any], signature: Sequence[InputSpec],
+                 report: CompileReport, name: str, check_shapes: ShapeCheck | None = None,
+                 ) -> None:
         self._run = run
         self._signature = tuple(signature)
+        self._check_shapes = check_shapes
+        self._allowed: set[tuple[tuple[int, ...], ...]] = set()  # shapes checked already
         self.report = report
         self._name = name
 
@@ -42,30 +77,44 @@ class CompiledModel:
         if len(args) != len(self._signature):
             raise TypeError(f"compiled {self._name} takes {len(self._signature)} tensor "
                             f"argument(s) ({self._describe()}), {len(args)} given")
-        for i, (arg, (shape, dtype)) in enumerate(zip(args, self._signature)):
+        for i, (arg, spec) in enumerate(zip(args, self._signature)):
             if not isinstance(arg, torch.Tensor):
                 raise TypeError(f"argument {i} of compiled {self._name} must be a tensor "
-                                f"{_show(shape, dtype)}, got {type(arg).__name__}")
-            if tuple(arg.shape) != shape or arg.dtype != dtype:
+                                f"{spec}, got {type(arg).__name__}")
+            if arg.dtype != spec.dtype or arg.dim() != len(spec.shape) or any(
+                    isinstance(d, int) and d != n for d, n in zip(spec.shape, arg.shape)):
                 raise ValueError(
-                    f"argument {i} of compiled {self._name}: expected {_show(shape, dtype)}, "
-                    f"got {_show(tuple(arg.shape), arg.dtype)}; kiln.compile specializes to "
-                    f"the example inputs' shapes: compile again for new shapes, or use "
+                    f"argument {i} of compiled {self._name}: expected {spec}, got "
+                    f"{_show(tuple(arg.shape), arg.dtype)}; kiln.compile specializes to the "
+                    f"example inputs' shapes (but where dynamic_shapes, as for torch.export, "
+                    f"says otherwise): compile again for new shapes, or use "
                     f"torch.compile(model, backend='kiln'), which recompiles automatically")
+        shapes = tuple(tuple(arg.shape) for arg in args)
+        if self._check_shapes is not None and shapes not in self._allowed:
+            try:
+                self._check_shapes(tuple(args))
+            except Exception as err:  # noqa: BLE001 - torch's guard failures are not typed
+                given = ", ".join(_show(tuple(a.shape), a.dtype) for a in args)
+                raise ValueError(f"compiled {self._name} ({self._describe()}) does not take "
+                                 f"{given}: {type(err).__name__}: {err}") from err
+            self._allowed.add(shapes)
 
     def _describe(self) -> str:
-        return ", ".join(_show(s, d) for s, d in self._signature)
+        return ", ".join(str(spec) for spec in self._signature)
 
     def __repr__(self) -> str:
         return f"<kiln CompiledModel {self._name}({self._describe()})>"
 
 
-def _show(shape: tuple[int, ...], dtype: torch.dtype) -> str:
-    return f"{str(dtype).removeprefix('torch.')}{list(shape)}"
+def _show(shape: Sequence[Size], dtype: torch.dtype) -> str:
+    return f"{str(dtype).removeprefix('torch.')}[{', '.join(str(d) for d in shape)}]"
 
 
 def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any],
-                  options: Options | None = None) -> CompiledModel:
+                  options: Options | None = None, *,
+                  dynamic_shapes: Any = None) -> CompiledModel:
+    """``dynamic_shapes`` is torch.export's argument (``{0: Dim("batch", max=64)}`` for the
+    first argument's dimension 0, nested as the model's ``forward`` takes its arguments)."""
     options = options or Options.from_env()
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (
         example_inputs,)
@@ -75,31 +124,55 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any],
                             f"kiln.compile takes tensors (use torch.compile(model, "
                             f"backend='kiln') for other arguments)")
     name = type(model).__name__
-    signature = [(tuple(x.shape), x.dtype) for x in inputs]
     report = CompileReport()
     try:
-        run = _compile_exported(model, inputs, options, report)
+        run, signature, check = _compile_exported(model, inputs, options, report,
+                                                   dynamic_shapes)
+    except UnsupportedGraph as err:
+        if options.strict:
+            raise
+        run, signature, check = _fall_back(
+            f"kiln cannot compile the graph torch.export captured of {name} ({err})",
+            model, inputs, options, report, dynamic_shapes)
     except Exception as err:  # noqa: BLE001 - torch.export is strict; Dynamo is not
         if options.strict:
             raise
-        message = (f"torch.export could not capture {name} as one graph "
-                   f"({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); "
-                   f"compiling through torch.compile(backend='kiln') instead")
-        log.warning(message)
-        report.fallbacks.append(message)
-        run = _compile_dynamo(model, inputs, options, report)
-    return CompiledModel(run, signature, report, name)
+        run, signature, check = _fall_back(
+            f"torch.export could not capture {name} as one graph ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''})",
+            model, inputs, options, report, dynamic_shapes)
+    return CompiledModel(run, signature, report, name, check)
+
+
+def _fall_back(why: str, model: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
+               options: Options, report: CompileReport,
+               dynamic_shapes: Any) -> tuple[Callable[..., Any], list[InputSpec], None]:
+    message = f"{why}; compiling through torch.compile(backend='kiln') instead"
+    log.warning(message)
+    report.fallbacks.append(message)
+    run = _compile_dynamo(model, inputs, options, report)
+    if dynamic_shapes is None:
+        return run, [InputSpec.of(x) for x in inputs], None
+    # Dynamo recompiles for whatever shape comes: with dynamic_shapes, any size is fine
+    return run, [InputSpec(("?",) * x.dim(), x.dtype) for x in inputs], None
 
 
 def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
-                      options: Options, report: CompileReport) -> Callable[..., Any]:
+                      options: Options, report: CompileReport, dynamic_shapes: Any,
+                      ) -> tuple[Callable[..., Any], list[InputSpec], ShapeCheck | None]:
     if not isinstance(model, torch.nn.Module):
         raise TypeError("torch.export takes an nn.Module")
     with torch.no_grad(), warnings.catch_warnings():
         # torch's own deprecation notices must not count as a failed capture under -W error
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        program = torch.export.export(model, inputs).run_decompositions(_decompositions())
+        program = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
+        program = program.run_decompositions(_decompositions())
+    unknown = data_dependent_size(program.graph_module)
+    if unknown is not None:
+        node, symbols = unknown
+        raise UnsupportedGraph(node, f"kiln compiles sizes known before the run; {symbols} "
+                                     f"depends on the data")
     frozen, user_positions = _freeze(program)
     outputs = program.graph_signature.output_specs
     if any(spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN) for spec in outputs):
@@ -123,7 +196,36 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         flat = [flat[i] for i in user_outputs]
         return torch.utils._pytree.tree_unflatten(flat, spec) if spec is not None else flat
 
-    return run
+    if dynamic_shapes is None:
+        return run, [InputSpec.of(x) for x in inputs], None
+    run(*inputs)  # compile for the example shapes now, so the report is complete
+    return run, _signature(program), _shape_check(program)
+
+
+def _signature(program: ExportedProgram) -> list[InputSpec]:
+    """The user inputs' dtypes and sizes, by name where torch.export left them symbolic."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    specs = []
+    for node, spec in zip(placeholders, program.graph_signature.input_specs):
+        if spec.kind is InputKind.USER_INPUT:
+            val = node.meta["val"]
+            shape = tuple(str(d) if isinstance(d, torch.SymInt) else int(d) for d in val.shape)
+            specs.append(InputSpec(shape, val.dtype))
+    return specs
+
+
+def _shape_check(program: ExportedProgram) -> ShapeCheck:
+    """Raises unless torch.export's program takes inputs of these shapes: the checks its own
+    module makes before it runs, of range constraints (``s0 <= 64``; like torch, sizes 0 and 1
+    pass though the graph was traced for 2 and up) and guards (``s0 % 2 == 0`` from a branch
+    on a size, which the graph no longer holds). Run on fake tensors: no arithmetic."""
+    module = program.module()
+
+    def check(args: tuple[torch.Tensor, ...]) -> None:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            module(*(mode.from_tensor(a) for a in args))
+
+    return check
 
 
 @functools.cache

@@ -18,6 +18,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from kiln.engine import CompiledGraph, compile_graph
 from kiln.frontend.importer import UnsupportedGraph, fill_outputs, import_fx
@@ -39,6 +40,18 @@ def is_static(gm: torch.fx.GraphModule) -> bool:
                     not isinstance(d, int) for d in v.shape)):
                 return False
     return True
+
+
+def data_dependent_size(gm: torch.fx.GraphModule) -> tuple[torch.fx.Node, str] | None:
+    """The first node whose result has a size (or is a number) known only when it runs, as
+    ``nonzero``'s or ``.item()``'s, with the names of those sizes: specializing the graph
+    to its input shapes does not make it static."""
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        unbacked = free_unbacked_symbols(val) if val is not None else ()
+        if unbacked:
+            return node, ", ".join(sorted(str(s) for s in unbacked))
+    return None
 
 
 class FxGraphRunner:

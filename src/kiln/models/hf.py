@@ -187,6 +187,33 @@ def build_llama(quick: bool) -> Built:
     return TensorOutput(model, use_cache=False), _token_ids(config.vocab_size, 16 if quick else 128)
 
 
+def build_t5_encoder(quick: bool) -> Built:
+    t = transformers_module()
+    # quick: 2 layers of 4 heads; T5's relative position buckets stay at the default 32
+    size = dict(d_model=64, d_kv=16, d_ff=256, num_layers=2, num_heads=4,
+                vocab_size=512) if quick else {}
+    config = t.T5Config(**size, attn_implementation="eager")  # default: t5-small
+    # T5EncoderModel: the shared embedding and the encoder stack, no decoder. Attention has
+    # no 1/sqrt(d) scale and a learned relative position bias (first layer), the norm is
+    # T5LayerNorm (RMS, no bias), the feed-forward is relu, the linears have no bias.
+    model = t.T5EncoderModel(config)
+    _randomize_(model)
+    return TensorOutput(model), _token_ids(config.vocab_size, 16 if quick else 128)
+
+
+def build_convnext(quick: bool) -> Built:
+    t = transformers_module()
+    size = dict(hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], image_size=32)
+    config = t.ConvNextConfig(**(size if quick else {}), num_labels=10 if quick else 1000)
+    model = t.ConvNextForImageClassification(config)  # default config: convnext-tiny-224
+    _randomize_(model)
+    for module in model.modules():  # layer scale starts at 1e-6: each block ~ the identity
+        scale = getattr(module, "layer_scale_parameter", None)
+        if isinstance(scale, nn.Parameter):
+            nn.init.uniform_(scale, 0.1, 1.0)
+    return TensorOutput(model), (torch.randn(1, 3, config.image_size, config.image_size),)
+
+
 # name -> (builder, one-line description of the full-size model); kiln.models registers them
 BUILDERS: dict[str, tuple[Callable[[bool], Built], str]] = {
     "hf_bert": (
@@ -216,5 +243,13 @@ BUILDERS: dict[str, tuple[Callable[[bool], Built], str]] = {
     "hf_llama": (
         build_llama,
         "HF LlamaModel: 4 layers, hidden 512, 8 heads (4 kv), seq 128, batch 1 (hidden states)",
+    ),
+    "hf_t5_encoder": (
+        build_t5_encoder,
+        "HF T5EncoderModel, t5-small: 6 layers, d_model 512, seq 128, batch 1 (hidden states)",
+    ),
+    "hf_convnext": (
+        build_convnext,
+        "HF ConvNextForImageClassification, ConvNeXt-T, 3x224x224, batch 1 (logits)",
     ),
 }
