@@ -4,6 +4,8 @@
     kiln explain resnet18 --quick --after fold
     kiln explain bert --quick --rule merge-parallel-addmm
     kiln explain gpt2 --quick --kernels
+    kiln explain --ir fuzz-failures/seed0-graph12-O2.kir --check
+    kiln fuzz --graphs 10000 --jobs 8 --seed 1 --out fuzz-out --json fuzz.json
     kiln --version
 
 User mistakes (unknown model, pass or peer) print one line to stderr and exit 2, no traceback.
@@ -76,7 +78,14 @@ def _parser() -> argparse.ArgumentParser:
     b.set_defaults(run=_bench)
 
     e = commands.add_parser("explain", help="the IR after capture and after each pass")
-    e.add_argument("model", metavar="MODEL", help=f"one of {', '.join(models.names())}")
+    e.add_argument("model", metavar="MODEL", nargs="?",
+                   help=f"one of {', '.join(models.names())}")
+    e.add_argument("--ir", metavar="FILE",
+                   help="explain the graph in IR text FILE instead of a model (a `kiln fuzz` "
+                        "reproducer: weights and inputs from FILE's .pt beside it, if any)")
+    e.add_argument("--check", action="store_true",
+                   help="with --ir: compile at every fuzz configuration and compare with the "
+                        "reference interpreter on the file's inputs (exit 1 if any differs)")
     e.add_argument("--quick", action="store_true", help="the small variant")
     e.add_argument("--after", metavar="PASS",
                    help=f"only the IR after PASS ({', '.join(p.name for p in PIPELINE)})")
@@ -91,6 +100,39 @@ def _parser() -> argparse.ArgumentParser:
                    help="the kernels with generated kernels on: generated (C source and "
                         "schedule) or library, covering every computing node")
     e.set_defaults(run=_explain)
+
+    f = commands.add_parser(
+        "fuzz", help="random graphs, compiled every way, against the reference interpreter",
+        description="Generate random well-typed graphs (every op kiln models; size-0, size-1 "
+        "and broadcast dimensions; NaN, inf, signed zeros, subnormals; strided and aliased "
+        "inputs), compile each at every configuration and compare with the reference "
+        "interpreter. A failing graph is shrunk and written as IR text (FILE.kir, with its "
+        "data in FILE.pt) that `kiln explain --ir FILE --check` reproduces. Exit code 1 when "
+        "any graph fails.",
+        epilog="example: kiln fuzz --graphs 100000 --jobs 16 --seed 1 --out fuzz-out "
+               "--json fuzz.json", formatter_class=argparse.RawDescriptionHelpFormatter)
+    f.add_argument("--graphs", type=int, default=1000, metavar="N", help="how many (default 1000)")
+    f.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed (default 0)")
+    f.add_argument("--start", type=int, default=0, metavar="I",
+                   help="index of the first graph (graph I of seed S is always the same)")
+    f.add_argument("--jobs", type=int, default=1, metavar="J",
+                   help="worker processes (default 1; 0 runs in this process)")
+    f.add_argument("--configs", nargs="+", action="extend", metavar="NAME",
+                   help="configurations to compile at (default: all of "
+                        f"{', '.join(c.name for c in fuzz_configs())})")
+    f.add_argument("--kernel-every", type=int, default=1, metavar="K",
+                   help="run the configurations with generated kernels on every K-th graph "
+                        "only (each new kernel is a C compiler run; default 1: every graph)")
+    f.add_argument("--max-ops", type=int, default=6, metavar="N",
+                   help="computing nodes per graph, at most (default 6)")
+    f.add_argument("--out", metavar="DIR", default="fuzz-failures",
+                   help="where reproducers go (default fuzz-failures)")
+    f.add_argument("--no-shrink", action="store_true", help="write failing graphs unshrunk")
+    f.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
+                   help="start no graph after this long")
+    f.add_argument("--json", metavar="FILE", help="also write the summary to FILE")
+    f.add_argument("--quiet", action="store_true", help="no progress line")
+    f.set_defaults(run=_fuzz)
     return parser
 
 
@@ -136,6 +178,49 @@ def _bench(args: argparse.Namespace) -> int:
     failed = any(r.error is not None or any(c.error for c in r.contenders if bench.is_kiln(c.name))
                  for r in results)
     return 1 if failed else 0
+
+
+# -- kiln fuzz -------------------------------------------------------------------------------------
+
+
+def fuzz_configs():  # -> tuple[kiln.fuzz.check.Config, ...]
+    from kiln.fuzz.check import CONFIGS
+
+    return CONFIGS
+
+
+def _fuzz(args: argparse.Namespace) -> int:
+    from kiln.fuzz.driver import FuzzSettings, run_fuzz
+
+    known = [c.name for c in fuzz_configs()]
+    configs = _split(args.configs) or known
+    unknown = [c for c in configs if c not in known]
+    if unknown:
+        raise UsageError(f"unknown configuration(s) {', '.join(unknown)}; known: "
+                         f"{', '.join(known)}")
+    if args.graphs < 0 or args.jobs < 0 or args.kernel_every < 1 or args.max_ops < 1:
+        raise UsageError("--graphs and --jobs must be >= 0, --kernel-every and --max-ops >= 1")
+    settings = FuzzSettings(graphs=args.graphs, seed=args.seed, start=args.start,
+                            jobs=args.jobs, configs=tuple(configs),
+                            kernel_every=args.kernel_every, max_ops=args.max_ops,
+                            out_dir=args.out, shrink=not args.no_shrink,
+                            time_limit=args.time_limit)
+
+    def progress(summary, result) -> None:  # (Summary, GraphResult)
+        for failure in result.failures:
+            print(f"\rFAIL graph {result.index}: {failure}", file=sys.stderr)
+        if not args.quiet and (summary.graphs % 50 == 0 or result.failures):
+            print(f"\r{summary.graphs} graphs, {summary.failed_graphs} failing, "
+                  f"{summary.graphs / max(summary.seconds, 1e-9):.1f} graphs/s",
+                  end="", file=sys.stderr, flush=True)
+
+    summary = run_fuzz(settings, progress)
+    if not args.quiet:
+        print(file=sys.stderr)
+    print(summary.text())
+    if args.json:
+        summary.write_json(args.json)
+    return 1 if summary.failures else 0
 
 
 def _split(values: Sequence[str] | None) -> list[str]:
@@ -253,7 +338,12 @@ class ProgressBar:
 
 
 def _explain(args: argparse.Namespace) -> int:
-    _check_model(args.model)
+    if (args.model is None) == (args.ir is None):
+        raise UsageError("give a MODEL or --ir FILE (one of them)")
+    if args.check and args.ir is None:
+        raise UsageError("--check needs --ir FILE")
+    if args.model is not None:
+        _check_model(args.model)
     options = kiln.Options(opt_level=args.opt_level, fast_math=args.fast_math)
     if args.rule is not None:
         try:
@@ -267,13 +357,17 @@ def _explain(args: argparse.Namespace) -> int:
             raise UsageError(f"pass {args.after!r} does not run at opt level {args.opt_level}; "
                              f"passes that do: {', '.join(enabled)}")
         raise UsageError(f"unknown pass {args.after!r}; known passes: {known}")
-    model, inputs = models.build(args.model, quick=args.quick)
-    try:
-        graph = capture(model, inputs)
-    except Exception as err:  # noqa: BLE001 - say what failed, without a traceback
-        print(f"kiln: error: cannot capture {args.model}: {bench.describe_error(err)}",
-              file=sys.stderr)
-        return 1
+    if args.ir is not None:
+        case = _read_ir(args.ir)
+        graph = case.graph
+    else:
+        model, inputs = models.build(args.model, quick=args.quick)
+        try:
+            graph = capture(model, inputs)
+        except Exception as err:  # noqa: BLE001 - say what failed, without a traceback
+            print(f"kiln: error: cannot capture {args.model}: {bench.describe_error(err)}",
+                  file=sys.stderr)
+            return 1
     if args.kernels:
         show_kernels(graph, options, args.counts_only)
         return 0
@@ -291,7 +385,42 @@ def _explain(args: argparse.Namespace) -> int:
             fired = ", ".join(f"{name} x{s.fired}" for name, s in record.rules.items() if s.fired)
             _show(title + (f"; rules fired: {fired}" if fired else ""), snapshot,
                   args.counts_only)
+    if args.check:
+        return _check_ir(case)
     return 0
+
+
+def _read_ir(path: str):  # -> kiln.fuzz.case.Case
+    from kiln.fuzz.repro import read_repro
+    from kiln.ir import ParseError, VerificationError, verify
+
+    try:
+        case, note = read_repro(path)
+        verify(case.graph)
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}") from None
+    except (ParseError, VerificationError, ValueError) as err:
+        raise UsageError(f"{path} is not a valid kiln graph: {err}") from None
+    if note:
+        print(f"== {path}: {note} ==")
+    return case
+
+
+def _check_ir(case) -> int:  # case: kiln.fuzz.case.Case
+    import tempfile
+
+    from kiln.fuzz.check import CONFIGS, check_case
+
+    print(f"== check: inputs {case.describe_inputs()} ==")
+    with tempfile.TemporaryDirectory(prefix="kiln-explain-") as cache:
+        outcome = check_case(case, CONFIGS, cache)
+    if not outcome.valid:
+        print(f"the reference interpreter cannot run these inputs: {outcome.invalid_reason}")
+        return 1
+    failed = {f.config: f for f in outcome.failures}
+    for config in CONFIGS:
+        print(f"{config.name:<14} {failed[config.name] if config.name in failed else 'agrees'}")
+    return 1 if failed else 0
 
 
 def explain_rule(name: str, graph: Graph, records: Sequence[PassRecord],

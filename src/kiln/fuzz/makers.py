@@ -1,0 +1,641 @@
+"""One maker per op: builds a random, well-typed application of the op in a `Draft`.
+
+A maker picks operands (from the pool or new), random attributes within the op's domain, and
+emits the node; it raises `Reject` when it cannot, and type inference rejects the rest.
+Numbers, fills and weights appear as operands often, since that is what the rewrite rules
+match (``x * 1``, ``x / c``, a transposed weight, a batch norm of a convolution).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from kiln.fuzz.generate import FLOATS, INTS, Draft, Reject
+from kiln.fuzz.values import index_values, positive_values
+from kiln.ir import attrs as A
+from kiln.ir.attrs import Number, Operand
+from kiln.ir.fused import ACTIVATIONS
+from kiln.ir.graph import Value
+from kiln.ir.infer import infer_types
+from kiln.ir.ops import Op, OpGroup
+from kiln.ir.types import DType, TensorType
+
+Maker = Callable[[Draft, Op], None]
+
+# Ops no step chooses, and why. Every other op of `Op` has a maker (tests check both).
+EXCLUDED: dict[Op, str] = {
+    Op.INPUT: "a source: makers create graph inputs as operands",
+    Op.CONSTANT: "a source: makers create weights as operands",
+    Op.SCALAR: "a source: makers create Python numbers as operands",
+}
+
+FLOAT_NUMBERS: tuple[float, ...] = (
+    0.0, -0.0, 1.0, -1.0, 2.0, -2.0, 0.5, 0.25, 3.0, 1 / 3, 0.1, 1e10, 3e38, 1e39, 1e-39,
+    1e-45, 1e-300, math.inf, -math.inf, math.nan)
+INT_NUMBERS: tuple[int, ...] = (0, 1, -1, 2, 3, 7, -4, 1024)
+
+
+def number(d: Draft) -> Number:
+    r = d.rng.random()
+    if r < 0.6:
+        return d.rng.choice(FLOAT_NUMBERS)
+    if r < 0.92:
+        return d.rng.choice(INT_NUMBERS)
+    return d.rng.choice((True, False))
+
+
+def number_for(d: Draft, dtype: DType) -> Number:
+    """A number an op on ``dtype`` may take without changing its result type (ATen refuses a
+    float that overflows the tensor's type)."""
+    if dtype.is_floating:
+        if d.rng.random() < 0.3:
+            return d.rng.choice(INT_NUMBERS)
+        biggest = torch.finfo(dtype.torch).max
+        return d.rng.choice([v for v in FLOAT_NUMBERS
+                             if not (math.isfinite(v) and abs(v) > biggest)])
+    if dtype is DType.BOOL:
+        return d.rng.choice((True, False))
+    return d.rng.choice(INT_NUMBERS)
+
+
+def tensor_type(d: Draft, dtypes: tuple[DType, ...] | None = None,
+                rank: int | None = None) -> Callable[[], TensorType]:
+    return lambda: TensorType(d.shape(rank), d.dtype(dtypes))
+
+
+def is_float(v: Value) -> bool:
+    return v.type.dtype.is_floating
+
+
+def any_operand(d: Draft, floats: float = 0.5) -> Value:
+    """Any pool value; a float one with chance ``floats`` (most ops want floats)."""
+    if d.rng.random() < floats:
+        return d.operand(is_float, tensor_type(d, FLOATS))
+    return d.operand(lambda v: True, tensor_type(d))
+
+
+def broadcast_shape(d: Draft, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A shape that broadcasts with ``shape``: fewer leading dims, some dims 1, or the other
+    way round (``shape``'s ones grown, a leading dim added)."""
+    rng = d.rng
+    s = list(shape)
+    if s and rng.random() < 0.3:
+        s = s[rng.randint(1, len(s)):]
+    grow = rng.random() < 0.25
+    s = [1 if rng.random() < 0.3 else d.dim() if n == 1 and grow and rng.random() < 0.5 else n
+         for n in s]
+    if rng.random() < 0.15 and len(shape) == len(s) < d.limits.max_rank:
+        s.insert(0, d.dim())
+    return tuple(s)
+
+
+def broadcasts(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    try:
+        torch.broadcast_shapes(a, b)
+    except RuntimeError:
+        return False
+    return True
+
+
+def partner(d: Draft, x: Value, dtype: DType | None = None) -> Value:
+    """A second operand for ``x``: itself, a number, a fill, or a tensor it broadcasts with."""
+    r = d.rng.random()
+    if r < 0.1:
+        return x
+    if r < 0.3:
+        return d.number(number_for(d, x.type.dtype) if d.rng.random() < 0.8 else number(d))
+    shape = broadcast_shape(d, x.type.shape)
+    if not d.fits(shape) or not d.fits(torch.broadcast_shapes(shape, x.type.shape)):
+        shape = x.type.shape
+    dtype = dtype or (x.type.dtype if d.rng.random() < 0.75 else d.dtype())
+    if r < 0.4:
+        value = number_for(d, dtype)
+        return d.emit1(Op.FULL, attrs=A.FullAttrs(shape, value, dtype))
+    return d.operand(lambda v: v.type.dtype == dtype and broadcasts(v.type.shape, x.type.shape)
+                     and v is not x, lambda: TensorType(shape, dtype))
+
+
+# -- elementwise -----------------------------------------------------------------------------
+
+_TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.RECIPROCAL, Op.SIN, Op.COS,
+                             Op.TANH, Op.SIGMOID, Op.ERF, Op.GELU})
+
+
+def activation_args(d: Draft, op: Op, dtype: DType) -> tuple[object, ...]:
+    if op is Op.GELU:
+        return (d.rng.choice(("none", "tanh")),)
+    if op is Op.LEAKY_RELU:
+        return (d.rng.choice((0.01, 0.0, -0.5, 2.0, 1.0, 0.2)),)
+    if op is Op.CLAMP:
+        lo = number_for(d, dtype) if d.rng.random() < 0.8 else None
+        hi = number_for(d, dtype) if d.rng.random() < 0.8 or lo is None else None
+        return (lo, hi)
+    return ()
+
+
+def make_unary(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.9 if op in _TRANSCENDENTAL else 0.6)
+    if x.type.dtype is DType.BOOL and op is not Op.LOGICAL_NOT:
+        raise Reject("ATen's CPU kernels take no bool here (meta kernels do not say so)")
+    args = activation_args(d, op, x.type.dtype)
+    attrs: A.Attrs = A.NO_ATTRS
+    if op is Op.GELU:
+        attrs = A.GeluAttrs(*args)
+    elif op is Op.LEAKY_RELU:
+        attrs = A.LeakyReluAttrs(*args)
+    elif op is Op.CLAMP:
+        attrs = A.ClampAttrs(*args)
+    d.emit1(op, x, attrs=attrs)
+
+
+def make_cast(d: Draft, op: Op) -> None:
+    x = any_operand(d)
+    target = d.dtype()
+    if x.type.dtype.is_floating and target in INTS:
+        x = finite_in_range(d, x, target)
+    d.emit1(Op.CAST, x, attrs=A.CastAttrs(target))
+
+
+def finite_in_range(d: Draft, x: Value, target: DType) -> Value:
+    """``x`` with NaN made 0 and values clamped into ``target``'s range: a float outside an
+    integer type's range (NaN and ±inf included) converts to an unspecified integer in C, and
+    ATen's vectorized and scalar loops disagree on it."""
+    info = torch.iinfo(target.torch)
+    lo, hi = max(info.min, -1000), min(info.max, 1000)
+    nan = d.emit1(Op.NE, x, x)
+    zero = d.emit1(Op.FULL, attrs=A.FullAttrs((), 0.0, x.type.dtype))
+    clamped = d.emit1(Op.CLAMP, x, attrs=A.ClampAttrs(float(lo), float(hi)))
+    return d.emit1(Op.WHERE, nan, zero, clamped)
+
+
+def make_binary(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.7)
+    y = partner(d, x)
+    if op is Op.SUB and DType.BOOL in (x.type.dtype, y.type.dtype):
+        raise Reject("ATen refuses to subtract bools (meta kernels do not say so)")
+    if op is Op.POW and not x.type.dtype.is_floating and not is_float(y):
+        y = d.number(d.rng.choice((0, 1, 2, 3)))  # integers to negative powers raise
+    if d.rng.random() < 0.3 or (op is Op.POW and y.node.op is Op.SCALAR
+                                and d.rng.random() < 0.3):
+        x, y = y, x
+    d.emit1(op, x, y)
+
+
+def make_div(d: Draft, op: Op) -> None:
+    mode = d.rng.choice((None, None, "trunc", "floor"))
+    x = any_operand(d, 0.7)
+    y = partner(d, x)
+    if mode is not None and not x.type.dtype.is_floating and not is_float(y):
+        # integer division traps (SIGFPE) on INT_MIN // -1 and raises on zero: divide by
+        # positive numbers only
+        if d.rng.random() < 0.5:
+            y = d.number(d.rng.choice((1, 2, 3, 7)))
+        else:
+            t = TensorType(broadcast_shape(d, x.type.shape), x.type.dtype)
+            if not d.fits(t.shape):
+                t = x.type
+            y = d.source(t, positive_values(t, d.gen))
+    elif d.rng.random() < 0.2:
+        x, y = y, x
+    if x.node.op is Op.SCALAR and y.node.op is Op.SCALAR:
+        raise Reject("two numbers")
+    d.emit1(Op.DIV, x, y, attrs=A.DivAttrs(mode))
+
+
+def make_where(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.7)
+    y = partner(d, x)
+    shape = broadcast_shape(d, x.type.shape)
+    if not d.fits(shape):
+        shape = x.type.shape
+    cond = d.operand(lambda v: v.type.dtype is DType.BOOL and broadcasts(v.type.shape, shape),
+                     lambda: TensorType(shape, DType.BOOL))
+    if d.rng.random() < 0.3:
+        x, y = y, x
+    d.emit1(Op.WHERE, cond, x, y)
+
+
+# -- reductions and normalizations ------------------------------------------------------------
+
+def reduce_dims(d: Draft, rank: int) -> tuple[int, ...] | None:
+    r = d.rng.random()
+    if r < 0.2:
+        return None
+    if r < 0.25:
+        return ()  # ATen: an empty list reduces every dimension
+    if rank == 0:
+        return d.rng.choice(((0,), (-1,), ()))
+    dims = [i for i in range(rank) if d.rng.random() < 0.5] or [d.rng.randrange(rank)]
+    return tuple(i - rank if d.rng.random() < 0.3 else i for i in dims)
+
+
+def _nonempty(shape: tuple[int, ...], dims: tuple[int, ...] | None) -> bool:
+    """amax/amin/argmax of an empty slice raise at run time (meta kernels do not check)."""
+    if not shape:
+        return True
+    reduced = range(len(shape)) if not dims else [i % len(shape) for i in dims]
+    return all(shape[i] > 0 for i in reduced)
+
+
+def make_reduce(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.8 if op in (Op.MEAN, Op.VAR) else 0.6)
+    dims = reduce_dims(d, x.type.rank)
+    keepdim = d.rng.random() < 0.4
+    if op in (Op.AMAX, Op.AMIN) and not _nonempty(x.type.shape, dims):
+        raise Reject("empty reduction")
+    if op is Op.VAR:
+        correction = d.rng.choice((1, 0, 2, 0.5))
+        d.emit1(op, x, attrs=A.VarAttrs(dims, correction, keepdim))
+    else:
+        d.emit1(op, x, attrs=A.ReduceAttrs(dims, keepdim))
+
+
+def make_arg_reduce(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.7)
+    rank = x.type.rank
+    dim = None if rank == 0 or d.rng.random() < 0.3 else d.rng.randrange(-rank, rank)
+    if not _nonempty(x.type.shape, None if dim is None else (dim,)):
+        raise Reject("empty reduction")
+    d.emit1(op, x, attrs=A.ArgReduceAttrs(dim, d.rng.random() < 0.4))
+
+
+def make_softmax(d: Draft, op: Op) -> None:
+    x = d.operand(is_float, tensor_type(d, FLOATS))
+    rank = max(x.type.rank, 1)
+    dim = d.rng.randrange(-rank, rank) if d.rng.random() < 0.5 else rank - 1
+    d.emit1(op, x, attrs=A.SoftmaxAttrs(dim))
+
+
+def make_layer_norm(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: is_float(v) and v.type.rank >= 1, tensor_type(d, FLOATS, 2))
+    k = d.rng.randint(1, min(2, x.type.rank))
+    shape = x.type.shape[-k:]
+    params = [d.operand(lambda v, s=shape: v.type.shape == s and v.type.dtype == x.type.dtype,
+                        lambda: TensorType(shape, x.type.dtype), fresh=0.7) for _ in range(2)]
+    eps = d.rng.choice((1e-5, 1e-5, 0.0, 1e-12, 0.1))
+    d.emit(op, x, *params, attrs=A.LayerNormAttrs(shape, eps))
+
+
+def make_batch_norm(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: is_float(v) and 2 <= v.type.rank <= 4,
+                  tensor_type(d, FLOATS, d.rng.choice((2, 3, 4))))
+    c = TensorType((x.type.shape[1],), x.type.dtype)
+    params = []
+    for role in ("weight", "bias", "mean", "var"):
+        values = None
+        if role == "var" and d.rng.random() < 0.8:  # mostly a real variance; sometimes not
+            values = torch.rand(c.shape, generator=d.gen).to(c.dtype.torch) * 2
+        params.append(d.source(c, values, constant=0.7))
+    d.emit1(op, x, *params, attrs=A.BatchNormAttrs(d.rng.choice((1e-5, 0.0, 1e-3))))
+
+
+# -- movement ---------------------------------------------------------------------------------
+
+def reshape_to(d: Draft, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A random shape with as many elements as ``shape``."""
+    n = math.prod(shape)
+    rank = d.rng.randint(0 if n == 1 else 1, d.limits.max_rank)
+    if n == 0:
+        dims = [d.dim() for _ in range(rank)]
+        dims[d.rng.randrange(rank)] = 0
+        return tuple(dims)
+    dims = [1] * rank
+    for p in _prime_factors(n):
+        dims[d.rng.randrange(rank)] *= p
+    return tuple(dims)
+
+
+def _prime_factors(n: int) -> list[int]:
+    factors, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            factors.append(p)
+            n //= p
+        p += 1
+    return factors + ([n] if n > 1 else [])
+
+
+def make_view(d: Draft, op: Op) -> None:
+    x = d.dense(any_operand(d, 0.6))
+    d.emit1(Op.VIEW, x, attrs=A.ShapeAttrs(reshape_to(d, x.type.shape)))
+
+
+def make_permute(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.6)
+    dims = list(range(x.type.rank))
+    d.rng.shuffle(dims)
+    if dims and d.rng.random() < 0.2:
+        dims = [i - len(dims) for i in dims]  # negative dims
+    d.emit1(op, x, attrs=A.PermuteAttrs(tuple(dims)))
+
+
+def make_expand(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.6)
+    shape = [d.dim() if n == 1 and d.rng.random() < 0.7 else n for n in x.type.shape]
+    while d.rng.random() < 0.3 and len(shape) < d.limits.max_rank:
+        shape.insert(0, d.dim())
+    if not d.fits(tuple(shape)):
+        raise Reject("too large")
+    d.emit1(op, x, attrs=A.ShapeAttrs(tuple(shape)))
+
+
+def make_squeeze(d: Draft, op: Op) -> None:
+    x = any_operand(d, 0.6)
+    rank = x.type.rank
+    ones = [i for i, n in enumerate(x.type.shape) if n == 1]
+    candidates = ones if ones and d.rng.random() < 0.8 else list(range(rank))
+    dims = tuple(i for i in candidates if d.rng.random() < 0.7) if rank else ()
+    d.emit1(op, x, attrs=A.SqueezeAttrs(dims))
+
+
+def make_unsqueeze(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank < d.limits.max_rank, tensor_type(d))
+    rank = x.type.rank
+    d.emit1(op, x, attrs=A.DimAttrs(d.rng.randint(-rank - 1, rank)))
+
+
+def make_slice(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank >= 1, tensor_type(d, rank=d.rng.randint(1, 4)))
+    dim = d.rng.randrange(x.type.rank)
+    n = x.type.shape[dim]
+    start = d.rng.randint(-n - 1, n + 1)
+    end = d.rng.choice((d.rng.randint(-n - 1, n + 2), 9223372036854775807))
+    step = d.rng.choice((1, 1, 2, 3))
+    d.emit1(op, x, attrs=A.SliceAttrs(dim - x.type.rank if d.rng.random() < 0.2 else dim,
+                                      start, end, step))
+
+
+def make_select(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: any(n > 0 for n in v.type.shape), tensor_type(d, rank=2))
+    dims = [i for i, n in enumerate(x.type.shape) if n > 0]
+    if not dims:
+        raise Reject("nothing to select")
+    dim = d.rng.choice(dims)
+    n = x.type.shape[dim]
+    d.emit1(op, x, attrs=A.SelectAttrs(dim, d.rng.randint(-n, n - 1)))
+
+
+def make_split(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank >= 1, tensor_type(d, rank=2))
+    dim = d.rng.randrange(x.type.rank)
+    n = x.type.shape[dim]
+    pieces = d.rng.randint(1, 3)
+    cuts = sorted(d.rng.randint(0, n) for _ in range(pieces - 1))
+    sizes = [b - a for a, b in zip([0, *cuts], [*cuts, n])]
+    d.emit(op, x, attrs=A.SplitAttrs(tuple(sizes), dim))
+
+
+def make_cat(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank >= 1, tensor_type(d, rank=d.rng.randint(1, 4)))
+    dim = d.rng.randrange(x.type.rank)
+    parts = [x]
+    for _ in range(d.rng.randint(0, 2)):
+        if d.rng.random() < 0.1:  # a 1-d empty tensor: ATen's cat skips it, whatever x is
+            parts.append(d.source(TensorType((0,), x.type.dtype)))
+            continue
+        shape = list(x.type.shape)
+        shape[dim] = d.dim()
+        dtype = x.type.dtype if d.rng.random() < 0.8 else d.dtype()
+        parts.append(d.operand(lambda v, s=tuple(shape), t=dtype: v.type.shape == s
+                               and v.type.dtype == t, lambda s=tuple(shape), t=dtype:
+                               TensorType(s, t)))
+    d.rng.shuffle(parts)
+    d.emit1(op, *parts, attrs=A.DimAttrs(dim - x.type.rank if d.rng.random() < 0.2 else dim))
+
+
+def make_clone(d: Draft, op: Op) -> None:
+    d.emit1(op, any_operand(d, 0.6))
+
+
+def make_to_layout(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank == 4, tensor_type(d, rank=4))
+    d.emit1(op, x, attrs=A.LayoutAttrs(d.rng.random() < 0.8))
+
+
+def make_pad(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank >= 1, tensor_type(d, rank=d.rng.randint(1, 4)))
+    shape = x.type.shape
+    pad: list[int] = []
+    for n in reversed(shape[-d.rng.randint(1, min(3, len(shape))):]):
+        before = d.rng.randint(-min(n, 2), 3)
+        after = d.rng.randint(-(n + before) if n + before <= 2 else -2, 3)
+        pad += [before, after]
+    d.emit1(op, x, attrs=A.PadAttrs(tuple(pad), number_for(d, x.type.dtype)))
+
+
+# -- contractions -----------------------------------------------------------------------------
+
+_GEMM_DTYPES = (DType.F32, DType.F32, DType.F32, DType.F64, DType.BF16)
+
+
+def weight(d: Draft, shape: tuple[int, ...], dtype: DType, transposed: bool = False) -> Value:
+    """A matrix operand: a pool value, a new weight or input, or a transposed one."""
+    if transposed and len(shape) == 2:
+        w = d.source(TensorType((shape[1], shape[0]), dtype), constant=0.6)
+        return d.emit1(Op.PERMUTE, w, attrs=A.PermuteAttrs((1, 0)))
+    return d.operand(lambda v: v.type == TensorType(shape, dtype),
+                     lambda: TensorType(shape, dtype), fresh=0.7) \
+        if d.rng.random() < 0.4 else d.source(TensorType(shape, dtype), constant=0.6)
+
+
+def gemm_operands(d: Draft, batch: bool = False) -> tuple[Value, Value]:
+    rank = 3 if batch else 2
+    x = d.operand(lambda v: v.type.rank == rank and v.type.dtype in _GEMM_DTYPES,
+                  tensor_type(d, _GEMM_DTYPES, rank))
+    k = x.type.shape[-1]
+    m = d.dim()
+    shape = (x.type.shape[0], k, m) if batch else (k, m)
+    return x, weight(d, shape, x.type.dtype, transposed=d.rng.random() < 0.3)
+
+
+def make_mm(d: Draft, op: Op) -> None:
+    x, w = gemm_operands(d, batch=op is Op.BMM)
+    d.emit1(op, x, w)
+
+
+def gemm_bias(d: Draft, n: int, m: int, dtype: DType) -> Value:
+    shape = d.rng.choice(((m,), (m,), (1, m), (n, m), (n, 1), (), (1,)))
+    return d.source(TensorType(shape, dtype), constant=0.6)
+
+
+def make_addmm(d: Draft, op: Op) -> None:
+    x, w = gemm_operands(d)
+    bias = gemm_bias(d, x.type.shape[0], w.type.shape[1], x.type.dtype)
+    beta, alpha = (1, 1) if d.rng.random() < 0.6 else (d.rng.choice((0, 2, 0.5, -1, 1.0)),
+                                                       d.rng.choice((1, 0, 2, 0.5)))
+    if op is Op.ADDMM:
+        d.emit1(op, bias, x, w, attrs=A.AddmmAttrs(beta, alpha))
+        return
+    act = d.rng.choice(sorted(ACTIVATIONS, key=lambda a: a.text))
+    attrs = A.AddmmActAttrs(act, activation_args(d, act, x.type.dtype), beta, alpha)
+    d.emit1(op, bias, x, w, attrs=attrs)
+
+
+def conv_operands(d: Draft, spatial: int, transposed: bool
+                  ) -> tuple[Value, Value, A.ConvAttrs]:
+    rng = d.rng
+    x = d.operand(lambda v: v.type.rank == spatial + 2 and v.type.dtype in (DType.F32,
+                                                                            DType.F64)
+                  and v.type.shape[1] > 0,
+                  lambda: TensorType((rng.choice((1, 1, 2)), rng.choice((1, 2, 3, 4)),
+                                      *(rng.randint(1, 7) for _ in range(spatial))),
+                                     rng.choice((DType.F32, DType.F32, DType.F64))))
+    cin = x.type.shape[1]
+    groups = rng.choice([g for g in (1, 2, 3, 4) if cin % g == 0])
+    cout = groups * rng.choice((1, 2, 3))
+    kernel = tuple(rng.choice((1, 1, 2, 3)) for _ in range(spatial))
+    stride = tuple(rng.choice((1, 1, 2)) for _ in range(spatial))
+    padding = tuple(rng.choice((0, 0, 1, 2)) for _ in range(spatial))
+    dilation = tuple(rng.choice((1, 1, 2)) for _ in range(spatial))
+    output_padding = tuple(rng.randrange(max(s, dl)) if transposed else 0
+                           for s, dl in zip(stride, dilation))
+    wshape = (cin, cout // groups, *kernel) if transposed else (cout, cin // groups, *kernel)
+    w = d.source(TensorType(wshape, x.type.dtype), constant=0.6)
+    attrs = A.ConvAttrs(stride, padding, dilation, transposed, output_padding, groups)
+    return x, w, attrs
+
+
+def make_convolution(d: Draft, op: Op) -> None:
+    spatial = d.rng.choice((1, 2, 2, 2, 3))
+    transposed = d.rng.random() < 0.2
+    x, w, attrs = conv_operands(d, spatial, transposed)
+    cout = w.type.shape[1] * attrs.groups if transposed else w.type.shape[0]
+    operands = [x, w]
+    if d.rng.random() < 0.5:
+        operands.append(d.source(TensorType((cout,), x.type.dtype), constant=0.6))
+    d.emit1(op, *operands, attrs=attrs)
+
+
+def make_conv_act(d: Draft, op: Op) -> None:
+    x, w, conv = conv_operands(d, 2, False)
+    operands = [x, w]
+    has_bias = d.rng.random() < 0.6
+    if has_bias:
+        operands.append(d.source(TensorType((w.type.shape[0],), x.type.dtype), constant=0.6))
+    (out,) = infer_types(Op.CONVOLUTION, conv, operands)
+    has_residual = d.rng.random() < 0.5
+    if has_residual:
+        operands.append(d.operand(lambda v: v.type == out, lambda: out))
+    act = d.rng.choice([None, *sorted(ACTIVATIONS, key=lambda a: a.text)])
+    args = activation_args(d, act, out.dtype) if act is not None else ()
+    attrs = A.ConvActAttrs(conv.stride, conv.padding, conv.dilation, conv.groups, has_bias,
+                           has_residual, act, args)
+    d.emit1(op, *operands, attrs=attrs)
+
+
+def make_embedding(d: Draft, op: Op) -> None:
+    table = d.operand(lambda v: v.type.rank == 2 and is_float(v) and v.type.shape[0] > 0,
+                      lambda: TensorType((d.rng.randint(1, 9), d.dim()), d.dtype(FLOATS)))
+    t = TensorType(d.shape(d.rng.randint(0, 2)), d.rng.choice((DType.I64, DType.I32)))
+    indices = d.source(t, index_values(t, table.type.shape[0], d.gen), constant=0.3)
+    d.emit1(op, table, indices)
+
+
+def pool_input(d: Draft) -> Value:
+    return d.operand(lambda v: v.type.rank in (3, 4) and v.type.dtype in (DType.F32, DType.F64),
+                     lambda: TensorType((*((1,) if d.rng.random() < 0.5 else ()),
+                                         d.rng.randint(1, 3), d.rng.randint(1, 9),
+                                         d.rng.randint(1, 9)), d.dtype((DType.F32, DType.F64))))
+
+
+def make_pool(d: Draft, op: Op) -> None:
+    rng = d.rng
+    x = pool_input(d)
+    kernel = (rng.randint(1, 3), rng.randint(1, 3))
+    stride = () if rng.random() < 0.2 else (rng.randint(1, 3), rng.randint(1, 3))
+    padding = tuple(rng.randint(0, k // 2) for k in kernel)
+    ceil_mode = rng.random() < 0.3
+    if op is Op.MAX_POOL2D:
+        dilation = (rng.choice((1, 1, 2)), rng.choice((1, 1, 2)))
+        d.emit(op, x, attrs=A.MaxPoolAttrs(kernel, stride, padding, dilation, ceil_mode))
+    else:
+        divisor = rng.choice((None, None, 1, 3))
+        d.emit1(op, x, attrs=A.AvgPoolAttrs(kernel, stride, padding, ceil_mode,
+                                            rng.random() < 0.5, divisor))
+
+
+def make_adaptive_pool(d: Draft, op: Op) -> None:
+    x = pool_input(d)
+    d.emit1(op, x, attrs=A.AdaptivePoolAttrs((d.rng.randint(1, 4), d.rng.randint(1, 4))))
+
+
+# -- creation and opaque calls ----------------------------------------------------------------
+
+def make_full(d: Draft, op: Op) -> None:
+    dtype = d.dtype()
+    d.emit1(op, attrs=A.FullAttrs(d.shape(), number_for(d, dtype), dtype))
+
+
+def make_arange(d: Draft, op: Op) -> None:
+    dtype = d.dtype((DType.F32, DType.F64, DType.I64, DType.I32))
+    floats = dtype.is_floating and d.rng.random() < 0.5
+    start = d.rng.choice((0, 1, -3, 2.5, -0.5)) if floats else d.rng.randint(-5, 5)
+    step = d.rng.choice((1, 2, -1, 0.5, -0.25)) if floats else d.rng.choice((1, 2, 3, -1, -2))
+    length = d.rng.randint(0, 12)
+    end = start + step * length
+    d.emit1(op, attrs=A.ArangeAttrs(start, end, step, dtype))
+
+
+aten = torch.ops.aten
+
+
+def make_call(d: Draft, op: Op) -> None:
+    x = d.operand(lambda v: v.type.rank >= 1, tensor_type(d, rank=2))
+    rank = x.type.rank
+    kind = d.rng.choice(("cumsum", "flip", "roll", "triu"))
+    if kind == "cumsum":
+        attrs = A.CallAttrs(aten.cumsum.default, (Operand(0), d.rng.randrange(-rank, rank)))
+    elif kind == "flip":
+        dims = tuple(i for i in range(rank) if d.rng.random() < 0.6)
+        attrs = A.CallAttrs(aten.flip.default, (Operand(0), dims))
+    elif kind == "roll":
+        attrs = A.CallAttrs(aten.roll.default, (Operand(0), (d.rng.randint(-3, 3),),
+                                                (d.rng.randrange(rank),)))
+    else:
+        if rank < 2:
+            raise Reject("triu needs a matrix")
+        attrs = A.CallAttrs(aten.triu.default, (Operand(0), d.rng.randint(-2, 2)))
+    d.emit1(op, x, attrs=attrs)
+
+
+MAKERS: dict[Op, Maker] = {
+    **{op: make_unary for op in Op if op.is_a(OpGroup.UNARY) and op is not Op.CAST},
+    Op.CAST: make_cast,
+    **{op: make_binary for op in Op if op.is_a(OpGroup.BINARY) and op is not Op.DIV},
+    Op.DIV: make_div,
+    Op.WHERE: make_where,
+    Op.SUM: make_reduce, Op.MEAN: make_reduce, Op.AMAX: make_reduce, Op.AMIN: make_reduce,
+    Op.VAR: make_reduce,
+    Op.ARGMAX: make_arg_reduce, Op.ARGMIN: make_arg_reduce,
+    Op.SOFTMAX: make_softmax, Op.LOG_SOFTMAX: make_softmax,
+    Op.LAYER_NORM: make_layer_norm, Op.BATCH_NORM: make_batch_norm,
+    Op.VIEW: make_view, Op.PERMUTE: make_permute, Op.EXPAND: make_expand,
+    Op.SQUEEZE: make_squeeze, Op.UNSQUEEZE: make_unsqueeze, Op.SLICE: make_slice,
+    Op.SELECT: make_select, Op.SPLIT: make_split, Op.CAT: make_cat, Op.CLONE: make_clone,
+    Op.TO_LAYOUT: make_to_layout, Op.PAD: make_pad,
+    Op.MM: make_mm, Op.BMM: make_mm, Op.ADDMM: make_addmm, Op.ADDMM_ACT: make_addmm,
+    Op.CONVOLUTION: make_convolution, Op.CONV_ACT: make_conv_act,
+    Op.EMBEDDING: make_embedding,
+    Op.MAX_POOL2D: make_pool, Op.AVG_POOL2D: make_pool,
+    Op.ADAPTIVE_AVG_POOL2D: make_adaptive_pool,
+    Op.FULL: make_full, Op.ARANGE: make_arange,
+    Op.CALL: make_call,
+}
+
+GENERATED_OPS: tuple[Op, ...] = tuple(op for op in Op if op in MAKERS)
+
+_WEIGHTS: dict[Op, float] = {Op.FULL: 0.3, Op.ARANGE: 0.3, Op.CALL: 0.5, Op.CAST: 1.5,
+                             Op.CLONE: 0.5, Op.TO_LAYOUT: 0.5}
+
+
+def weight_of(op: Op) -> float:
+    if op in _WEIGHTS:
+        return _WEIGHTS[op]
+    if op.is_a(OpGroup.BINARY):
+        return 1.5
+    if op.is_a(OpGroup.CONTRACTION | OpGroup.NORMALIZATION):
+        return 1.5
+    return 1.0

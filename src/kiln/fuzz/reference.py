@@ -1,0 +1,88 @@
+"""The reference run of a case: the interpreter's value of every node, and a float64 twin.
+
+* `trace_values` runs the graph as `kiln.ir.interp.interpret` does, keeping every value: the
+  fuzzer needs the layout eager mode gives each intermediate (`kiln.fuzz.exactness`) and the
+  shrinker cuts graphs at intermediates.
+* `widened` is the same graph computed in float64 (float inputs, weights, fills and casts
+  widened). Where the graph's own precision and float64 disagree on whether an element is
+  NaN, infinite or finite, or by much, that element is ill-conditioned: it depends on how
+  sums round and overflow, and any change of rounding may flip it (`kiln.fuzz.compare`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kiln.ir import attrs as A
+from kiln.ir.graph import Graph, Node, Value, make_input
+from kiln.ir.infer import infer_types
+from kiln.ir.interp import evaluate_node
+from kiln.ir.ops import Op
+from kiln.ir.types import DType, TensorType
+
+NARROW_FLOATS = frozenset({DType.F32, DType.F16, DType.BF16})
+
+
+def trace_values(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[Value, Any]:
+    """Every value of ``graph`` on ``inputs``, as the reference interpreter computes it."""
+    env: dict[Value, Any] = {node.out(): x for node, x in zip(graph.inputs, inputs)}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for node in graph.nodes:
+            results = evaluate_node(node, [env[v] for v in node.inputs], graph)
+            env.update(zip(node.outputs, results))
+    return env
+
+
+def widened(graph: Graph) -> Graph:
+    """``graph`` with every narrow float type (f32, f16, bf16) made float64."""
+    rebuilt: dict[Node, Node] = {}
+    inputs = []
+    for node in graph.inputs:
+        new = make_input(node.attrs.index, node.name, _wide(node.type))  # type: ignore[attr-defined]
+        rebuilt[node] = new
+        inputs.append(new)
+    nodes = []
+    constants = {k: _wide_tensor(t) for k, t in graph.constants.items()}
+    for node in graph.nodes:
+        operands = tuple(Value(rebuilt[v.node], v.index) for v in node.inputs)
+        attrs = _wide_attrs(node.attrs)
+        if node.op in (Op.CONSTANT, Op.SCALAR):
+            types = tuple(_wide(t) for t in node.types)
+        else:
+            types = infer_types(node.op, attrs, operands)
+        new = Node(node.op, operands, attrs, types, node.name)
+        rebuilt[node] = new
+        nodes.append(new)
+    outputs = [Value(rebuilt[v.node], v.index) for v in graph.outputs]
+    return Graph(inputs, nodes, outputs, constants, graph.device)
+
+
+def _wide(t: TensorType) -> TensorType:
+    return TensorType(t.shape, DType.F64) if t.dtype in NARROW_FLOATS else t
+
+
+def _wide_tensor(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.is_floating_point() else t
+
+
+def _wide_attrs(attrs: A.Attrs) -> A.Attrs:
+    if isinstance(attrs, (A.CastAttrs, A.FullAttrs, A.ArangeAttrs)) \
+            and attrs.dtype in NARROW_FLOATS:
+        return dataclasses.replace(attrs, dtype=DType.F64)
+    return attrs
+
+
+def wide_outputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[Any] | None:
+    """The float64 twin's outputs on ``inputs`` (widened), or None where it cannot run."""
+    try:
+        wide = widened(graph)
+        env = trace_values(wide, [_wide_tensor(x) for x in inputs])
+    except Exception:  # noqa: BLE001 - no twin: every element counts as well-conditioned
+        return None
+    return [env[v] for v in wide.outputs]

@@ -1,0 +1,55 @@
+"""The strength each output is compared at follows what was rounded differently upstream."""
+
+from __future__ import annotations
+
+from kiln.fuzz.compare import Strength
+from kiln.fuzz.exactness import Rounding, strengths
+from kiln.ir import parse_graph
+
+TEXT = """graph(%x: f32[4], %y: f32[4]) {
+  %e = exp(%x) : f32[4]
+  %d = div(%e, %y) {rounding_mode=None} : f32[4]
+  %g = gt(%d, %y) : bool[4]
+  %s = sum(%d) {dims=None, keepdim=False} : f32[]
+  %n = neg(%y) : f32[4]
+  return %e, %d, %g, %s, %n
+}
+"""
+
+
+def by_name(rounding: Rounding) -> dict[str, Strength]:
+    graph = parse_graph(TEXT)
+    found = strengths(graph, rounding)
+    return {v.node.name: found[v] for v in graph.outputs}
+
+
+def test_nothing_rounded_is_exact():
+    assert set(by_name(Rounding()).values()) == {Strength.EXACT}
+
+
+def test_a_rounded_node_makes_what_follows_close_and_discontinuities_unchecked():
+    s = by_name(Rounding(rounded={"e"}))
+    assert s == {"e": Strength.CLOSE, "d": Strength.CLOSE, "g": Strength.UNCHECKED,
+                 "s": Strength.CLOSE, "n": Strength.EXACT}
+
+
+def test_a_rounded_sum_leaves_zero_signs_free():
+    assert by_name(Rounding(rounded={"s"}))["s"] is Strength.NEAR
+
+
+def test_fast_math_nodes_are_unchecked():
+    s = by_name(Rounding(fast={"d"}))
+    assert s["d"] is Strength.UNCHECKED and s["e"] is Strength.EXACT
+
+
+def test_layout_changes_round_only_layout_sensitive_ops():
+    s = by_name(Rounding(relaid={"n"}))
+    assert s["n"] is Strength.EXACT  # neg is exact in any layout
+    s = by_name(Rounding(relaid={"d"}))
+    assert s["d"] is Strength.EXACT and s["s"] is Strength.CLOSE  # the sum reads it
+
+
+def test_an_unknown_name_makes_everything_close():
+    s = by_name(Rounding(rounded={"not_in_the_graph"}))
+    assert s["n"] is Strength.CLOSE and s["g"] is Strength.UNCHECKED
+

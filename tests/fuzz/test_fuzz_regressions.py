@@ -1,0 +1,70 @@
+"""Bugs the fuzzer found, as the reproducers it shrank them to; each passes now."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.fuzz.case import Case, FuzzInput
+from kiln.fuzz.check import check_case, config_named
+from kiln.ir import parse_graph
+from kiln.options import Options
+from kiln.passes.layout import to_channels_last
+
+DIV_BY_SUBNORMAL = """graph(%x0: f32[4]) {
+  %c = scalar {value=1e-39} : f64[]
+  %div = div(%x0, %c) {rounding_mode=None} : f32[4]
+  return %div
+}
+"""
+
+NEGATED_SUM = """graph(%x0: f32[4, 5], %x1: f32[5]) {
+  %add = add(%x0, %x1) : f32[4, 5]
+  %neg = neg(%add) : f32[4, 5]
+  return %neg
+}
+"""
+
+PADDED_CONV_INF_WEIGHT = (
+    "graph(%x0: f32[2, 2, 1, 6], %w0: f32[3, 2, 1, 1], %w1: f32[2, 3, 3, 8]) {\n"
+    "  %conv = conv_act(%x0, %w0, %w1) {stride=(1, 1), padding=(1, 1), dilation=(1, 2), "
+    "groups=1, has_bias=False, has_residual=True, activation=op('sigmoid'), act_args=()} "
+    ": f32[2, 3, 3, 8]\n"
+    "  return %conv\n"
+    "}\n")
+
+
+def test_division_by_a_subnormal_number_is_not_a_multiplication_by_inf(tmp_path):
+    # div-const turned x / 1e-39 into x * (1 / 1e-39): 1e39 is inf in float32, so 0 -> NaN
+    graph = parse_graph(DIV_BY_SUBNORMAL)
+    case = Case(graph, (FuzzInput(torch.tensor([0.0, 1e-5, -0.0, 3.0])),))
+    for name in ("O1", "O2"):
+        assert check_case(case, [config_named(name)], str(tmp_path)).ok
+
+
+def test_a_negated_sum_runs_as_a_generated_kernel(tmp_path):
+    # the C renderer wrote neg(add(a, b)) as -a + b; the kernel disagreed with the library
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    graph = parse_graph(NEGATED_SUM)
+    case = Case(graph, (FuzzInput(torch.randn(4, 5)), FuzzInput(torch.randn(5))))
+    outcome = check_case(case, [config_named("O2+kernels")], cache)
+    assert outcome.ok
+    assert outcome.stats["O2+kernels"].generated == 1
+
+
+def test_a_padded_convolution_with_an_infinite_weight_keeps_its_layout():
+    # NCHW convolutions multiply the padding by the weight (0 * -inf = NaN), NHWC ones skip it
+    graph = parse_graph(PADDED_CONV_INF_WEIGHT)
+    assert to_channels_last(graph, decide=True) is graph  # the weight is known only at run time
+    w = torch.randn(3, 2, 1, 1)
+    frozen = parse_graph(PADDED_CONV_INF_WEIGHT.replace(
+        "%w0: f32[3, 2, 1, 1], ", "").replace("{\n", "{\n  %w0 = constant {name='w0'} : "
+                                              "f32[3, 2, 1, 1]\n", 1), {"w0": w})
+    assert to_channels_last(frozen, decide=True) is not frozen  # a finite constant: moves
+    w[0, 1, 0, 0] = -math.inf
+    assert to_channels_last(frozen, decide=True) is frozen

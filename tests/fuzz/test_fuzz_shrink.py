@@ -1,0 +1,115 @@
+"""The shrinker, on bugs planted in the engine: a pass that computes the wrong thing, and one
+that crashes. The shrunk case is small, its IR text reloads, and it still fails (and passes
+once the bug is gone)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln.engine
+from kiln.fuzz.case import Case, FuzzInput
+from kiln.fuzz.check import Failure, Kind, check_case, config_named, reference
+from kiln.fuzz.generate import generate_case
+from kiln.fuzz.repro import read_repro, write_repro
+from kiln.fuzz.shrink import rebuild, shrink
+from kiln.fuzz.values import Layout, LayoutKind
+from kiln.ir import GraphBuilder, Op, TensorType, parse_graph, verify
+from kiln.ir.graph import Node, transform
+from kiln.ir.types import DType
+
+O1 = config_named("O1")
+real_pipeline = kiln.engine.run_pipeline
+
+
+def maximum_becomes_minimum(graph, options, *args, **kwargs):
+    """The real pipeline, then a wrong rewrite: every maximum computes a minimum."""
+    graph, records, snapshots = real_pipeline(graph, options, *args, **kwargs)
+
+    def rewrite(node: Node, inputs):
+        if node.op is Op.MAXIMUM:
+            return Node(Op.MINIMUM, inputs, node.attrs, node.types, node.name)
+        return None
+    return transform(graph, rewrite), records, snapshots
+
+
+def crash_on_softmax(graph, options, *args, **kwargs):
+    if any(n.op is Op.SOFTMAX for n in graph.nodes):
+        raise IndexError("planted crash")
+    return real_pipeline(graph, options, *args, **kwargs)
+
+
+def first_failing(bug, monkeypatch, tmp_path, wanted: Op) -> tuple[Case, Failure]:
+    monkeypatch.setattr(kiln.engine, "run_pipeline", bug)
+    for index in range(400):
+        case = generate_case(11, index)
+        if not any(n.op is wanted for n in case.graph.nodes) or len(case.graph.nodes) < 4:
+            continue
+        outcome = check_case(case, [O1], str(tmp_path), stop_at_first=True)
+        if outcome.failures:
+            return case, outcome.failures[0]
+    pytest.fail(f"no generated graph with {wanted.text} fails under the planted bug")
+
+
+def computing(case: Case) -> list[Node]:
+    return [n for n in case.graph.nodes if n.op not in (Op.CONSTANT, Op.SCALAR)]
+
+
+def test_shrinks_a_wrong_answer_to_the_op_and_writes_a_reproducer(monkeypatch, tmp_path):
+    case, failure = first_failing(maximum_becomes_minimum, monkeypatch, tmp_path, Op.MAXIMUM)
+    assert failure.kind is Kind.MISMATCH
+    small = shrink(case, failure, str(tmp_path))
+    assert [n.op for n in computing(small)] == [Op.MAXIMUM], small.graph
+    assert len(small.graph.nodes) < len(case.graph.nodes)
+    verify(small.graph)
+
+    kir = write_repro(small, tmp_path / "repro", str(failure))
+    text = kir.read_text()
+    assert parse_graph(text, small.graph.constants) is not None  # plain IR text
+    loaded, note = read_repro(kir)
+    assert note == str(failure)
+    assert loaded.graph.num_ops() == 1
+    for got, want in zip(loaded.materialize(), small.materialize()):
+        assert torch.equal(got.isnan(), want.isnan())
+    still = check_case(loaded, [O1], str(tmp_path)).failures
+    assert still and still[0].same_bug(failure)
+
+    monkeypatch.setattr(kiln.engine, "run_pipeline", real_pipeline)
+    assert check_case(loaded, [O1], str(tmp_path)).ok  # the bug gone, the case passes
+
+
+def test_shrinks_a_crash(monkeypatch, tmp_path):
+    case, failure = first_failing(crash_on_softmax, monkeypatch, tmp_path, Op.SOFTMAX)
+    assert failure.kind is Kind.CRASH and "IndexError" in failure.detail
+    small = shrink(case, failure, str(tmp_path))
+    assert [n.op for n in computing(small)] == [Op.SOFTMAX], small.graph
+
+
+def test_a_failure_of_another_kind_is_not_the_same_bug():
+    crash = Failure("O1", Kind.CRASH, "compile: IndexError: x")
+    assert crash.same_bug(Failure("O1", Kind.CRASH, "compile: IndexError: y"))
+    assert not crash.same_bug(Failure("O1", Kind.CRASH, "compile: KeyError: x"))
+    assert not crash.same_bug(Failure("O2", Kind.CRASH, "compile: IndexError: x"))
+    assert not crash.same_bug(Failure("O1", Kind.MISMATCH, "exact: values differ"))
+
+
+def test_rebuild_cuts_a_node_into_an_input_and_keeps_aliases():
+    b = GraphBuilder()
+    t = TensorType((2, 3), DType.F32)
+    x, y = b.input("x", t), b.input("y", t)
+    e = b.op(Op.EXP, x)
+    s = b.op(Op.ADD, e, y)
+    graph = b.build(b.op(Op.NEG, s))
+    values = torch.randn(2, 3)
+    case = Case(graph, (FuzzInput(values), FuzzInput(values, Layout(LayoutKind.ALIAS, 0))))
+    expected = reference(case).outputs[0]
+
+    cut = rebuild(case, cut={s: -expected})  # the neg's operand becomes an input
+    assert [n.op for n in cut.graph.nodes] == [Op.NEG]
+    assert [n.name for n in cut.graph.inputs] == ["add"]
+    assert torch.equal(reference(cut).outputs[0], expected)
+
+    dropped = rebuild(case, cut={e: torch.exp(values)})  # x unused: y's alias of x resolves
+    assert [n.name for n in dropped.graph.inputs] == ["y", "exp"]
+    assert dropped.inputs[0].layout.kind is LayoutKind.CONTIGUOUS
+    assert torch.equal(reference(dropped).outputs[0], expected)
