@@ -150,7 +150,12 @@ def run_case(op: OpInfo, sample: SampleInput, frontend: str) -> Result | None:
         report = compiled.report
     torch.manual_seed(SEED)
     got = compiled(*tensors)
-    _compare(got, expected)
+    try:
+        _compare(got, expected)
+    except AssertionError:
+        if not any(t.dtype in REDUCED for t in tensors):
+            raise
+        _compare_reduced(module, tensors, got, expected)
     generated = sum(1 for g in report.graphs for k in g.kernels if k.kind == "generated")
     if report.fallbacks:
         return Result(Outcome.FALLBACK, _allowed(report.fallbacks), generated)
@@ -179,6 +184,30 @@ def _compare(got: Any, expected: Any) -> None:
                                             and isinstance(e, torch.Tensor)):
             raise Mismatch(f"result {type(g).__name__} where eager gives {type(e).__name__}")
     torch.testing.assert_close(got, expected, equal_nan=True)
+
+
+REDUCED = (torch.bfloat16, torch.float16)
+
+
+def _compare_reduced(module: _Sample, tensors: list[torch.Tensor], got: Any,
+                     expected: Any) -> None:
+    """In bfloat16 the captured graph's decompositions round their intermediates
+    (logit becomes log(x / (1 - x)), three roundings), so kiln and eager may differ by a few
+    units in the last place. There kiln must be as close to a float64 run as eager is."""
+    wide = [t.double() if t.dtype in REDUCED else t for t in tensors]
+    torch.manual_seed(SEED)
+    reference = pytree.tree_leaves(module(*wide))
+    for g, e, r in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected), reference):
+        if not isinstance(g, torch.Tensor) or g.dtype not in REDUCED:
+            torch.testing.assert_close(g, e, equal_nan=True)
+            continue
+        torch.testing.assert_close(g.isnan(), e.isnan())
+        ulp = torch.finfo(g.dtype).eps * r.abs().clamp_min(1.0)
+        kiln_error = ((g.double() - r).abs() - ulp).nan_to_num(0.0).max()
+        eager_error = (e.double() - r).abs().nan_to_num(0.0).max()
+        if kiln_error > eager_error:
+            raise Mismatch(f"{g.dtype}: kiln is {kiln_error + ulp.max():.3g} from a float64 "
+                           f"run, eager {eager_error:.3g}")
 
 
 def _summary(dtype: torch.dtype, frontend: str, every: bool) -> None:
