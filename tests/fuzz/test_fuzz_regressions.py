@@ -68,3 +68,21 @@ def test_a_padded_convolution_with_an_infinite_weight_keeps_its_layout():
     assert to_channels_last(frozen, decide=True) is not frozen  # a finite constant: moves
     w[0, 1, 0, 0] = -math.inf
     assert to_channels_last(frozen, decide=True) is frozen
+
+
+@pytest.mark.parametrize("activation", [
+    "relu(%t)", "clamp(%t) {min=0.0, max=None}", "clamp(%t) {min=None, max=-0.0}",
+    "clamp(%t) {min=nan, max=1.0}", "clamp(%t) {min=2.0, max=1.0}",
+])
+def test_generated_relu_and_clamp_keep_a_zeros_sign_as_aten_does(activation, tmp_path):
+    # the kernels computed relu(-0.0) as max(-0.0, 0) = +0.0; ATen keeps x on a tie: -0.0
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    text = ("graph(%x0: f32[24]) {\n  %t = neg(%x0) : f32[24]\n"
+            f"  %y = {activation} : f32[24]\n  return %y\n}}\n")
+    x = torch.tensor([-0.0, 0.0, math.nan, 1.0, -1.0, math.inf, -math.inf, 2.0] * 3)
+    outcome = check_case(Case(parse_graph(text), (FuzzInput(x),)),
+                         [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].generated == 1

@@ -65,11 +65,13 @@ def _gelu(approximate: str) -> Callable[[Expr], Expr]:
 
 
 def _clamp(low: float | None, high: float | None) -> Callable[[Expr], Expr]:
+    # the bound first: max/min return their second operand on a tie, and ATen keeps x there
+    # (clamp(-0.0, min=0.0) is -0.0); a NaN bound or x gives NaN, as in ATen
     def clamp(x: Expr) -> Expr:
         if low is not None:
-            x = max_(x, const(low, x.dtype))
+            x = max_(const(low, x.dtype), x)
         if high is not None:
-            x = min_(x, const(high, x.dtype))
+            x = min_(const(high, x.dtype), x)
         return x
     return clamp
 
@@ -78,7 +80,8 @@ def activation(op: Op, args: tuple[Any, ...]) -> Callable[[Expr], Expr]:
     """The loop expression of an epilogue activation (`kiln.ir.fused.ACTIVATIONS`) with its
     arguments as `kiln.rules.epilogue.activation_args` gives them."""
     if op is Op.RELU:
-        return lambda x: max_(x, 0)  # NaN stays NaN, as torch.relu
+        # NaN stays NaN and -0.0 stays -0.0, as torch.relu (max's second operand on a tie)
+        return lambda x: max_(const(0, x.dtype), x)
     if op is Op.GELU:
         return _gelu(args[0] if args else "none")
     if op is Op.LEAKY_RELU:
