@@ -86,3 +86,21 @@ def test_generated_relu_and_clamp_keep_a_zeros_sign_as_aten_does(activation, tmp
                          [config_named("O2+kernels")], cache)
     assert outcome.ok, outcome.failures
     assert outcome.stats["O2+kernels"].generated == 1
+
+
+MM_PLUS_WIDER_BIAS = """graph(%x0: f32[1, 1], %x1: f32[1, 8], %x2: f32[8, 1]) {
+  %mm = mm(%x0, %x1) : f32[1, 8]
+  %add = add(%x2, %mm) : f32[8, 8]
+  return %add
+}
+"""
+
+
+def test_a_bias_that_broadcasts_the_product_stays_an_add(tmp_path):
+    # mm-add-to-addmm took the meta kernel's word for addmm(b[8, 1], x[1, 1], w[1, 8]) being
+    # f32[8, 8]; ATen's addmm expands the bias to the product's shape only, and raised
+    case = Case(parse_graph(MM_PLUS_WIDER_BIAS), (FuzzInput(torch.randn(1, 1)),
+                                                  FuzzInput(torch.randn(1, 8)),
+                                                  FuzzInput(torch.randn(8, 1))))
+    outcome = check_case(case, [config_named("O1")], str(tmp_path))
+    assert outcome.ok, outcome.failures
