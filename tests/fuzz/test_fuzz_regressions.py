@@ -10,6 +10,7 @@ import torch
 from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.fuzz.case import Case, FuzzInput
 from kiln.fuzz.check import check_case, config_named
+from kiln.fuzz.values import Layout, LayoutKind
 from kiln.ir import parse_graph
 from kiln.options import Options
 from kiln.passes.layout import to_channels_last
@@ -104,3 +105,25 @@ def test_a_bias_that_broadcasts_the_product_stays_an_add(tmp_path):
                                                   FuzzInput(torch.randn(8, 1))))
     outcome = check_case(case, [config_named("O1")], str(tmp_path))
     assert outcome.ok, outcome.failures
+
+
+STRIDED_BIAS_CONV = """graph(%x2: f32[2, 3, 7, 6], %x3: f32[9]) {
+  %w0 = constant {name='w0'} : f32[9, 1, 1, 2]
+  %conv = convolution(%x2, %w0, %x3) {stride=(2, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=3} : f32[2, 9, 5, 7]
+  return %conv
+}
+"""
+
+
+def test_a_strided_run_time_bias_reaches_onednn_dense(tmp_path):
+    # oneDNN read a run-time bias as dense whatever its strides: every other element of its
+    # buffer (here the fuzzer's filler 12345.0) became the bias
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    graph = parse_graph(STRIDED_BIAS_CONV, {"w0": torch.randn(9, 1, 1, 2)})
+    bias = FuzzInput(torch.randn(9), Layout(LayoutKind.STRIDED, 0))
+    case = Case(graph, (FuzzInput(torch.randn(2, 3, 7, 6)), bias))
+    outcome = check_case(case, [config_named("O2+kernels")], str(tmp_path))
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].prepacked == 1

@@ -134,12 +134,12 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
         ([residual] if residual is not None else [])
     if residual is None:
         def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-            return mkldnn._convolution_pointwise(xt, packed, rest[0] if b is None and rest
-                                                 else b, padding, stride, dilation, a.groups,
-                                                 "none", [], "")
+            bt = rest[0].contiguous() if b is None and rest else b  # oneDNN ignores its strides
+            return mkldnn._convolution_pointwise(xt, packed, bt, padding, stride, dilation,
+                                                 a.groups, "none", [], "")
     else:
         def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-            bt = rest[0] if b is None and bias is not None else b
+            bt = rest[0].contiguous() if b is None and bias is not None else b
             return mkldnn._convolution_pointwise.binary(
                 xt, rest[-1], packed, bt, padding, stride, dilation, a.groups, "add", 1.0,
                 None, [], None)
@@ -166,7 +166,7 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     inputs = [x] + ([bias] if bias is not None and b is None else [])
 
     def linear(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
-        bt = rest[0] if rest else b
+        bt = rest[0].contiguous() if rest else b  # oneDNN ignores a bias's strides
         return mkldnn._linear_pointwise(xt, packed, bt, "none", [], "")
     run = _then(linear, act, act_args)
     text = (f"mkldnn._linear_pointwise(x, W reordered once for M={m}"
