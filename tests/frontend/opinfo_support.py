@@ -33,6 +33,7 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
 import kiln
+from kiln.frontend.aten import CONVERTERS
 from kiln.frontend.dynamo import kiln_backend
 from kiln.report import CompileReport
 
@@ -123,6 +124,16 @@ class _Sample(torch.nn.Module):
 def ops_for(dtype: torch.dtype) -> list[OpInfo]:
     return [op for op in op_db if dtype in op.supported_dtypes("cpu")
             and op.name not in UNDEFINED_OUTPUT]
+
+
+@functools.cache
+def _converted_names() -> frozenset[str]:
+    return frozenset(overload.overloadpacket.__name__ for overload in CONVERTERS)
+
+
+def kiln_converts(op: OpInfo) -> bool:
+    """kiln has a converter for the ATen op of this name (it may still keep a call)."""
+    return (op.aten_name or op.name) in _converted_names()
 
 
 def samples(op: OpInfo, dtype: torch.dtype, every: bool) -> Iterator[SampleInput]:
