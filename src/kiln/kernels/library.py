@@ -88,6 +88,8 @@ def _variant(graph: Graph, node: Node) -> Variant | None:
         w = node.inputs[1]
         if w.node.op is not Op.CONSTANT or len(w.type.shape) != 4:
             return None
+        if not bool(torch.isfinite(graph.constant(w.node)).all()):
+            return None  # 0 * inf: oneDNN and ATen make NaN of different elements
         if node.op is Op.CONVOLUTION and (node.attrs.transposed  # type: ignore[attr-defined]
                                           or len(node.inputs[0].type.shape) != 4):
             return None
