@@ -139,3 +139,33 @@ def test_a_convolution_with_an_infinite_weight_is_not_given_to_onednn():
         not torch.backends.mkldnn.is_available()
     w[3, 0, 0, 1] = -math.inf
     assert not library_groups(parse_graph(text, {"w0": w}))
+
+
+CONV_THEN_CHAIN = """graph(%x: f32[2, 3, 6, 5]) {
+  %w = constant {name='w'} : f32[4, 3, 3, 3]
+  %conv = convolution(%x, %w) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=1} : f32[2, 4, 6, 5]
+  %neg = neg(%conv) : f32[2, 4, 6, 5]
+  %relu = relu(%neg) : f32[2, 4, 6, 5]
+  return %relu
+}
+"""
+
+
+def test_a_generated_kernel_does_not_read_a_library_kernels_nhwc_output_as_dense(
+        tmp_path, monkeypatch):
+    # the executor took every kernel's output for contiguous; a oneDNN convolution on NHWC
+    # data returns NHWC, and the generated kernel after it read it in the wrong order
+    import kiln.passes.layout
+
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable) or \
+            not torch.backends.mkldnn.is_available():
+        pytest.skip("no C compiler or no oneDNN")
+    monkeypatch.setattr(kiln.passes.layout, "_measured_faster", lambda *a, **k: True)
+    graph = parse_graph(CONV_THEN_CHAIN, {"w": torch.randn(4, 3, 3, 3)})
+    case = Case(graph, (FuzzInput(torch.randn(2, 3, 6, 5)),))
+    outcome = check_case(case, [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    stats = outcome.stats["O2+kernels"]
+    assert stats.prepacked == 1 and stats.generated == 1

@@ -141,7 +141,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             if node is not gk.group.last:
                 continue
             lines += _kernel_lines(env, gk, graph, ref, slot, contiguous, library_line)
-            contiguous.update(gk.outputs)
+            if gk.generated:  # a library kernel returns what the library makes (NHWC ...)
+                contiguous.update(gk.outputs)
             dies_at[i] = pending + dies_at.get(i, [])
             pending = []
         if dies_at.get(i):
