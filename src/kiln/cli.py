@@ -128,6 +128,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--out", metavar="DIR", default="fuzz-failures",
                    help="where reproducers go (default fuzz-failures)")
     f.add_argument("--no-shrink", action="store_true", help="write failing graphs unshrunk")
+    f.add_argument("--verify", action="store_true",
+                   help="also verify the graph after every pass (about half as fast)")
     f.add_argument("--time-limit", type=float, default=0.0, metavar="SECONDS",
                    help="start no graph after this long")
     f.add_argument("--json", metavar="FILE", help="also write the summary to FILE")
@@ -204,7 +206,7 @@ def _fuzz(args: argparse.Namespace) -> int:
                             jobs=args.jobs, configs=tuple(configs),
                             kernel_every=args.kernel_every, max_ops=args.max_ops,
                             out_dir=args.out, shrink=not args.no_shrink,
-                            time_limit=args.time_limit)
+                            time_limit=args.time_limit, verify=args.verify)
 
     def progress(summary, result) -> None:  # (Summary, GraphResult)
         for failure in result.failures:

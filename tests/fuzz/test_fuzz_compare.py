@@ -71,3 +71,10 @@ def test_the_float64_twin_marks_ill_conditioned_elements():
 def test_unchecked_checks_types_only():
     assert compare(t(1.0), t(2.0), Strength.UNCHECKED) is None
     assert compare(t(1.0), t(2.0, 3.0), Strength.UNCHECKED) is not None
+
+
+def test_near_lets_a_sum_of_infinities_end_in_any_non_finite_value():
+    assert compare(t(nan, 1.0), t(inf, 1.0), NEAR) is None
+    assert compare(t(-inf, 1.0), t(inf, 1.0), NEAR) is None
+    assert compare(t(nan, 1.0), t(inf, 1.0), CLOSE) is not None
+    assert compare(t(5.0, 1.0), t(inf, 1.0), NEAR) is not None

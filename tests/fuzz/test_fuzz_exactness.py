@@ -53,3 +53,14 @@ def test_an_unknown_name_makes_everything_close():
     s = by_name(Rounding(rounded={"not_in_the_graph"}))
     assert s["n"] is Strength.CLOSE and s["g"] is Strength.UNCHECKED
 
+
+
+def test_max_and_min_in_another_layout_leave_zero_signs_free():
+    graph = parse_graph("""graph(%x: f32[4], %y: f32[4]) {
+  %s = sub(%x, %y) : f32[4]
+  %m = minimum(%y, %s) : f32[4]
+  return %m
+}
+""")
+    found = strengths(graph, Rounding(relaid={"s"}))
+    assert found[graph.outputs[0]] is Strength.NEAR

@@ -3,7 +3,8 @@
     outcome = check_case(case, CONFIGS, cache_dir)
     for failure in outcome.failures: print(failure)
 
-Per configuration: compile (verifying the graph after every pass), run on the case's inputs
+Per configuration: compile (with ``verify``, checking the graph after every pass), run on the
+case's inputs
 in their layouts, compare each output at the strength `kiln.fuzz.exactness` gives it, check
 that no input was written, then run again on other values and check that the first results
 did not change (an output must never live in a buffer the next call reuses).
@@ -41,8 +42,8 @@ class Config:
     kernels: bool = False  # generated kernels, generated GEMMs and prepacked library kernels
     fast_math: bool = False
 
-    def options(self, cache_dir: str) -> Options:
-        return Options(opt_level=self.opt_level, debug=False, fast_math=self.fast_math,
+    def options(self, cache_dir: str, verify: bool = False) -> Options:
+        return Options(opt_level=self.opt_level, debug=verify, fast_math=self.fast_math,
                        generated_kernels=self.kernels, generated_gemm=self.kernels,
                        prepacked_library=self.kernels, measure_kernels=False,
                        kernel_cache_dir=cache_dir)
@@ -146,7 +147,9 @@ def reference(case: Case) -> Reference | str:
 
 
 def check_case(case: Case, configs: Sequence[Config], cache_dir: str,
-               stop_at_first: bool = False) -> Outcome:
+               stop_at_first: bool = False, verify: bool = False) -> Outcome:
+    """Check ``case`` at each of ``configs``; ``verify`` checks the graph after every pass
+    (`kiln.ir.verify`, Options.debug: slower, about half the graphs per second)."""
     outcome = Outcome(case)
     expected = reference(case)
     if isinstance(expected, str):
@@ -155,7 +158,7 @@ def check_case(case: Case, configs: Sequence[Config], cache_dir: str,
     for config in configs:
         stats = ConfigStats()
         outcome.stats[config.name] = stats
-        failure = check_config(case, config, cache_dir, expected, stats)
+        failure = check_config(case, config, cache_dir, expected, stats, verify)
         if failure is not None:
             outcome.failures.append(failure)
             if stop_at_first:
@@ -164,10 +167,10 @@ def check_case(case: Case, configs: Sequence[Config], cache_dir: str,
 
 
 def check_config(case: Case, config: Config, cache_dir: str, expected: Reference,
-                 stats: ConfigStats | None = None) -> Failure | None:
+                 stats: ConfigStats | None = None, verify: bool = False) -> Failure | None:
     """The first way ``case`` fails at ``config``, or None."""
     stats = stats if stats is not None else ConfigStats()
-    options = config.options(cache_dir)
+    options = config.options(cache_dir, verify)
     graph = case.graph
     try:
         with torch.no_grad(), warnings.catch_warnings(record=True) as caught:

@@ -13,10 +13,13 @@ Two strengths, chosen per output by what was done to the graph (`kiln.fuzz.exact
   max/4``) a finite number or inf of the same sign; and nothing is required of an
   *ill-conditioned* element, one where the reference and its float64 twin disagree on NaN,
   inf or finite (``(a + b) - c`` overflowing in float32 only) or on a zero's existence.
-* ``NEAR``: ``CLOSE`` but for the sign of zeros, downstream of a sum computed another way
-  (a generated GEMM or reduction): the sign of an exact zero sum is a convention of the
-  accumulator's start, on which the libraries themselves differ (ATen's ``mm`` gives +0.0
-  for ``[[-0.0]] @ [[2.0]]`` and -0.0 for the same row in a 5x1 @ 1x2 product).
+* ``NEAR``: ``CLOSE`` downstream of a sum computed another way (a generated GEMM or
+  reduction, a convolution in another layout), but for two things the order of a sum decides:
+  the sign of an exact zero sum (a convention of the accumulator's start, on which the
+  libraries themselves differ: ATen's ``mm`` gives +0.0 for ``[[-0.0]] @ [[2.0]]`` and -0.0
+  for the same row in a 5x1 @ 1x2 product), and which non-finite value a sum holding +inf
+  and -inf (or terms that overflow) ends in: inf, -inf or NaN. Float64 graphs have no wider
+  twin to tell these apart from bugs.
 
 Integer and boolean outputs are always compared exactly.
 """
@@ -68,15 +71,17 @@ def compare(actual: object, expected: torch.Tensor, strength: Strength,
         return None if not differ.any() else _first_difference(actual, expected, differ)
     truth = wide.double() if isinstance(wide, torch.Tensor) and wide.shape == expected.shape \
         and wide.is_floating_point() else expected.double()
-    return _close(actual, expected, truth, zero_signs=strength is Strength.CLOSE)
+    return _close(actual, expected, truth, summed=strength is Strength.NEAR)
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor,
-           zero_signs: bool) -> str | None:
+           summed: bool) -> str | None:
     a, e = actual.double(), expected.double()
     info = torch.finfo(expected.dtype)
     rounded = truth.to(expected.dtype).double()  # float64's answer at the output's precision
     well = (_kind(e) == _kind(rounded)) & ~((e == 0) & (truth != 0))
+    if summed:  # the order of a sum decides whether +inf meets -inf (or an overflow) first
+        well &= ~(~a.isfinite() & ~e.isfinite())
     nan_a, nan_e = a.isnan(), e.isnan()
     if ((nan_a != nan_e) & well).any():
         return _first_difference(actual, expected, (nan_a != nan_e) & well,
@@ -90,7 +95,7 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor,
     if bad_inf.any():
         return _first_difference(actual, expected, bad_inf, "inf positions differ")
     zeros = (a == 0) & (e == 0) & ~same_sign & well
-    if zero_signs and zeros.any():
+    if not summed and zeros.any():
         return _first_difference(actual, expected, zeros, "zero signs differ")
     finite = numbers & ~inf_a & ~inf_e
     if not finite.any():

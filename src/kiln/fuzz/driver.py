@@ -48,6 +48,7 @@ class FuzzSettings:
     shrink: bool = True
     shrink_seconds: float = 60.0
     time_limit: float = 0.0  # stop starting graphs after this many seconds (0: no limit)
+    verify: bool = False  # verify the graph after every pass (Options.debug)
 
     def configs_for(self, index: int) -> list[Config]:
         chosen = [c for c in CONFIGS if c.name in self.configs]
@@ -76,7 +77,8 @@ def run_graph(settings: FuzzSettings, index: int) -> GraphResult:
     case = generate_case(settings.seed, index, Limits(max_ops=settings.max_ops))
     result = GraphResult(index, ops=sorted({n.op.text for n in case.graph.all_nodes()}),
                          pid=os.getpid())
-    outcome = check_case(case, settings.configs_for(index), settings.cache_dir)
+    outcome = check_case(case, settings.configs_for(index), settings.cache_dir,
+                         verify=settings.verify)
     result.valid, result.invalid_reason = outcome.valid, outcome.invalid_reason
     for name, stats in outcome.stats.items():
         counters = {s.name.lower(): n for s, n in stats.outputs.items()}
@@ -95,7 +97,8 @@ def _write(settings: FuzzSettings, case, failure: Failure, index: int) -> list[s
     stem = Path(settings.out_dir) / f"seed{settings.seed}-graph{index}-{failure.config}"
     written = [str(write_repro(case, f"{stem}-original", str(failure)))]
     if settings.shrink:
-        small = shrink(case, failure, settings.cache_dir, settings.shrink_seconds)
+        small = shrink(case, failure, settings.cache_dir, settings.shrink_seconds,
+                       verify=settings.verify)
         written.insert(0, str(write_repro(small, stem, str(failure))))
     return written
 
@@ -116,7 +119,8 @@ class Summary:
 
     def add(self, result: GraphResult) -> None:
         self.graphs += 1
-        self.processes.add(result.pid)
+        if result.pid:
+            self.processes.add(result.pid)
         self.ops.update(result.ops)
         if not result.valid:
             self.invalid += 1
@@ -208,8 +212,14 @@ def _in_process(settings: FuzzSettings, indices: Iterable[int], start: float):
 def _worker(settings: FuzzSettings, tasks: mp.Queue, results: mp.Queue) -> None:
     torch.set_num_threads(1)  # one process per core
     gc.freeze()  # timing decisions collect garbage; the startup objects need no scanning
+    parent = os.getppid()
     while True:
-        index = tasks.get()
+        try:
+            index = tasks.get(timeout=5.0)
+        except queue.Empty:
+            if os.getppid() != parent:  # the driver is gone
+                return
+            continue
         if index is None:
             return
         results.put(("start", index, os.getpid()))
@@ -217,60 +227,63 @@ def _worker(settings: FuzzSettings, tasks: mp.Queue, results: mp.Queue) -> None:
             result = run_graph(settings, index)
         except Exception:  # noqa: BLE001 - the fuzzer's own bug: report it, keep going
             result = GraphResult(index, failures=[f"[fuzzer] {Kind.CRASH.value}: "
-                                                  f"{traceback.format_exc(limit=5)}"])
+                                                  f"{traceback.format_exc(limit=5)}"],
+                                 pid=os.getpid())
         results.put(("done", index, result))
 
 
 def _in_workers(settings: FuzzSettings, indices: Iterable[int], start: float):
+    """Graphs are handed out two per worker at a time, so that stopping at the time limit
+    only waits for the graphs already handed out."""
     ctx = mp.get_context("spawn")
     tasks: mp.Queue = ctx.Queue()
     results: mp.Queue = ctx.Queue()
-    pending = list(indices)
-    for index in pending:
-        tasks.put(index)
-    workers = {}
+    todo = iter(indices)
+    workers: dict[int, mp.process.BaseProcess] = {}
+    running: dict[int, int] = {}  # pid -> the graph it started last
+    handed: set[int] = set()  # handed out, not yet reported
+
+    def hand_out() -> None:
+        while len(handed) < 2 * max(len(workers), 1) and not _out_of_time(settings, start):
+            index = next(todo, None)
+            if index is None:
+                return
+            handed.add(index)
+            tasks.put(index)
 
     def spawn() -> None:
         p = ctx.Process(target=_worker, args=(settings, tasks, results), daemon=True)
         p.start()
-        workers[p.pid] = p
+        workers[p.pid] = p  # type: ignore[index]
 
-    for _ in range(min(settings.jobs, len(pending))):
+    for _ in range(settings.jobs):
         spawn()
-    running: dict[int, int] = {}  # pid -> graph index
-    left = set(pending)
-    stopped = False
     try:
-        while left:
-            if not stopped and _out_of_time(settings, start):
-                stopped = True
-                _drain(tasks, left)
-                if not left:
-                    break
+        hand_out()
+        while handed:
             try:
-                message = results.get(timeout=1.0)
+                kind, index, payload = results.get(timeout=1.0)
             except queue.Empty:
                 for pid, p in list(workers.items()):
-                    if not p.is_alive():
-                        del workers[pid]
-                        index = running.pop(pid, None)
-                        if index is not None and index in left:
-                            left.discard(index)
-                            yield GraphResult(index, failures=[
-                                f"[worker] {Kind.CRASH.value}: the process running this "
-                                f"graph died (exit code {p.exitcode}); rerun with "
-                                f"--seed {settings.seed} --start {index} --graphs 1 --jobs 0"])
-                        if left and not stopped:
-                            spawn()
-                if not workers and left:
-                    break
+                    if p.is_alive():
+                        continue
+                    del workers[pid]
+                    index = running.pop(pid, None)
+                    if index is not None and index in handed:
+                        handed.discard(index)
+                        yield GraphResult(index, failures=[
+                            f"[worker] {Kind.CRASH.value}: the process running this graph "
+                            f"died (exit code {p.exitcode}); rerun it alone with --seed "
+                            f"{settings.seed} --start {index} --graphs 1 --jobs 0"])
+                    spawn()
+                hand_out()
                 continue
-            kind, index, payload = message
             if kind == "start":
                 running[payload] = index
-            elif index in left:
-                left.discard(index)
+            elif index in handed:
+                handed.discard(index)
                 yield payload
+                hand_out()
     finally:
         for _ in workers:
             tasks.put(None)
@@ -278,14 +291,3 @@ def _in_workers(settings: FuzzSettings, indices: Iterable[int], start: float):
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
-
-
-def _drain(tasks: mp.Queue, left: set[int]) -> None:
-    """Take the graphs no worker has started off the queue."""
-    while True:
-        try:
-            index = tasks.get_nowait()
-        except queue.Empty:
-            return
-        if index is not None:
-            left.discard(index)

@@ -11,7 +11,8 @@ flow:
 
     EXACT      nothing rounded differently upstream: compared bit for bit
     CLOSE      a rounded node upstream: compared up to rounding (`kiln.fuzz.compare`)
-    NEAR       CLOSE, and a sum rounded (zero signs are a convention there)
+    NEAR       CLOSE, and a sum rounded (or a max/min computed another way): the signs of
+               zeros and which non-finite value a sum of infinities ends in are conventions
     UNCHECKED  upstream, a discontinuous op read a rounded value (``gt(x*(1/3), y)`` may flip
                where ``gt(x/3, y)`` does not, ``floor`` jumps, ``log`` of a rounded zero is
                -inf or finite), or a ``fast_math`` rule fired: the values are not compared,
@@ -56,7 +57,7 @@ LAYOUT_SENSITIVE = frozenset({
     Op.EXP, Op.LOG, Op.TANH, Op.SIGMOID, Op.GELU, Op.SIN, Op.COS, Op.ERF, Op.POW,
     Op.SUM, Op.MEAN, Op.VAR, Op.SOFTMAX, Op.LOG_SOFTMAX, Op.LAYER_NORM, Op.BATCH_NORM,
     Op.MM, Op.BMM, Op.ADDMM, Op.ADDMM_ACT, Op.CONVOLUTION, Op.CONV_ACT, Op.AVG_POOL2D,
-    Op.ADAPTIVE_AVG_POOL2D, Op.CALL,
+    Op.ADAPTIVE_AVG_POOL2D, Op.CALL, Op.MAXIMUM, Op.MINIMUM,
 })
 # sums: computed another way, an exact zero result may take the other sign
 SUMS = frozenset({
@@ -64,6 +65,8 @@ SUMS = frozenset({
     Op.MM, Op.BMM, Op.ADDMM, Op.ADDMM_ACT, Op.CONVOLUTION, Op.CONV_ACT, Op.AVG_POOL2D,
     Op.ADAPTIVE_AVG_POOL2D, Op.CALL,
 })
+# max(+0.0, -0.0): ATen's vectorized loop gives one zero, its scalar loop the other
+MAX_MIN = frozenset({Op.MAXIMUM, Op.MINIMUM})
 # their result has the same layout whatever their operands' layouts
 LAYOUT_RESETS = frozenset({Op.CLONE, Op.TO_LAYOUT, Op.FULL, Op.ARANGE, Op.CONSTANT, Op.SCALAR})
 
@@ -101,8 +104,10 @@ def rounding_of(graph: Graph, compiled: CompiledGraph, options: Options,
             written.update(kernel.nodes)
     if compiled.plan is not None:
         written.update(v.node.name for v in compiled.plan.offsets)
-    if compiled.graph.op_counts().get(Op.TO_LAYOUT.text, 0) > \
-            graph.op_counts().get(Op.TO_LAYOUT.text, 0):
+    # the layout pass adds conversions when it moves convolutions (those of weights are then
+    # folded away, so the final graph may show none)
+    if any(p.name == "layout" and p.nodes_after != p.nodes_before
+           for p in compiled.report.passes):
         convs = {n.name for n in graph.nodes if n.op in _CONVS}
         found.rounded |= convs
         found.relaid |= convs
@@ -145,7 +150,8 @@ def strengths(graph: Graph, rounding: Rounding) -> dict[Value, Strength]:
                 everything or node.name in rounding.rounded
                 or (moved and node.op in LAYOUT_SENSITIVE)):
             sums = node.op in SUMS and (everything or node.name in rounding.rounded)
-            strength = max(strength, Strength.NEAR if sums else Strength.CLOSE)
+            strength = max(strength, Strength.NEAR if sums or node.op in MAX_MIN
+                           else Strength.CLOSE)
         if Strength.CLOSE <= strength < Strength.UNCHECKED and _discontinuous(node, result):
             strength = Strength.UNCHECKED
         for v in node.outputs:

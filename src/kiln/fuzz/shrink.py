@@ -33,7 +33,7 @@ from kiln.ir.ops import Op
 Predicate = Callable[[Case], bool]
 
 
-def still_fails(failure: Failure, cache_dir: str) -> Predicate:
+def still_fails(failure: Failure, cache_dir: str, verify: bool = False) -> Predicate:
     """Does a case fail like ``failure`` (same configuration, same kind)?"""
     config = config_named(failure.config)
 
@@ -41,17 +41,17 @@ def still_fails(failure: Failure, cache_dir: str) -> Predicate:
         expected = reference(case)
         if isinstance(expected, str):
             return False
-        found = check_config(case, config, cache_dir, expected)
+        found = check_config(case, config, cache_dir, expected, verify=verify)
         return found is not None and failure.same_bug(found)
 
     return test
 
 
 def shrink(case: Case, failure: Failure, cache_dir: str, budget_s: float = 60.0,
-           fails: Predicate | None = None) -> Case:
+           fails: Predicate | None = None, verify: bool = False) -> Case:
     """The smallest case found within ``budget_s`` that ``fails`` (by default: like
     ``failure``)."""
-    fails = fails or still_fails(failure, cache_dir)
+    fails = fails or still_fails(failure, cache_dir, verify)
     deadline = time.monotonic() + budget_s
     current = case
     dead = _dead_sinks(case.graph)
