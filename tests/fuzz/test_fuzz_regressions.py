@@ -11,7 +11,7 @@ from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.fuzz.case import Case, FuzzInput
 from kiln.fuzz.check import check_case, config_named
 from kiln.fuzz.values import Layout, LayoutKind
-from kiln.ir import parse_graph
+from kiln.ir import parse_graph, verify
 from kiln.options import Options
 from kiln.passes.layout import to_channels_last
 
@@ -97,13 +97,24 @@ MM_PLUS_WIDER_BIAS = """graph(%x0: f32[1, 1], %x1: f32[1, 8], %x2: f32[8, 1]) {
 """
 
 
-def test_a_bias_that_broadcasts_the_product_stays_an_add(tmp_path):
+MM_PLUS_WIDER_DTYPE = """graph(%x0: f32[8, 1], %x1: f32[1, 2], %x2: f64[2]) {
+  %mm = mm(%x0, %x1) : f32[8, 2]
+  %add = add(%mm, %x2) : f64[8, 2]
+  return %add
+}
+"""
+
+
+@pytest.mark.parametrize("text", [MM_PLUS_WIDER_BIAS, MM_PLUS_WIDER_DTYPE])
+def test_a_bias_that_broadcasts_or_promotes_the_product_stays_an_add(text, tmp_path):
     # mm-add-to-addmm took the meta kernel's word for addmm(b[8, 1], x[1, 1], w[1, 8]) being
-    # f32[8, 8]; ATen's addmm expands the bias to the product's shape only, and raised
-    case = Case(parse_graph(MM_PLUS_WIDER_BIAS), (FuzzInput(torch.randn(1, 1)),
-                                                  FuzzInput(torch.randn(1, 8)),
-                                                  FuzzInput(torch.randn(8, 1))))
-    outcome = check_case(case, [config_named("O1")], str(tmp_path))
+    # f32[8, 8] (and for a float64 bias on a float32 product); ATen's addmm expands the bias
+    # to the product's shape and wants one dtype, and raised
+    graph = parse_graph(text)
+    verify(graph)
+    inputs = tuple(FuzzInput(torch.randn(n.type.shape, dtype=n.type.dtype.torch))
+                   for n in graph.inputs)
+    outcome = check_case(Case(graph, inputs), [config_named("O1")], str(tmp_path))
     assert outcome.ok, outcome.failures
 
 

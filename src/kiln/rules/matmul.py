@@ -19,8 +19,8 @@ def _row_bias(m: Match) -> str | None:
     b, out = m["b"].type, m.root.type
     if len(b.shape) > 2 or b.dtype != out.dtype:
         return "the bias must be a vector or matrix of the result's dtype"
-    if m["mm"].type.shape != out.shape:  # ATen's addmm expands the bias to the product only
-        return "the bias broadcasts the product to a larger shape"
+    if m["mm"].type != out:  # ATen's addmm expands the bias to the product, of its dtype
+        return "the add broadcasts the product to a larger shape or promotes its dtype"
     return None
 
 
