@@ -180,3 +180,23 @@ def test_a_generated_kernel_does_not_read_a_library_kernels_nhwc_output_as_dense
     assert outcome.ok, outcome.failures
     stats = outcome.stats["O2+kernels"]
     assert stats.prepacked == 1 and stats.generated == 1
+
+
+EMPTY_K_EPILOGUE = """graph(%x1: f32[3, 0], %x2: f32[0, 1], %w0: f32[1]) {
+  %mm = addmm_act(%w0, %x1, %x2) {activation=op('tanh'), act_args=(), beta=1.0, alpha=1} \
+: f32[3, 1]
+  return %mm
+}
+"""
+
+
+def test_a_gemm_with_an_epilogue_and_no_k_is_left_to_the_library(tmp_path):
+    # plan_gemm raised ValueError ("an epilogue needs one K block") out of the compiler
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    graph = parse_graph(EMPTY_K_EPILOGUE)
+    case = Case(graph, (FuzzInput(torch.empty(3, 0)), FuzzInput(torch.empty(0, 1)),
+                        FuzzInput(torch.tensor([0.5]))))
+    outcome = check_case(case, [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures

@@ -50,6 +50,9 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     if epilogue is False:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
                        f"no loop form for {node.attrs} as an epilogue")
+    if epilogue is not None and k == 0:  # (the result is act(bias); the library does that)
+        return Skipped(group, SkipReason.NOT_LOWERABLE, "K = 0: no K block to end with the "
+                       "epilogue")
     packed = b.node.op is Op.CONSTANT
     base = GemmConfig.for_isa(target_isa(options))
     config = default_gemm_config(m, n, k, base=base, b_prepacked=packed,
