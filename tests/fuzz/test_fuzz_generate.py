@@ -10,7 +10,7 @@ import torch
 
 from kiln.fuzz.case import Case
 from kiln.fuzz.generate import generate_case
-from kiln.fuzz.makers import EXCLUDED, GENERATED_OPS, MAKERS
+from kiln.fuzz.table import EXCLUDED, GENERATED_OPS, MAKERS
 from kiln.fuzz.values import LayoutKind, bits
 from kiln.ir import Op, print_graph, verify
 

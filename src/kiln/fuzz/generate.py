@@ -191,7 +191,7 @@ class Draft:
 def generate_case(seed: int, index: int, limits: Limits = Limits(),
                   ops: tuple[Op, ...] | None = None) -> Case:
     """The ``index``-th case of the run seeded ``seed``: the same for any process count."""
-    from kiln.fuzz.makers import GENERATED_OPS, MAKERS, weight_of
+    from kiln.fuzz.table import GENERATED_OPS, MAKERS, weight_of
 
     rng = random.Random(f"kiln-fuzz:{seed}:{index}")
     # a third of the graphs are float32 throughout, with elementwise chains and normalizations

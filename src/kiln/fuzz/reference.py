@@ -78,11 +78,26 @@ def _wide_attrs(attrs: A.Attrs) -> A.Attrs:
     return attrs
 
 
-def wide_outputs(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[Any] | None:
-    """The float64 twin's outputs on ``inputs`` (widened), or None where it cannot run."""
+def wide_values(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[Value, Any] | None:
+    """The float64 twin's value of every value of ``graph`` (keyed by ``graph``'s values), or
+    None where the twin cannot run."""
     try:
         wide = widened(graph)
         env = trace_values(wide, [_wide_tensor(x) for x in inputs])
     except Exception:  # noqa: BLE001 - no twin: every element counts as well-conditioned
         return None
-    return [env[v] for v in wide.outputs]
+    return {v: env[Value(w, v.index)] for n, w in zip(graph.all_nodes(), wide.all_nodes())
+            for v in n.outputs}
+
+
+def ill_conditioned(value: Any, wide: Any) -> bool:
+    """Do the reference's value and its float64 twin's disagree anywhere on being NaN,
+    infinite or finite (at the value's precision)? Then its float32 result already depends
+    on rounding and overflow."""
+    if not isinstance(value, torch.Tensor) or not isinstance(wide, torch.Tensor) or \
+            not value.is_floating_point() or value.shape != wide.shape:
+        return False
+    rounded = wide.to(value.dtype)
+    return not (torch.equal(value.isnan(), rounded.isnan())
+                and torch.equal(value.isposinf(), rounded.isposinf())
+                and torch.equal(value.isneginf(), rounded.isneginf()))
