@@ -96,3 +96,13 @@ def test_explain_ir_rejects_text_that_is_not_a_graph(tmp_path, capsys):
 def test_fuzz_help_has_an_example(capsys):
     assert cli.main(["fuzz", "--help"]) == 0
     assert "example: kiln fuzz" in capsys.readouterr().out
+
+
+def test_the_time_limit_stops_handing_out_graphs(tmp_path, capsys):
+    summary = tmp_path / "fuzz.json"
+    code = cli.main(["fuzz", "--graphs", "100000", "--jobs", "1", "--time-limit", "2",
+                     "--configs", "O0", "--out", str(tmp_path), "--json", str(summary),
+                     "--quiet"])
+    assert code == 0
+    data = json.loads(summary.read_text())
+    assert 0 < data["graphs"] < 100000 and data["seconds"] < 60

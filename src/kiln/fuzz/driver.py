@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from kiln.fuzz.case import Case
 from kiln.fuzz.check import CONFIGS, KERNEL_CONFIGS, Config, Failure, Kind, check_case
 from kiln.fuzz.compare import Strength
 from kiln.fuzz.generate import Limits, generate_case
@@ -85,17 +86,19 @@ def run_graph(settings: FuzzSettings, index: int) -> GraphResult:
         counters.update(generated=stats.generated, prepacked=stats.prepacked)
         result.configs[name] = counters
         result.warnings += [f"[{name}] {w}" for w in stats.warnings]
-    for failure in outcome.failures:
-        result.failures.append(str(failure))
-        if settings.out_dir:
-            result.reproducers += _write(settings, case, failure, index)
+    result.failures = [str(f) for f in outcome.failures]
+    if outcome.failures and settings.out_dir:  # the first; the others are mostly the same bug
+        note = "\n".join(result.failures)
+        result.reproducers += _write(settings, case, outcome.failures[0], index, note)
     result.seconds = time.perf_counter() - start
     return result
 
 
-def _write(settings: FuzzSettings, case, failure: Failure, index: int) -> list[str]:
+def _write(settings: FuzzSettings, case: Case, failure: Failure, index: int,
+           note: str) -> list[str]:
+    """The case as generated, and shrunk for ``failure``; ``note`` lists every failure."""
     stem = Path(settings.out_dir) / f"seed{settings.seed}-graph{index}-{failure.config}"
-    written = [str(write_repro(case, f"{stem}-original", str(failure)))]
+    written = [str(write_repro(case, f"{stem}-original", note))]
     if settings.shrink:
         small = shrink(case, failure, settings.cache_dir, settings.shrink_seconds,
                        verify=settings.verify)
