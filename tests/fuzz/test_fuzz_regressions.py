@@ -200,3 +200,32 @@ def test_a_gemm_with_an_epilogue_and_no_k_is_left_to_the_library(tmp_path):
                         FuzzInput(torch.tensor([0.5]))))
     outcome = check_case(case, [config_named("O2+kernels")], cache)
     assert outcome.ok, outcome.failures
+
+
+CONV_INTO_PADDED_CONV = """graph(%x: f32[1, 4, 5, 7], %w2: f32[8, 1, 1, 2]) {
+  %w1 = constant {name='w1'} : f32[4, 1, 1, 3]
+  %c1 = convolution(%x, %w1) {stride=(1, 1), padding=(0, 0), dilation=(2, 1), \
+transposed=False, output_padding=(0, 0), groups=4} : f32[1, 4, 5, 5]
+  %c2 = convolution(%c1, %w2) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=4} : f32[1, 8, 7, 6]
+  return %c2
+}
+"""
+
+
+def test_a_convolution_kept_nchw_also_reads_nchw(tmp_path, monkeypatch):
+    # the padded convolution with a run-time weight stayed NCHW, but read the NHWC output of
+    # the convolution before it, and ATen ran it NHWC all the same (padding skipped: 0*inf
+    # was 0 instead of NaN)
+    import kiln.passes.layout
+
+    monkeypatch.setattr(kiln.passes.layout, "_measured_faster", lambda *a, **k: True)
+    graph = parse_graph(CONV_INTO_PADDED_CONV, {"w1": torch.randn(4, 1, 1, 3)})
+    moved = to_channels_last(graph, decide=True)
+    c2 = [n for n in moved.nodes if n.name == "c2"][0]
+    assert c2.inputs[0].node.op.text == "clone"  # back to NCHW first
+    w2 = torch.randn(8, 1, 1, 2)
+    w2[6, 0, 0, 0] = math.inf
+    case = Case(graph, (FuzzInput(torch.randn(1, 4, 5, 7)), FuzzInput(w2)))
+    outcome = check_case(case, [config_named("O2")], str(tmp_path))
+    assert outcome.ok, outcome.failures

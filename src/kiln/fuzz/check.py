@@ -4,10 +4,11 @@
     for failure in outcome.failures: print(failure)
 
 Per configuration: compile (with ``verify``, checking the graph after every pass), run on the
-case's inputs
-in their layouts, compare each output at the strength `kiln.fuzz.exactness` gives it, check
-that no input was written, then run again on other values and check that the first results
-did not change (an output must never live in a buffer the next call reuses).
+case's inputs in their layouts, compare each output at the strength `kiln.fuzz.exactness`
+gives it, check that no input was written, then run again on other values and check that the
+first results did not change (an output must never live in a buffer the next call reuses).
+Where a rounded node's reference value is ill-conditioned (`Reference.ill_conditioned`), what
+follows it is not compared.
 A case whose reference run raises (integer division by zero, an index out of range) is not a
 test of kiln: it is counted as invalid, never as a failure.
 """

@@ -91,8 +91,11 @@ def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
                 new[0] = converted(inputs[0], True)
             new[1] = converted(inputs[1], True)
         else:
+            # a convolution kept NCHW for its padding must also read NCHW: ATen picks the
+            # algorithm by its input's layout
+            kept = node.op in CONVS and _pads_nonfinite(node, graph)
             for i, original in enumerate(node.inputs):
-                if original in nhwc and _needs_standard_layout(node, i):
+                if original in nhwc and (kept or _needs_standard_layout(node, i)):
                     new[i] = converted(inputs[i], False)
         if tuple(new) == inputs:
             return None
