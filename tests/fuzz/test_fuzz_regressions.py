@@ -229,3 +229,23 @@ def test_a_convolution_kept_nchw_also_reads_nchw(tmp_path, monkeypatch):
     case = Case(graph, (FuzzInput(torch.randn(1, 4, 5, 7)), FuzzInput(w2)))
     outcome = check_case(case, [config_named("O2")], str(tmp_path))
     assert outcome.ok, outcome.failures
+
+
+def test_generated_floor_division_follows_aten_at_infinities(tmp_path):
+    # the kernels computed floor(a / b): 3 // -inf was -0 (ATen, like Python: -1) and
+    # inf // 2 was inf (ATen: NaN, by way of fmod)
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    special = [3.0, -3.0, 0.0, -0.0, 7.5, -7.5, math.inf, -math.inf, math.nan, 1e-45, 2.0,
+               1e30, 0.5]
+    a = torch.tensor([x for x in special for _ in special])
+    b = torch.tensor([y for _ in special for y in special])
+    n = a.numel()
+    text = (f"graph(%a: f32[{n}], %b: f32[{n}]) {{\n"
+            f"  %d = div(%a, %b) {{rounding_mode='floor'}} : f32[{n}]\n"
+            f"  %n = neg(%d) : f32[{n}]\n  return %n\n}}\n")
+    outcome = check_case(Case(parse_graph(text), (FuzzInput(a), FuzzInput(b))),
+                         [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].generated == 1

@@ -407,8 +407,7 @@ class CRenderer:
             return f"(({ctype})pow((double){a}, (double){b}))"
         if expr.op is BinOp.FLOORDIV:
             if dtype.is_floating:
-                floor = self._math("floorf", "" if dtype is DType.F32 else "drop")
-                return f"{floor}({a} / {b})"
+                return f"kiln_floordiv_{dtype.value}({_strip(a)}, {_strip(b)})"
             if _nonneg(expr.a) and _nonneg(expr.b):
                 return f"({a} / {b})"
             return f"(({self.dtype_name(dtype)})kiln_floordiv_i64({_strip(a)}, {_strip(b)}))"

@@ -99,6 +99,22 @@ static inline int64_t kiln_floordiv_i64(int64_t a, int64_t b) {
 static inline int64_t kiln_floormod_i64(int64_t a, int64_t b) {
   int64_t r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
+/* floor division as ATen computes it (c10 div_floor_floating): by way of fmod, so that
+   3 // -inf is -1 (as in Python), where floorf(3 / -inf) is -0 */
+static inline float kiln_floordiv_f32(float a, float b) {
+  if (b == 0.0f) return a / b;
+  float mod = fmodf(a, b), div = (a - mod) / b;
+  if (mod != 0.0f && ((b < 0.0f) != (mod < 0.0f))) div -= 1.0f;
+  if (div == 0.0f) return copysignf(0.0f, a / b);
+  float q = floorf(div); return div - q > 0.5f ? q + 1.0f : q;
+}
+static inline double kiln_floordiv_f64(double a, double b) {
+  if (b == 0.0) return a / b;
+  double mod = fmod(a, b), div = (a - mod) / b;
+  if (mod != 0.0 && ((b < 0.0) != (mod < 0.0))) div -= 1.0;
+  if (div == 0.0) return copysign(0.0, a / b);
+  double q = floor(div); return div - q > 0.5 ? q + 1.0 : q;
+}
 static inline float kiln_floormod_f32(float a, float b) {
   float r = fmodf(a, b); return (r != 0.0f && ((r < 0.0f) != (b < 0.0f))) ? r + b : r;
 }

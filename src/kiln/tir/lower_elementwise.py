@@ -165,9 +165,9 @@ def _div(node: Node, x: TensorRef, y: TensorRef,
         return lambda v: x.as_dtype(dt, out.shape, v) // y.as_dtype(dt, out.shape, v)
 
     def div(v: tuple[Var, ...]) -> Expr:
+        if mode == "floor":  # ATen's floor division, by way of fmod: 3 // -inf is -1, not -0
+            return x.as_dtype(dt, out.shape, v) // y.as_dtype(dt, out.shape, v)
         q = x.as_dtype(dt, out.shape, v) / y.as_dtype(dt, out.shape, v)
-        if mode == "floor":
-            return unary(UnOp.FLOOR, q)
         if mode == "trunc":
             return select(cmp(CmpOp.LT, q, 0), unary(UnOp.CEIL, q), unary(UnOp.FLOOR, q))
         return q
