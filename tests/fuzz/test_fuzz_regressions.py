@@ -249,3 +249,42 @@ def test_generated_floor_division_follows_aten_at_infinities(tmp_path):
                          [config_named("O2+kernels")], cache)
     assert outcome.ok, outcome.failures
     assert outcome.stats["O2+kernels"].generated == 1
+
+
+DILATED_ONE_WIDE_KERNEL = """
+import torch
+from kiln.fuzz.case import Case, FuzzInput
+from kiln.fuzz.check import check_case, config_named
+from kiln.ir import parse_graph
+import kiln.passes.layout
+
+kiln.passes.layout._measured_faster = lambda *a, **k: True  # also time oneDNN's NHWC
+text = '''graph(%x: f32[2, 1, 1, 1], %b: f32[3]) {
+  %w = constant {name='w'} : f32[3, 1, 1, 1]
+  %c = convolution(%x, %w, %b) {stride=(1, 2), padding=(0, 1), dilation=(1, 2), \\
+transposed=False, output_padding=(0, 0), groups=1} : f32[2, 3, 1, 2]
+  return %c
+}
+'''
+case = Case(parse_graph(text, {"w": torch.randn(3, 1, 1, 1)}),
+            (FuzzInput(torch.randn(2, 1, 1, 1)), FuzzInput(torch.randn(3))))
+outcome = check_case(case, [config_named("O2+kernels")], CACHE)
+assert outcome.ok, outcome.failures
+print("ok", outcome.stats["O2+kernels"].prepacked)
+"""
+
+
+def test_a_dilated_one_wide_kernel_does_not_crash_onednn(tmp_path):
+    # oneDNN's convolution segfaulted on a dilated 1-wide kernel over a padded 1-wide input
+    # with stride 2 (the prepacked kernel's check killed the compiling process); run in a
+    # child process, so that a regression fails this test instead of killing pytest
+    import subprocess
+    import sys
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    code = DILATED_ONE_WIDE_KERNEL.replace("CACHE", repr(str(tmp_path)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok" in done.stdout

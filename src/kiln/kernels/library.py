@@ -123,7 +123,8 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
         assert isinstance(a, ConvAttrs)
         bias = node.inputs[2] if len(node.inputs) > 2 else None
         residual, act, act_args = None, None, ()
-    stride, padding, dilation = list(a.stride), list(a.padding), list(a.dilation)
+    stride, padding = list(a.stride), list(a.padding)
+    dilation = onednn_dilation(w.type.shape, a.dilation)
     # the reordered weight may share the source's memory (no reorder needed): the kernel
     # holds both, so the source outlives every call
     source = graph.constant(w.node).contiguous()
@@ -151,6 +152,13 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
             f"post-ops: {'bias, ' if bias is not None else ''}"
             f"{'residual add' if residual is not None else ''}){_act_text(act)}")
     return LibraryKernel("onednn_conv_packed", run, text, _nbytes(packed), held), inputs
+
+
+def onednn_dilation(weight_shape: tuple[int, ...], dilation: tuple[int, ...]) -> list[int]:
+    """``dilation``, 1 where the kernel is 1 wide (the same convolution): oneDNN's
+    convolution segfaults on a dilated 1-wide kernel over a padded 1-wide input with stride 2
+    (x f32[2, 1, 1, 1], w f32[1, 1, 1, 1], padding (0, 1), stride (1, 2), dilation (1, 2))."""
+    return [1 if k == 1 else d for k, d in zip(weight_shape[2:], dilation)]
 
 
 def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:

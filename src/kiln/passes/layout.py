@@ -167,7 +167,9 @@ def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[float, float
     x_cl = x.contiguous(memory_format=torch.channels_last)
     w_cl = w.contiguous(memory_format=torch.channels_last)
     conv = torch.ops.aten.convolution.default
-    args = (list(padding), list(stride), list(dilation), groups)
+    # oneDNN crashes on a dilated 1-wide kernel (see kiln.kernels.library.onednn_dilation)
+    args = (list(padding), list(stride), [1 if k == 1 else d for k, d in
+                                          zip(w_shape[2:], dilation)], groups)
 
     def run(xi: torch.Tensor, wi: torch.Tensor) -> Callable[[], object]:
         return lambda: conv(xi, wi, None, list(stride), list(padding), list(dilation), False,
