@@ -288,3 +288,31 @@ def test_a_dilated_one_wide_kernel_does_not_crash_onednn(tmp_path):
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok" in done.stdout
+
+
+ONE_HIGH_CONVS = """graph(%x: f32[3, 3, 1, 3], %w5: f32[9, 1, 1, 3]) {
+  %w3 = constant {name='w3'} : f32[3, 1, 1, 1]
+  %c1 = convolution(%x, %w3) {stride=(2, 1), padding=(0, 0), dilation=(2, 1), \
+transposed=False, output_padding=(0, 0), groups=3} : f32[3, 3, 1, 3]
+  %c2 = convolution(%c1, %w5) {stride=(1, 2), padding=(2, 2), dilation=(2, 1), \
+transposed=False, output_padding=(0, 0), groups=3} : f32[3, 9, 5, 3]
+  return %c2
+}
+"""
+
+
+def test_a_prepacked_convolution_returns_nchw_for_nchw_input(tmp_path, monkeypatch):
+    # oneDNN answered NHWC for a 1-high NCHW input (both layouts fit it); the padded
+    # convolution after it then ran ATen's NHWC algorithm: 0 * inf in the padding was 0
+    import kiln.passes.layout
+
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN")
+    monkeypatch.setattr(kiln.passes.layout, "_measured_faster", lambda *a, **k: False)
+    graph = parse_graph(ONE_HIGH_CONVS, {"w3": torch.randn(3, 1, 1, 1)})
+    w5 = torch.randn(9, 1, 1, 3)
+    w5[4, 0, 0, 1] = math.inf
+    case = Case(graph, (FuzzInput(torch.randn(3, 3, 1, 3)), FuzzInput(w5)))
+    outcome = check_case(case, [config_named("O2+kernels")], str(tmp_path))
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].prepacked == 1

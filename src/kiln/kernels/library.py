@@ -146,12 +146,22 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
             return mkldnn._convolution_pointwise.binary(
                 xt, rest[-1], packed, bt, padding, stride, dilation, a.groups, "add", 1.0,
                 None, [], None)
-    run = _then(conv, act, act_args)
+    run = _then(_like_aten(conv), act, act_args)
     text = (f"mkldnn._convolution_pointwise{'.binary' if residual is not None else ''}"
             f"(x, W reordered once, stride={stride}, padding={padding}, groups={a.groups}, "
             f"post-ops: {'bias, ' if bias is not None else ''}"
             f"{'residual add' if residual is not None else ''}){_act_text(act)}")
     return LibraryKernel("onednn_conv_packed", run, text, _nbytes(packed), held), inputs
+
+
+def _like_aten(conv: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``conv`` returning NCHW for an NCHW input, as ATen's convolution does: where H or W is
+    1 both layouts fit the input and oneDNN may answer NHWC, and a padded convolution after
+    it would then run ATen's NHWC algorithm, which differs at non-finite values."""
+    def run(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        y = conv(xt, *rest)
+        return y.contiguous() if xt.is_contiguous() else y
+    return run
 
 
 def onednn_dilation(weight_shape: tuple[int, ...], dilation: tuple[int, ...]) -> list[int]:
