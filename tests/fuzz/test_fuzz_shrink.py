@@ -113,3 +113,34 @@ def test_rebuild_cuts_a_node_into_an_input_and_keeps_aliases():
     assert [n.name for n in dropped.graph.inputs] == ["y", "exp"]
     assert dropped.inputs[0].layout.kind is LayoutKind.CONTIGUOUS
     assert torch.equal(reference(dropped).outputs[0], expected)
+
+
+def test_a_mismatch_stays_the_same_bug_only_with_the_same_kind_of_difference():
+    nan = Failure("O1", Kind.MISMATCH, "exact: NaN positions differ at 3 of 9 elements, ...")
+    assert nan.same_bug(Failure("O1", Kind.MISMATCH, "close: NaN positions differ at 1 of 2"))
+    assert not nan.same_bug(Failure("O1", Kind.MISMATCH, "exact: values differ at 1 of 4"))
+    dtype = Failure("O0", Kind.MISMATCH, "exact: got torch.float32 (4,), expected torch.bf16")
+    assert dtype.same_bug(Failure("O0", Kind.MISMATCH, "exact: got torch.int64 (), expected"))
+    assert not dtype.same_bug(Failure("O0", Kind.MISMATCH, "close: beyond rtol 0.0001 at 1"))
+
+
+def test_a_type_the_ir_gets_wrong_is_a_failure_of_the_reference(tmp_path):
+    # ATen's meta kernel says layer_norm's mean is float32 for a bfloat16 input; the CPU
+    # kernel returns bfloat16 (the generator leaves those outputs alone for that reason)
+    from kiln.fuzz.check import REFERENCE
+
+    graph = parse_graph("""graph(%x: bf16[4, 3], %w: bf16[3]) {
+  %ln = layer_norm(%x, %w, %w) {normalized_shape=(3,), eps=1e-05} \
+: (bf16[4, 3], f32[4, 1], f32[4, 1])
+  %t = tanh(%ln#1) : f32[4, 1]
+  return %t
+}
+""")
+    case = Case(graph, (FuzzInput(torch.randn(4, 3).bfloat16()),
+                        FuzzInput(torch.randn(3).bfloat16())))
+    outcome = check_case(case, [O1], str(tmp_path))
+    (failure,) = outcome.failures
+    assert failure.config == REFERENCE and failure.kind is Kind.WRONG_TYPE
+    assert "ln#1" in failure.detail and "bf16" in failure.detail
+    small = shrink(case, failure, str(tmp_path))
+    assert [n.op for n in computing(small)] == [Op.LAYER_NORM]

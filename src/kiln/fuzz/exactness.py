@@ -25,6 +25,7 @@ know makes every node rounded (never a false "exact").
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,8 +35,10 @@ import torch
 from kiln.engine import CompiledGraph
 from kiln.fuzz.compare import Strength
 from kiln.ir import attrs as A
+from kiln.ir import calls
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
+from kiln.ir.types import DType
 from kiln.options import Options
 from kiln.passes.pipeline import run_pipeline
 from kiln.rewrite.pattern import Siblings
@@ -111,6 +114,8 @@ def rounding_of(graph: Graph, compiled: CompiledGraph, options: Options,
         if kernel.kind != "library":
             found.rounded.update(kernel.nodes)
             written.update(kernel.nodes)
+        if kernel.kind == "prepacked":  # the library chooses its output's layout
+            found.relaid.update(kernel.nodes)
     if compiled.plan is not None:
         written.update(v.node.name for v in compiled.plan.offsets)
     # the layout pass adds conversions when it moves convolutions (those of weights are then
@@ -144,6 +149,7 @@ def strengths(graph: Graph, rounding: Rounding) -> dict[Value, Strength]:
     known = {n.name for n in graph.all_nodes()}
     named = rounding.rounded | rounding.fast | rounding.relaid
     everything = not named <= known
+    rounding = _merged(graph, rounding)
     result: dict[Value, Strength] = {v: Strength.EXACT for n in graph.inputs for v in n.outputs}
     relaid: set[Value] = set()  # values whose memory layout differs from eager mode's
     for node in graph.nodes:
@@ -155,7 +161,7 @@ def strengths(graph: Graph, rounding: Rounding) -> dict[Value, Strength]:
         strength = upstream
         if node.name in rounding.fast:
             strength = Strength.UNCHECKED
-        elif moved and _loop_dependent(node):
+        elif (moved or node.name in rounding.rounded) and _loop_dependent(node):
             strength = Strength.UNCHECKED
         elif node.op not in (Op.CONSTANT, Op.SCALAR) and (
                 everything or node.name in rounding.rounded
@@ -171,9 +177,43 @@ def strengths(graph: Graph, rounding: Rounding) -> dict[Value, Strength]:
 
 def _loop_dependent(node: Node) -> bool:
     """ATen's vectorized and scalar loops of this op differ by more than rounding, so its
-    values in another layout than eager mode's are not compared: the erf form of GELU is
-    NaN at inf vectorized (inf in the scalar loop), inf at 3.4e38, and 25% off at -5.0."""
-    return node.op is Op.GELU and node.attrs.approximate == "none"  # type: ignore[attr-defined]
+    values computed another way (another layout, a generated kernel) are not compared:
+    * the erf form of GELU is NaN at inf vectorized (inf in the scalar loop), inf at 3.4e38,
+      and 25% off at -5.0;
+    * pow with a number exponent that is 0 or inf in the tensor's type: (-0.0) ** 1e-300 is
+      1.0 vectorized (the exponent rounded to float32 first) and 0.0 in the scalar loop."""
+    if node.op is Op.GELU:
+        return node.attrs.approximate == "none"  # type: ignore[attr-defined]
+    if node.op is Op.POW and node.inputs[1].node.op is Op.SCALAR:
+        exponent = node.inputs[1].node.attrs.value  # type: ignore[attr-defined]
+        dtype = node.inputs[0].type.dtype
+        if dtype.is_floating and dtype is not DType.F64 and isinstance(exponent, float):
+            narrow = torch.tensor(exponent, dtype=torch.float64).to(dtype.torch).item()
+            return exponent != 0 and (narrow == 0 or math.isinf(narrow))
+    return False
+
+
+def _merged(graph: Graph, rounding: Rounding) -> Rounding:
+    """``rounding`` with every node that common-subexpression elimination merges with a
+    named one named too: the kernel computes the merged value for both."""
+    first: dict[tuple[object, ...], Node] = {}
+    members: dict[Node, set[str]] = {}
+    same: dict[Node, Node] = {}  # node -> the first node structurally equal to it
+    for node in graph.all_nodes():
+        if node.op in (Op.INPUT, Op.CONSTANT) or not calls.is_pure(node):
+            same[node] = node
+            continue
+        key = (node.op, tuple((same[v.node], v.index) for v in node.inputs), node.attrs,
+               node.types)
+        same[node] = first.setdefault(key, node)
+        members.setdefault(same[node], set()).add(node.name)
+    groups = [names for names in members.values() if len(names) > 1]
+    if not groups:
+        return rounding
+
+    def widen(names: set[str]) -> set[str]:
+        return names.union(*(g for g in groups if g & names))
+    return Rounding(widen(rounding.rounded), widen(rounding.fast), widen(rounding.relaid))
 
 
 def _discontinuous(node: Node, result: dict[Value, Strength]) -> bool:

@@ -101,3 +101,19 @@ def ill_conditioned(value: Any, wide: Any) -> bool:
     return not (torch.equal(value.isnan(), rounded.isnan())
                 and torch.equal(value.isposinf(), rounded.isposinf())
                 and torch.equal(value.isneginf(), rounded.isneginf()))
+
+
+def type_gaps(graph: Graph, values: dict[Value, Any]) -> list[str]:
+    """Values whose run-time type differs from the type the IR declares (which kiln infers
+    with ATen's meta kernels): every pass and the memory plan trust the declared one."""
+    gaps = []
+    for node in graph.nodes:
+        for v in node.outputs:
+            t = values.get(v)
+            if isinstance(t, torch.Tensor) and (tuple(t.shape) != v.type.shape
+                                                 or t.dtype != v.type.dtype.torch):
+                actual = TensorType(tuple(t.shape), DType.from_torch(t.dtype))
+                gaps.append(f"{v} ({node.op.text}) is declared {v.type}; the reference "
+                            f"computes {actual}")
+    return gaps
+

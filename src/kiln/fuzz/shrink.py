@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator, Mapping
 import torch
 
 from kiln.fuzz.case import Case, FuzzInput
-from kiln.fuzz.check import Failure, check_config, config_named, reference
-from kiln.fuzz.reference import trace_values
+from kiln.fuzz.check import REFERENCE, Failure, check_config, config_named, reference
+from kiln.fuzz.reference import trace_values, type_gaps
 from kiln.fuzz.values import CONTIGUOUS, Layout, LayoutKind
 from kiln.ir.graph import Graph, Node, Value, make_input
 from kiln.ir.ops import Op
@@ -35,12 +35,14 @@ Predicate = Callable[[Case], bool]
 
 def still_fails(failure: Failure, cache_dir: str, verify: bool = False) -> Predicate:
     """Does a case fail like ``failure`` (same configuration, same kind)?"""
-    config = config_named(failure.config)
+    config = None if failure.config == REFERENCE else config_named(failure.config)
 
     def test(case: Case) -> bool:
         expected = reference(case)
         if isinstance(expected, str):
             return False
+        if config is None:  # the IR's types against the reference's
+            return bool(type_gaps(case.graph, expected.values))
         found = check_config(case, config, cache_dir, expected, verify=verify)
         return found is not None and failure.same_bug(found)
 
@@ -147,7 +149,8 @@ def rebuild(case: Case, outputs: list[Value] | None = None,
             new = make_input(len(new_inputs), name, v.type)
             new_inputs.append(new)
             mapping[v] = new.out()
-            fuzz_inputs.append(FuzzInput(cut[v].detach().clone().contiguous()))
+            values = cut[v].detach().to(v.type.dtype.torch).contiguous()  # as declared
+            fuzz_inputs.append(FuzzInput(values.clone()))
     nodes: list[Node] = []
     for node in graph.nodes:
         if not any(v in live and v not in cut for v in node.outputs):
