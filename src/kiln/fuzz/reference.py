@@ -109,6 +109,8 @@ def type_gaps(graph: Graph, values: dict[Value, Any]) -> list[str]:
     gaps = []
     for node in graph.nodes:
         for v in node.outputs:
+            if _known_gap(v):
+                continue
             t = values.get(v)
             if isinstance(t, torch.Tensor) and (tuple(t.shape) != v.type.shape
                                                  or t.dtype != v.type.dtype.torch):
@@ -116,4 +118,13 @@ def type_gaps(graph: Graph, values: dict[Value, Any]) -> list[str]:
                 gaps.append(f"{v} ({node.op.text}) is declared {v.type}; the reference "
                             f"computes {actual}")
     return gaps
+
+
+def _known_gap(v: Value) -> bool:
+    """Excluded, reported: ATen's meta kernel says layer_norm's mean and rstd are float32
+    for a half-precision input, its CPU kernel returns them in the input's type (the
+    generator never reads them)."""
+    node = v.node
+    return node.op is Op.LAYER_NORM and v.index > 0 and \
+        node.inputs[0].type.dtype in (DType.F16, DType.BF16)
 
