@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         "data in FILE.pt) that `kiln explain --ir FILE --check` reproduces. Exit code 1 when "
         "any graph fails.",
         epilog="example: kiln fuzz --graphs 100000 --jobs 16 --seed 1 --out fuzz-out "
-               "--json fuzz.json", formatter_class=argparse.RawDescriptionHelpFormatter)
+               "--json fuzz.json")
     f.add_argument("--graphs", type=int, default=1000, metavar="N", help="how many (default 1000)")
     f.add_argument("--seed", type=int, default=0, metavar="S", help="the run's seed (default 0)")
     f.add_argument("--start", type=int, default=0, metavar="I",
