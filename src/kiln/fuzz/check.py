@@ -162,23 +162,26 @@ class Reference:
             if s not in (Strength.CLOSE, Strength.NEAR) or v.node.op is Op.INPUT:
                 continue
             if ill_conditioned(self.values.get(v), wide.get(v)) or \
-                    self._ill_before_activation(v.node, wide) or self._huge_logits(v.node):
+                    self._ill_before_activation(v.node, wide) or self._amplifies(v.node):
                 ill.add(v.node.name)
         return ill
 
-    def _huge_logits(self, node: Node) -> bool:
-        """A softmax of logits beyond 2**20 computed another way: exp turns their rounding
-        error (an ulp of 1e25 is 1e18) into any result. Also a kiln bug: the generated
-        row kernel takes the max of the rounded prologue x*y but exponentiates the fused
-        fma(x, y, -max), so at 2.7e25 the largest element's exp is exp(-1.1e16) = 0 and the
-        row 0/0 = NaN (reported; the fix belongs to the row schedule)."""
-        if node.op not in (Op.SOFTMAX, Op.LOG_SOFTMAX):
+    def _amplifies(self, node: Node) -> bool:
+        """Does the node turn a rounding error of its input into a large error, at the input
+        the reference has? sin and cos of |x| >= 2**10 (an ulp of x is an error of about
+        1e-4 in the result), a softmax of logits beyond 2**20 (exp of an ulp of 1e25 is any
+        number). The latter is also a kiln bug: the generated row kernel takes the max of
+        the rounded prologue x*y but exponentiates the fused fma(x, y, -max), so at 2.7e25
+        the largest element's exp is exp(-1.1e16) = 0 and the row 0/0 = NaN (reported; the
+        fix belongs to the row schedule)."""
+        limit = _AMPLIFYING.get(node.op)
+        if limit is None:
             return False
         x = self.values.get(node.inputs[0])
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
             return False
         finite = x[x.isfinite()]
-        return bool(finite.numel()) and float(finite.abs().max()) >= 2.0**20
+        return bool(finite.numel()) and float(finite.abs().max()) >= limit
 
     def _ill_before_activation(self, node: Node, wide: dict[Value, Any]) -> bool:
         """For a contraction with a fused activation: is the sum before the activation
@@ -193,6 +196,10 @@ class Reference:
         except Exception:  # noqa: BLE001 - no answer: counted as well-conditioned
             return False
         return ill_conditioned(ref[0], twin[0])
+
+
+_AMPLIFYING = {Op.SIN: 2.0**10, Op.COS: 2.0**10, Op.SOFTMAX: 2.0**20,
+               Op.LOG_SOFTMAX: 2.0**20}
 
 
 def without_activation(node: Node) -> Node | None:

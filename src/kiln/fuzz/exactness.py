@@ -98,17 +98,24 @@ def rounding_of(graph: Graph, compiled: CompiledGraph, options: Options,
     reference's value of every node (for the layouts eager mode gives them)."""
     found = Rounding()
     fired = compiled.report.rules_fired()
-    loose = {r.name: r for r in ALL_RULES if r.name in fired and r.safety is not Safety.EXACT}
-    if loose:
-        _, records, _ = run_pipeline(graph, options, trace_rules=loose)
+    rules = {r.name: r for r in ALL_RULES if r.name in fired}
+    if rules:
+        _, records, _ = run_pipeline(graph, options, trace_rules=rules)
         for record in records:
             for event in record.trace:
-                if event.fired:
-                    rule = loose[event.rule]
-                    names = _sibling_names(graph, rule.pattern) \
-                        if isinstance(rule.pattern, Siblings) else {event.node}
-                    loose_rule = rule.safety is Safety.FAST_MATH or rule.name in UNSOUND_RULES
-                    (found.fast if loose_rule else found.rounded).update(names)
+                if not event.fired:
+                    continue
+                rule = rules[event.rule]
+                names = _sibling_names(graph, rule.pattern) \
+                    if isinstance(rule.pattern, Siblings) else {event.node}
+                if rule.safety is Safety.EXACT:
+                    # the same bits, maybe in another layout: x + (-0.0) -> x hands on x's
+                    # strides where the add made a fresh dense tensor
+                    found.relaid.update(names)
+                elif rule.safety is Safety.FAST_MATH or rule.name in UNSOUND_RULES:
+                    found.fast.update(names)
+                else:
+                    found.rounded.update(names)
     written: set[str] = set()  # values kiln writes into memory it allocates itself
     for kernel in compiled.report.kernels:
         if kernel.kind != "library":
