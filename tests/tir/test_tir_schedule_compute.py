@@ -19,7 +19,7 @@ def add_relu(x: f32[3, 5], y: f32[1, 5], relu: f32[3, 5]):
   for i0_1 in range(3):
     for i1_1 in range(5):
       block relu(vi0_1: spatial[3] = i0_1, vi1_1: spatial[5] = i1_1):
-        relu[vi0_1, vi1_1] = max(x[vi0_1, vi1_1] + y[0, vi1_1], 0.0)
+        relu[vi0_1, vi1_1] = max(0.0, x[vi0_1, vi1_1] + y[0, vi1_1])
 """
     C.check_same(graph, low, sch.func)
 
@@ -47,7 +47,7 @@ def add_relu(x: f32[4, 3], y: f32[1, 3], relu: f32[4, 3]):
             add[vi0, vi1] = x[vi0, vi1] + y[0, vi1]
       for i1_1 in range(3):
         block relu(vi0_1: spatial[4] = i0_1, vi1_1: spatial[3] = i1_1):
-          relu[vi0_1, vi1_1] = max(add[vi0_1, vi1_1], 0.0)
+          relu[vi0_1, vi1_1] = max(0.0, add[vi0_1, vi1_1])
 """
     C.check_same(graph, low, sch.func)
     compacted = print_func(compact_buffers(sch.func))

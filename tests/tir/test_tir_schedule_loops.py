@@ -49,7 +49,7 @@ def test_fuse_and_reorder() -> None:
         "    for i1_1_i0_1_fused in range(15):",
         "      block relu(vi0_1: spatial[3] = i1_1_i0_1_fused % 3, "
         "vi1_1: spatial[5] = i1_1_i0_1_fused // 3):",
-        "        relu[vi0_1, vi1_1] = max(add[vi0_1, vi1_1], 0.0)"]
+        "        relu[vi0_1, vi1_1] = max(0.0, add[vi0_1, vi1_1])"]
     assert f.name == "i1_1_i0_1_fused"
     C.check_same(graph, low, sch.func)
 
