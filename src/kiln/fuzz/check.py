@@ -162,9 +162,26 @@ class Reference:
             if s not in (Strength.CLOSE, Strength.NEAR) or v.node.op is Op.INPUT:
                 continue
             if ill_conditioned(self.values.get(v), wide.get(v)) or \
-                    self._ill_before_activation(v.node, wide) or self._amplifies(v.node):
+                    self._ill_before_activation(v.node, wide) or self._amplifies(v.node) or \
+                    self._may_overflow(v.node):
                 ill.add(v.node.name)
         return ill
+
+    def _may_overflow(self, node: Node) -> bool:
+        """A sum whose terms' magnitudes add up past the float range: summed in another
+        order it may overflow where the reference did not (or the other way round), even
+        when the result is small (-3.4e38 + 3.8e38 is 4e37, or inf)."""
+        if node.op not in _LINEAR_SUMS or not node.types[0].dtype.is_floating:
+            return False
+        sums = without_activation(node) or node
+        operands = [_magnitude(self.values[v]) for v in node.inputs]
+        try:
+            with torch.no_grad():
+                total = evaluate_node(sums, operands, self.case.graph)[0]
+        except Exception:  # noqa: BLE001 - no answer: counted as well-conditioned
+            return False
+        limit = torch.finfo(node.types[0].dtype.torch).max
+        return bool((total.abs() >= limit).any())
 
     def _amplifies(self, node: Node) -> bool:
         """Does the node turn a rounding error of its input into a large error, at the input
@@ -196,6 +213,17 @@ class Reference:
         except Exception:  # noqa: BLE001 - no answer: counted as well-conditioned
             return False
         return ill_conditioned(ref[0], twin[0])
+
+
+# sums of products: evaluated on magnitudes in float64, they bound every partial sum
+_LINEAR_SUMS = frozenset({Op.SUM, Op.MEAN, Op.MM, Op.BMM, Op.ADDMM, Op.ADDMM_ACT,
+                          Op.CONVOLUTION, Op.CONV_ACT, Op.AVG_POOL2D, Op.ADAPTIVE_AVG_POOL2D})
+
+
+def _magnitude(value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.double().abs()
+    return abs(value) if isinstance(value, float) else value
 
 
 _AMPLIFYING = {Op.SIN: 2.0**10, Op.COS: 2.0**10, Op.SOFTMAX: 2.0**20,
