@@ -316,3 +316,19 @@ def test_a_prepacked_convolution_returns_nchw_for_nchw_input(tmp_path, monkeypat
     outcome = check_case(case, [config_named("O2+kernels")], str(tmp_path))
     assert outcome.ok, outcome.failures
     assert outcome.stats["O2+kernels"].prepacked == 1
+
+
+@pytest.mark.parametrize("op", ["exp", "tanh", "floor", "sin"])
+def test_a_kernel_named_after_a_libm_function_compiles(op, tmp_path):
+    # a group of two exps became the C function `exp`, which clashes with math.h's: the
+    # compiler rejected the kernel and the group ran as library calls
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    text = (f"graph(%x: f32[4, 8]) {{\n  %a = {op}(%x) : f32[4, 8]\n"
+            f"  %b = {op}(%a) : f32[4, 8]\n  return %b\n}}\n")
+    case = Case(parse_graph(text), (FuzzInput(torch.rand(4, 8)),))
+    outcome = check_case(case, [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    stats = outcome.stats["O2+kernels"]
+    assert stats.generated == 1 and not stats.warnings, stats.warnings

@@ -124,7 +124,10 @@ auto break case char const continue default do double else enum extern float for
 inline int long register restrict return short signed sizeof static struct switch typedef
 union unsigned void volatile while bool true false int64_t int32_t int16_t int8_t uint8_t
 main free malloc aligned_alloc kernel
-""".split())
+div abs labs exp expf exp2 log logf log2 log10 sqrt sqrtf tanh tanhf erf erff sin sinf cos
+cosf tan floor floorf ceil ceilf fabs fabsf pow powf fmod fmodf copysign copysignf round
+trunc fmax fmin fmaxf fminf nan isnan isinf signbit
+""".split())  # C keywords, and libc/libm functions a kernel or its prelude may call
 
 
 @dataclass
