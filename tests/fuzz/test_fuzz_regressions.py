@@ -332,3 +332,42 @@ def test_a_kernel_named_after_a_libm_function_compiles(op, tmp_path):
     assert outcome.ok, outcome.failures
     stats = outcome.stats["O2+kernels"]
     assert stats.generated == 1 and not stats.warnings, stats.warnings
+
+
+NHWC_DILATED_ONE_WIDE = """
+import torch
+from kiln.fuzz.case import Case, FuzzInput
+from kiln.fuzz.check import check_case, config_named
+from kiln.ir import parse_graph
+import kiln.passes.layout as layout
+
+text = '''graph(%x: f32[2, 8, 6, 1], %b: f32[8]) {
+  %w = constant {name='w'} : f32[8, 2, 1, 1]
+  %c = convolution(%x, %w, %b) {stride=(1, 2), padding=(0, 1), dilation=(1, 2), \\
+transposed=False, output_padding=(0, 0), groups=4} : f32[2, 8, 6, 2]
+  return %c
+}
+'''
+graph = parse_graph(text, {"w": torch.randn(8, 2, 1, 1)})
+(conv,) = [n for n in graph.nodes if n.op.text == "convolution"]
+layout._conv_times(layout._signature(conv), True)  # the layout decision times both layouts
+layout._measured_faster = lambda *a, **k: True
+case = Case(graph, (FuzzInput(torch.randn(2, 8, 6, 1)), FuzzInput(torch.randn(8))))
+outcome = check_case(case, [config_named("O2"), config_named("O2+kernels")], CACHE)
+assert outcome.ok, outcome.failures
+print("ok")
+"""
+
+
+def test_a_dilated_one_wide_kernel_does_not_crash_atens_nhwc_convolution(tmp_path):
+    # ATen's NHWC convolution with a bias segfaults on a dilated 1-wide kernel (a PyTorch bug:
+    # eager mode crashes on channels-last tensors too), when the layout pass timed it and
+    # when it had moved it; kiln gives it dilation 1 now, the same convolution
+    import subprocess
+    import sys
+
+    code = NHWC_DILATED_ONE_WIDE.replace("CACHE", repr(str(tmp_path)))
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "ok" in done.stdout

@@ -21,13 +21,14 @@ ways on this machine, and the layout changes only if the total is at least 5% lo
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 
 import torch
 
 from kiln.cost.measure import Budget, interleaved
-from kiln.ir.attrs import NO_ATTRS, LayoutAttrs
+from kiln.ir.attrs import NO_ATTRS, Attrs, LayoutAttrs
 from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.infer import META
 from kiln.ir.ops import Op, OpGroup
@@ -97,9 +98,10 @@ def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
             for i, original in enumerate(node.inputs):
                 if original in nhwc and (kept or _needs_standard_layout(node, i)):
                     new[i] = converted(inputs[i], False)
-        if tuple(new) == inputs:
+        attrs = _plain_dilation(node) if node.op in CONVS else node.attrs
+        if tuple(new) == inputs and attrs is node.attrs:
             return None
-        return Node(node.op, new, node.attrs, node.types, node.name)
+        return Node(node.op, new, attrs, node.types, node.name)
 
     result = transform(graph, rewrite)
     index = dict(zip(graph.outputs, result.outputs))
@@ -107,6 +109,18 @@ def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
     present = set(result.nodes)
     extra = [v.node for v in fixed if v.node not in present and v.node.op is Op.CLONE]
     return result.replace(nodes=result.nodes + tuple(dict.fromkeys(extra)), outputs=fixed)
+
+
+def _plain_dilation(node: Node) -> Attrs:
+    """The convolution's attributes with dilation 1 where the kernel is 1 wide (the same
+    convolution): ATen's NHWC convolution (oneDNN) segfaults on a dilated 1-wide kernel
+    over a padded 1-wide input with stride 2, where the NCHW one computes it."""
+    a = node.attrs
+    kernel = node.inputs[1].type.shape[2:]
+    dilation = tuple(1 if k == 1 else d for k, d in zip(kernel, a.dilation))  # type: ignore
+    if dilation == tuple(a.dilation):  # type: ignore[attr-defined]
+        return a
+    return dataclasses.replace(a, dilation=dilation)  # type: ignore[type-var]
 
 
 def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
@@ -151,7 +165,7 @@ def _signature(node: Node) -> tuple:
     a = node.attrs
     x, w = node.inputs[0].type, node.inputs[1].type
     return (x.shape, w.shape, x.dtype.torch, tuple(a.stride), tuple(a.padding),  # type: ignore
-            tuple(a.dilation), a.groups)  # type: ignore[attr-defined]
+            tuple(_plain_dilation(node).dilation), a.groups)  # type: ignore[attr-defined]
 
 
 @functools.lru_cache(maxsize=512)
@@ -167,9 +181,7 @@ def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[float, float
     x_cl = x.contiguous(memory_format=torch.channels_last)
     w_cl = w.contiguous(memory_format=torch.channels_last)
     conv = torch.ops.aten.convolution.default
-    # oneDNN crashes on a dilated 1-wide kernel (see kiln.kernels.library.onednn_dilation)
-    args = (list(padding), list(stride), [1 if k == 1 else d for k, d in
-                                          zip(w_shape[2:], dilation)], groups)
+    args = (list(padding), list(stride), list(dilation), groups)
 
     def run(xi: torch.Tensor, wi: torch.Tensor) -> Callable[[], object]:
         return lambda: conv(xi, wi, None, list(stride), list(padding), list(dilation), False,
