@@ -171,6 +171,8 @@ class Reference:
         """A sum whose terms' magnitudes add up past the float range: summed in another
         order it may overflow where the reference did not (or the other way round), even
         when the result is small (-3.4e38 + 3.8e38 is 4e37, or inf)."""
+        if node.op is Op.BATCH_NORM:
+            return self._batch_norm_may_overflow(node)
         if node.op not in _LINEAR_SUMS or not node.types[0].dtype.is_floating:
             return False
         sums = without_activation(node) or node
@@ -182,6 +184,22 @@ class Reference:
             return False
         limit = torch.finfo(node.types[0].dtype.torch).max
         return bool((total.abs() >= limit).any())
+
+    def _batch_norm_may_overflow(self, node: Node) -> bool:
+        """ATen's batch norm computes x * a + c (a = w / sqrt(var + eps), c = b - mean * a)
+        in one layout and ((x - mean) / sqrt(var + eps)) * w + b in another: where a, mean *
+        a or x * a is past the float range, one may overflow where the other does not."""
+        x, w, b, mean, var = (_magnitude(self.values[v]) for v in node.inputs)
+        eps = node.attrs.eps  # type: ignore[attr-defined]
+        with torch.no_grad():
+            a = w / torch.sqrt((var if isinstance(var, torch.Tensor) else var) + eps).abs()
+            shape = [1, -1] + [1] * (x.dim() - 2) if isinstance(x, torch.Tensor) else [-1]
+            worst = torch.stack([a, mean * a]).amax(0).reshape(shape)
+            if isinstance(x, torch.Tensor) and x.numel():
+                worst = torch.maximum(worst, x.amax(dim=[d for d in range(x.dim()) if d != 1],
+                                                    keepdim=True) * a.reshape(shape))
+        limit = torch.finfo(node.types[0].dtype.torch).max
+        return bool((worst.nan_to_num(nan=0.0) >= limit).any())
 
     def _amplifies(self, node: Node) -> bool:
         """Does the node turn a rounding error of its input into a large error, at the input
