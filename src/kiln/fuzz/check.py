@@ -27,7 +27,7 @@ import torch
 
 from kiln.engine import CompiledGraph, compile_graph
 from kiln.fuzz.case import Case, FuzzInput
-from kiln.fuzz.compare import Strength, compare
+from kiln.fuzz.compare import RTOL, Strength, compare
 from kiln.fuzz.exactness import rounding_of, strengths
 from kiln.fuzz.reference import ill_conditioned, trace_values, type_gaps, wide_values
 from kiln.fuzz.values import bits
@@ -168,22 +168,37 @@ class Reference:
         return ill
 
     def _may_overflow(self, node: Node) -> bool:
-        """A sum whose terms' magnitudes add up past the float range: summed in another
-        order it may overflow where the reference did not (or the other way round), even
-        when the result is small (-3.4e38 + 3.8e38 is 4e37, or inf)."""
+        """A sum whose terms' magnitudes add up past the float range (summed in another
+        order it may overflow where the reference did not, or the other way round, even when
+        the result is small: -3.4e38 + 3.8e38 is 4e37, or inf), or far past the result's own
+        scale (cancellation: the rounding of the terms is all that is left)."""
         if node.op is Op.BATCH_NORM:
             return self._batch_norm_may_overflow(node)
+        if node.op is Op.VAR:
+            return self._variance_cancels(node)
         if node.op not in _LINEAR_SUMS or not node.types[0].dtype.is_floating:
             return False
         sums = without_activation(node) or node
         operands = [_magnitude(self.values[v]) for v in node.inputs]
         try:
             with torch.no_grad():
-                total = evaluate_node(sums, operands, self.case.graph)[0]
+                total = evaluate_node(sums, operands, self.case.graph)[0].abs()
         except Exception:  # noqa: BLE001 - no answer: counted as well-conditioned
             return False
-        limit = torch.finfo(node.types[0].dtype.torch).max
-        return bool((total.abs() >= limit).any())
+        dtype = node.types[0].dtype.torch
+        if bool((total >= torch.finfo(dtype).max).any()):
+            return True
+        result = self.values[node.out()]
+        return _cancels(float(total.nan_to_num(0.0).amax()) if total.numel() else 0.0,
+                        result, dtype)
+
+    def _variance_cancels(self, node: Node) -> bool:
+        """A variance far below its values' squared mean: (x - mean)**2 is all rounding."""
+        x = self.values[node.inputs[0]]
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point() or not x.numel():
+            return False
+        squares = float(x.double().pow(2).nan_to_num(0.0, 0.0, 0.0).amax())
+        return _cancels(squares, self.values[node.out()], x.dtype)
 
     def _batch_norm_may_overflow(self, node: Node) -> bool:
         """ATen's batch norm computes x * a + c (a = w / sqrt(var + eps), c = b - mean * a)
@@ -236,6 +251,17 @@ class Reference:
 # sums of products: evaluated on magnitudes in float64, they bound every partial sum
 _LINEAR_SUMS = frozenset({Op.SUM, Op.MEAN, Op.MM, Op.BMM, Op.ADDMM, Op.ADDMM_ACT,
                           Op.CONVOLUTION, Op.CONV_ACT, Op.AVG_POOL2D, Op.ADAPTIVE_AVG_POOL2D})
+
+
+def _cancels(terms: float, result: Any, dtype: torch.dtype) -> bool:
+    """Is the terms' scale so far above the result's that their rounding (a few ulps each)
+    exceeds the comparison's tolerance?"""
+    if not isinstance(result, torch.Tensor) or not result.numel():
+        return False
+    finite = result[result.isfinite()].double().abs()
+    scale = float(finite.amax()) if finite.numel() else 0.0
+    eps = torch.finfo(dtype).eps
+    return 2 * eps * terms > RTOL[dtype] * scale
 
 
 def _magnitude(value: Any) -> Any:
