@@ -176,6 +176,8 @@ class Reference:
             return self._batch_norm_may_overflow(node)
         if node.op is Op.VAR:
             return self._variance_cancels(node)
+        if node.op is Op.LAYER_NORM:
+            return self._normalization_amplifies(node)
         if node.op not in _LINEAR_SUMS or not node.types[0].dtype.is_floating:
             return False
         sums = without_activation(node) or node
@@ -191,6 +193,19 @@ class Reference:
         result = self.values[node.out()]
         return _cancels(float(total.nan_to_num(0.0).amax()) if total.numel() else 0.0,
                         result, dtype)
+
+    def _normalization_amplifies(self, node: Node) -> bool:
+        """A layer norm of a (nearly) constant row: x - mean is rounding alone, and rstd
+        (up to 1/sqrt(eps)) scales it up past the tolerance."""
+        x, rstd = self.values[node.inputs[0]], self.values.get(node.out(2))
+        if not isinstance(x, torch.Tensor) or not isinstance(rstd, torch.Tensor) or \
+                not x.is_floating_point() or not x.numel():
+            return False
+        finite_x, finite_r = x[x.isfinite()].double().abs(), rstd[rstd.isfinite()].double()
+        if not finite_x.numel() or not finite_r.numel():
+            return False
+        error = 2 * torch.finfo(x.dtype).eps * float(finite_x.amax()) * float(finite_r.amax())
+        return error > RTOL[x.dtype]
 
     def _variance_cancels(self, node: Node) -> bool:
         """A variance far below its values' squared mean: (x - mean)**2 is all rounding."""
