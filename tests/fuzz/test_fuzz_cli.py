@@ -6,30 +6,19 @@ import json
 
 import pytest
 import torch
+from planted_bugs import maximum_becomes_minimum, real_pipeline
 
 import kiln.engine
 from kiln import cli
 from kiln.fuzz.case import Case, FuzzInput
 from kiln.fuzz.repro import write_repro
-from kiln.ir import Op, parse_graph
-from kiln.ir.graph import Node, transform
+from kiln.ir import parse_graph
 
 MAXIMUM = """graph(%x0: f32[3], %x1: f32[3]) {
   %m = maximum(%x0, %x1) : f32[3]
   return %m
 }
 """
-real_pipeline = kiln.engine.run_pipeline
-
-
-def maximum_becomes_minimum(graph, options, *args, **kwargs):
-    graph, records, snapshots = real_pipeline(graph, options, *args, **kwargs)
-
-    def rewrite(node: Node, inputs):
-        if node.op is Op.MAXIMUM:
-            return Node(Op.MINIMUM, inputs, node.attrs, node.types, node.name)
-        return None
-    return transform(graph, rewrite), records, snapshots
 
 
 def test_fuzz_runs_over_processes_and_writes_a_json_summary(tmp_path, capsys):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from planted_bugs import maximum_becomes_minimum, real_pipeline
 
 import kiln.engine
 from kiln.fuzz.case import Case, FuzzInput
@@ -15,22 +16,10 @@ from kiln.fuzz.repro import read_repro, write_repro
 from kiln.fuzz.shrink import rebuild, shrink
 from kiln.fuzz.values import Layout, LayoutKind
 from kiln.ir import GraphBuilder, Op, TensorType, parse_graph, verify
-from kiln.ir.graph import Node, transform
+from kiln.ir.graph import Node
 from kiln.ir.types import DType
 
 O1 = config_named("O1")
-real_pipeline = kiln.engine.run_pipeline
-
-
-def maximum_becomes_minimum(graph, options, *args, **kwargs):
-    """The real pipeline, then a wrong rewrite: every maximum computes a minimum."""
-    graph, records, snapshots = real_pipeline(graph, options, *args, **kwargs)
-
-    def rewrite(node: Node, inputs):
-        if node.op is Op.MAXIMUM:
-            return Node(Op.MINIMUM, inputs, node.attrs, node.types, node.name)
-        return None
-    return transform(graph, rewrite), records, snapshots
 
 
 def crash_on_softmax(graph, options, *args, **kwargs):
