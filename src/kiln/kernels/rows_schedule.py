@@ -29,10 +29,21 @@ from dataclasses import dataclass
 
 from kiln.ir.types import DType
 from kiln.tir.compact import compact_buffers
-from kiln.tir.nodes import Binary, BinOp, Block, Const, PrimFunc, Scope, Unary, UnOp, const
+from kiln.tir.nodes import (
+    Binary,
+    BinOp,
+    Block,
+    CmpOp,
+    Const,
+    PrimFunc,
+    Scope,
+    Unary,
+    UnOp,
+    const,
+)
 from kiln.tir.primitives.common import find_block
 from kiln.tir.schedule import Schedule
-from kiln.tir.te import Builder
+from kiln.tir.te import Builder, cmp, select
 from kiln.tir.trace import Trace
 
 __all__ = ["LANES", "RowKernel", "add_relu", "bias_gelu", "layernorm_rows", "schedule_rows",
@@ -91,11 +102,17 @@ def layernorm_rows(rows: int, n: int, eps: float = 1e-5, name: str = "layernorm"
 
     def dev(v0, k):  # noqa: ANN001, ANN202
         return x[v0, k] - mean[v0]
-    b.reduce("sum", s1, (n,), BinOp.ADD, lambda v, k: x[v[0], k[0]])
-    b.compute("mean", mean, lambda v: s1[v[0]] * inv_n)
+    # sum x/n, not x: the sum of finite values can overflow where their mean does not
+    b.reduce("sum", s1, (n,), BinOp.ADD, lambda v, k: x[v[0], k[0]] * inv_n)
+    b.compute("mean", mean, lambda v: s1[v[0]])
     b.reduce("sq", s2, (n,), BinOp.ADD, lambda v, k: dev(v[0], k[0]) * dev(v[0], k[0]))
     b.compute("rstd", rstd, lambda v: Unary(UnOp.RSQRT, s2[v[0]] * inv_n + _c(eps)))
-    b.compute(name, out, lambda v: dev(v[0], v[1]) * rstd[v[0]] * w[v[1]] + bias[v[1]])
+
+    def scaled(v0, k):  # noqa: ANN001, ANN202
+        # 0 where the variance overflowed (rstd = 0), as ATen's x*rstd - mean*rstd gives,
+        # where (x - mean)*rstd may be inf*0 = NaN
+        return select(cmp(CmpOp.EQ, rstd[v0], 0.0), _c(0.0), dev(v0, k) * rstd[v0])
+    b.compute(name, out, lambda v: scaled(v[0], v[1]) * w[v[1]] + bias[v[1]])
     return schedule_rows(PrimFunc(name, (x, w, bias), (out,), b.body()), lanes)
 
 

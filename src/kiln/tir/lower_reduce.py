@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from kiln.ir import attrs as A
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op
-from kiln.tir.nodes import BinOp, Buffer, Expr, UnOp, Var, const
-from kiln.tir.te import Builder, NotLowerable, TensorRef, cast, unary
+from kiln.tir.nodes import BinOp, Buffer, CmpOp, Expr, UnOp, Var, const
+from kiln.tir.te import Builder, NotLowerable, TensorRef, cast, cmp, select, unary
 
 Index = tuple[Var, ...]
 LowerFn = Callable[[Builder, Node, list[TensorRef], list[Buffer]], None]
@@ -139,9 +139,12 @@ def lower_layer_norm(b: Builder, node: Node, args: list[TensorRef],
     rank, m = len(x.shape), len(a.normalized_shape)
     dims = tuple(range(rank - m, rank))
     count = math.prod(x.shape[d] for d in dims)
+    # the sum of x/n cannot overflow where every x is finite (the sum of x can: a row holding
+    # 2e38 and 3e38 has a float32 mean); ATen's Welford mean stays finite there too
     total = b.temp(f"{node.name}_sum", mean.shape, y.dtype)
-    reduce_into(b, f"{node.name}_sum", total, x, dims, True, BinOp.ADD)
-    b.compute(f"{node.name}_mean", mean, lambda v: total[v] / float(count))
+    reduce_into(b, f"{node.name}_sum", total, x, dims, True, BinOp.ADD,
+                lambda e, idx: e * (1.0 / count))
+    b.compute(f"{node.name}_mean", mean, lambda v: total[v])
 
     def at(buf: Buffer, v: Sequence[Expr]) -> Expr:
         return buf[tuple(kept_index(rank, dims, v))]
@@ -156,7 +159,11 @@ def lower_layer_norm(b: Builder, node: Node, args: list[TensorRef],
               lambda v: unary(UnOp.RSQRT, sq[v] / float(count) + a.eps))
 
     def normalize(v: Index) -> Expr:
-        e = (cast(x.read(v), y.dtype) - at(mean, v)) * at(rstd, v)
+        # 0 where the variance overflowed (rstd = 0), as ATen's x*rstd - mean*rstd gives,
+        # where (x - mean)*rstd may be inf*0 = NaN
+        r = at(rstd, v)
+        e = select(cmp(CmpOp.EQ, r, 0.0), const(0.0, y.dtype),
+                   (cast(x.read(v), y.dtype) - at(mean, v)) * r)
         tail = v[rank - m:]
         if len(args) > 1 and args[1].buffer is not None:
             e = e * cast(args[1].read(tail), y.dtype)
