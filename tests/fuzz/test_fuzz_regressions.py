@@ -12,6 +12,7 @@ from kiln.fuzz.case import Case, FuzzInput
 from kiln.fuzz.check import check_case, config_named
 from kiln.fuzz.values import Layout, LayoutKind
 from kiln.ir import parse_graph, verify
+from kiln.ir.interp import interpret
 from kiln.options import Options
 from kiln.passes.layout import to_channels_last
 
@@ -371,3 +372,29 @@ def test_a_dilated_one_wide_kernel_does_not_crash_atens_nhwc_convolution(tmp_pat
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "ok" in done.stdout
+
+
+TRANSPOSED_CONV_OUTPUT_PADDING = """graph(%x1: f64[1, 4, 1, 4], %x2: f64[1], %x4: f64[1, 1, 4, 4, 4], %x5: f64[1, 3, 1, 3, 1], %w1: f64[3]) {
+  %w0 = constant {name='w0'} : f64[1, 4, 2, 3]
+  %conv_act5 = conv_act(%x1, %w0, %x2) {stride=(1, 1), padding=(2, 1), dilation=(1, 2), groups=1, has_bias=True, has_residual=False, activation=None, act_args=()} : f64[1, 1, 4, 2]
+  %conv = convolution(%x4, %x5, %w1) {stride=(2, 2, 1), padding=(1, 1, 1), dilation=(2, 1, 2), transposed=True, output_padding=(1, 0, 1), groups=1} : f64[1, 3, 6, 7, 3]
+  return %conv_act5, %conv
+}
+"""  # noqa: E501
+
+
+def test_a_transposed_convolution_keeps_the_dilation_its_output_padding_needs(tmp_path):
+    # the layout pass gave 1-wide kernels dilation 1; a transposed convolution's output
+    # padding (1 on the last axis, stride 1) must be below its stride or dilation (2), so
+    # the rewritten node was rejected by ATen at run time (fuzz seed 1, graph 35202)
+    torch.manual_seed(0)
+    graph = parse_graph(TRANSPOSED_CONV_OUTPUT_PADDING,
+                        {"w0": torch.randn(1, 4, 2, 3, dtype=torch.float64)})
+    shapes = [(1, 4, 1, 4), (1,), (1, 1, 4, 4, 4), (1, 3, 1, 3, 1), (3,)]
+    inputs = [torch.randn(shape, dtype=torch.float64) for shape in shapes]
+    moved = to_channels_last(graph, decide=True)  # whether it moves is measured: force it
+    transposed = [n for n in moved.nodes if n.op.text == "convolution"]
+    assert transposed and transposed[0].attrs.dilation == (1, 1, 2)  # 2 where it is needed
+    want = interpret(graph, inputs)
+    for got, expected in zip(interpret(moved, inputs), want):
+        torch.testing.assert_close(got, expected)

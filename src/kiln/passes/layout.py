@@ -117,7 +117,13 @@ def _plain_dilation(node: Node) -> Attrs:
     over a padded 1-wide input with stride 2, where the NCHW one computes it."""
     a = node.attrs
     kernel = node.inputs[1].type.shape[2:]
-    dilation = tuple(1 if k == 1 else d for k, d in zip(kernel, a.dilation))  # type: ignore
+    # a transposed convolution's output padding must stay below its stride or dilation
+    padding_out = getattr(a, "output_padding", None) if getattr(a, "transposed", False) \
+        else None
+    keep = [bool(padding_out) and padding_out[i] >= a.stride[i]  # type: ignore[attr-defined]
+            for i in range(len(kernel))]
+    dilation = tuple(1 if k == 1 and not kept else d
+                     for k, d, kept in zip(kernel, a.dilation, keep))  # type: ignore
     if dilation == tuple(a.dilation):  # type: ignore[attr-defined]
         return a
     return dataclasses.replace(a, dilation=dilation)  # type: ignore[type-var]
