@@ -10,7 +10,6 @@ root's exact type, so a rule never needs to guard against broadcasting or dtype 
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,18 +20,12 @@ from kiln.ir.attrs import NO_ATTRS, Attrs, Number
 from kiln.ir.graph import Node, Value, make_constant, make_scalar
 from kiln.ir.infer import infer_types
 from kiln.ir.ops import Op
+from kiln.rewrite.law import EXACT, FAST_MATH, IEEE, Law, Safety
 from kiln.rewrite.pattern import MatchContext, Pattern
 
-
-class Safety(enum.Enum):
-    """How far a rule's result may differ from the original's, in IEEE arithmetic."""
-
-    EXACT = "exact"  # bit-identical for every input
-    IEEE = "ieee"  # same NaN/inf/zero-sign positions for every input; finite values up to rounding
-    FAST_MATH = "fast_math"  # holds for real numbers; runs only with Options(fast_math=True)
+__all__ = ["EXACT", "FAST_MATH", "IEEE", "Builder", "Guard", "Law", "Match", "Rule", "Safety"]
 
 
-EXACT, IEEE, FAST_MATH = Safety.EXACT, Safety.IEEE, Safety.FAST_MATH
 
 
 class Match:
@@ -100,6 +93,9 @@ class Rule:
     build: Builder
     safety: Safety
     guard: Guard | None = None
+    # the algebra the builder implements, one law per op the pattern accepts (kiln.synth
+    # prints, proves and checks these; a test checks the builder against them)
+    laws: tuple[Law, ...] = ()
 
     def __post_init__(self) -> None:
         if self.pattern.root_ops() is None:

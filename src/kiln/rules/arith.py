@@ -14,12 +14,14 @@ import torch
 
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
+from kiln.rewrite.law import A, AttrFnKind, C, CondKind, F, L, Lit, PVar
 from kiln.rewrite.pattern import FloatDType, Number, On, Var, Weight
 from kiln.rewrite.rule import EXACT, FAST_MATH, IEEE, Match, Rule
 from kiln.rules.support import combine, is_finite_nonzero, is_power_of_two, true_division
 
 x = Var("x")
 fx = Var("x", FloatDType())
+X, CN, AV, BV = PVar("x"), PVar("c"), PVar("a"), PVar("b")
 
 
 
@@ -57,22 +59,36 @@ def _reciprocal(m: Match):
 
 RULES = (
     Rule("add-self", On(Op.ADD, x, x), lambda m: m.op(Op.MUL, m["x"], m.number(2)),
-         EXACT),  # x+x -> x*2
+         EXACT, laws=(L("add-self", A(Op.ADD, X, X), A(Op.MUL, X, Lit(2)), EXACT),)),  # x+x -> x*2
     Rule("add-scaled-self-pow2", On(Op.ADD, On(Op.MUL, x, Number("c")), x),
          lambda m: m.op(Op.MUL, m["x"], m.number(m.number_of("c") + 1)), EXACT,
-         guard=_scaled_self_pow2),  # x*c+x -> x*(c+1), c = 2**k
+         guard=_scaled_self_pow2,
+         laws=(L("add-scaled-self-pow2", A(Op.ADD, A(Op.MUL, X, CN), X),
+                 A(Op.MUL, X, F(AttrFnKind.PLUS_ONE, CN)), EXACT,
+                 C(CondKind.POW2_AT_LEAST_ONE, CN)),)),  # x*c+x -> x*(c+1), c = 2**k
     Rule("add-scaled-self", On(Op.ADD, On(Op.MUL, fx, Var("c", Weight())), fx),
          lambda m: m.op(Op.MUL, m["x"], combine(m, Op.ADD, m["c"], m.number(1))),
-         FAST_MATH),  # x*c+x -> x*(c+1)
+         FAST_MATH,
+         laws=(L("add-scaled-self", A(Op.ADD, A(Op.MUL, X, CN), X),
+                 A(Op.MUL, X, A(Op.ADD, CN, Lit(1))), FAST_MATH,
+                 C(CondKind.FLOAT, X), C(CondKind.WEIGHT, CN)),)),  # x*c+x -> x*(c+1)
     Rule("factor-common", On(Op.ADD, On(Op.MUL, fx, Var("a")), On(Op.MUL, fx, Var("b"))),
          lambda m: m.op(Op.MUL, m["x"], m.op(Op.ADD, m["a"], m["b"])),
-         FAST_MATH),  # x*a+x*b -> x*(a+b)
+         FAST_MATH,
+         laws=(L("factor-common", A(Op.ADD, A(Op.MUL, X, AV), A(Op.MUL, X, BV)),
+                 A(Op.MUL, X, A(Op.ADD, AV, BV)), FAST_MATH, C(CondKind.FLOAT, X)),)),
+    # x*a+x*b -> x*(a+b)
     Rule("div-const-pow2",
          On(Op.DIV, x, Number("c", is_power_of_two, "±2**k"), where=true_division,
             describe="true division"),
-         _reciprocal, EXACT, guard=_wide_float),  # x/c -> x*(1/c), c = ±2**k
+         _reciprocal, EXACT, guard=_wide_float,
+         laws=(L("div-const-pow2", A(Op.DIV, X, CN), A(Op.MUL, X, F(AttrFnKind.INVERSE, CN)),
+                 EXACT, C(CondKind.POW2, CN), C(CondKind.GUARD, "wide-float")),)),
+    # x/c -> x*(1/c), c = ±2**k
     Rule("div-const",
          On(Op.DIV, x, Number("c", is_finite_nonzero, "a finite nonzero number"),
             where=true_division, describe="true division"),
-         _reciprocal, IEEE, guard=_normal_reciprocal),  # x/c -> x*(1/c)
+         _reciprocal, IEEE, guard=_normal_reciprocal,
+         laws=(L("div-const", A(Op.DIV, X, CN), A(Op.MUL, X, F(AttrFnKind.INVERSE, CN)),
+                 IEEE, C(CondKind.NORMAL_RECIPROCAL, CN)),)),  # x/c -> x*(1/c)
 )

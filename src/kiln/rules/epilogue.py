@@ -18,8 +18,12 @@ from kiln.ir.attrs import AddmmActAttrs, ConvActAttrs
 from kiln.ir.fused import ACTIVATIONS, activation_args
 from kiln.ir.graph import Node, Value
 from kiln.ir.ops import Op
+from kiln.rewrite.law import A, App, C, CondKind, L, Law, PVar, Term
 from kiln.rewrite.pattern import On, Var
 from kiln.rewrite.rule import EXACT, Match, Rule
+from kiln.rules.laws_common import CONV_ATTRS, B, R, W, X, act_args
+from kiln.rules.laws_common import activation as act_term
+from kiln.rules.laws_common import conv as conv_term
 
 
 def _addmm_act(m: Match) -> Value:
@@ -78,15 +82,59 @@ addmm = On(Op.ADDMM, Var("b"), Var("x"), Var("w"), name="mm")
 conv = On(Op.CONVOLUTION, Var("x"), Var("w"), exact_arity=False, name="conv",
           where=_plain_2d_conv, describe="a 2-d convolution, not transposed")
 
+# act(addmm(b, x, W)) -> addmm_act(b, x, W){act}, and the same through a view
+_GEMM_ATTRS = {"beta": PVar("beta"), "alpha": PVar("alpha")}
+
+
+def _addmm_act_law(act: Op, through_view: bool) -> Law:
+    inner = A(Op.ADDMM, B, X, W, **_GEMM_ATTRS)
+    fused = A(Op.ADDMM_ACT, B, X, W, activation=act, act_args=act_args(act), **_GEMM_ATTRS)
+    if through_view:
+        shape = {"shape": PVar("shape")}
+        return L(f"addmm-view-act.{act.text}", act_term(act, A(Op.VIEW, inner, **shape)),
+                 A(Op.VIEW, fused, **shape), EXACT)
+    return L(f"addmm-act.{act.text}", act_term(act, inner), fused, EXACT)
+
+
+def _conv_act_term(*operands: Term, bias: bool, residual: bool, act: Op | None) -> App:
+    return A(Op.CONV_ACT, *operands, has_bias=bias, has_residual=residual, activation=act,
+             act_args=act_args(act) if act else (), **CONV_ATTRS)
+
+
+_ACTS = sorted(ACTIVATIONS, key=lambda op: op.text)
+CONV_RESIDUAL_LAWS = (
+    L("conv-residual.no-bias", A(Op.ADD, conv_term(X, W), R),
+      _conv_act_term(X, W, R, bias=False, residual=True, act=None), EXACT,
+      C(CondKind.GUARD, "same-shape-residual")),
+    L("conv-residual.bias", A(Op.ADD, conv_term(X, W, B), R),
+      _conv_act_term(X, W, B, R, bias=True, residual=True, act=None), EXACT,
+      C(CondKind.GUARD, "same-shape-residual")),
+)
+CONV_ACT_LAWS = tuple(
+    L(f"conv-act.{act.text}.{'bias' if bias else 'no-bias'}",
+      act_term(act, conv_term(X, W, B) if bias else conv_term(X, W)),
+      _conv_act_term(*((X, W, B) if bias else (X, W)), bias=bias, residual=False, act=act), EXACT)
+    for act in _ACTS for bias in (False, True))
+CONV_ACT_EPILOGUE_LAWS = tuple(
+    L(f"conv-act-epilogue.{act.text}",
+      act_term(act, _conv_act_term(X, W, B, R, bias=True, residual=True, act=None)),
+      _conv_act_term(X, W, B, R, bias=True, residual=True, act=act), EXACT)
+    for act in _ACTS)
+
 RULES = (
-    Rule("addmm-act", On(ACTIVATIONS, addmm), _addmm_act, EXACT),  # act(addmm) -> addmm_act
+    Rule("addmm-act", On(ACTIVATIONS, addmm), _addmm_act, EXACT,
+         laws=tuple(_addmm_act_law(act, False) for act in _ACTS)),  # act(addmm) -> addmm_act
     Rule("addmm-view-act", On(ACTIVATIONS, On(Op.VIEW, addmm, name="view")),
-         _addmm_view_act, EXACT),  # act(view(addmm)) -> view(addmm_act)
+         _addmm_view_act, EXACT, laws=tuple(_addmm_act_law(act, True) for act in _ACTS)),
+    # act(view(addmm)) -> view(addmm_act)
     Rule("conv-residual", On(Op.ADD, conv, Var("r")), _conv_residual, EXACT,
-         guard=_same_shape_residual),  # conv(x, W, B) + r -> conv_act(x, W, B, r)
-    Rule("conv-act", On(ACTIVATIONS, conv), _conv_act, EXACT),  # act(conv) -> conv_act
+         guard=_same_shape_residual, laws=CONV_RESIDUAL_LAWS),
+    # conv(x, W, B) + r -> conv_act(x, W, B, r)
+    Rule("conv-act", On(ACTIVATIONS, conv), _conv_act, EXACT,
+         laws=CONV_ACT_LAWS),  # act(conv) -> conv_act
     Rule("conv-act-epilogue",
          On(ACTIVATIONS, On(Op.CONV_ACT, Var("x"), exact_arity=False, name="conv",
                             where=_no_activation, describe="without an activation")),
-         _add_activation, EXACT),  # act(conv_act{none}) -> conv_act{act}
+         _add_activation, EXACT, laws=CONV_ACT_EPILOGUE_LAWS),
+    # act(conv_act{none}) -> conv_act{act}
 )

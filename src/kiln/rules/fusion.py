@@ -21,8 +21,10 @@ import torch
 from kiln.ir.attrs import ShapeAttrs
 from kiln.ir.graph import Value
 from kiln.ir.ops import Op
+from kiln.rewrite.law import A, App, AttrFnKind, C, CondKind, F, L, PVar, Term
 from kiln.rewrite.pattern import FloatDType, Number, On, Var, Weight
 from kiln.rewrite.rule import EXACT, IEEE, Match, Rule
+from kiln.rules.laws_common import B, W, X, conv
 from kiln.rules.support import is_finite_nonzero, numel, plain_gemm
 
 MOVES = frozenset({Op.VIEW, Op.PERMUTE, Op.EXPAND, Op.SQUEEZE, Op.UNSQUEEZE})
@@ -138,32 +140,85 @@ conv_pattern = On(Op.CONVOLUTION, Var("x"), Var("w", w_), exact_arity=False, nam
                   where=_not_transposed, describe="not transposed")
 scale = Number("s", is_finite_nonzero, "a finite nonzero number")
 
+GAMMA, BETA, MEAN, VAR, EPS, S, Y = (PVar(n) for n in ("gamma", "beta", "mean", "var", "eps",
+                                                       "s", "y"))
+BN_WEIGHTS = tuple(C(CondKind.WEIGHT, v) for v in (GAMMA, BETA, MEAN, VAR))
+# R = gamma * rsqrt(var + eps), P = beta - mean * R
+R_TERM = A(Op.MUL, GAMMA, A(Op.RSQRT, A(Op.ADD, VAR, EPS)))
+P_TERM = A(Op.SUB, BETA, A(Op.MUL, MEAN, R_TERM))
+W_SCALED = A(Op.MUL, W, A(Op.VIEW, R_TERM, shape=(-1, 1, 1, 1)))
+
+
+def _bn(operand: Term) -> App:
+    return A(Op.BATCH_NORM, operand, GAMMA, BETA, MEAN, VAR, eps=EPS)
+
+
+CONV_BN_LAWS = (
+    L("conv-bn.no-bias", _bn(conv(X, W)), conv(X, W_SCALED, P_TERM), IEEE,
+      C(CondKind.WEIGHT, W), *BN_WEIGHTS),
+    L("conv-bn.bias", _bn(conv(X, W, B)),
+      conv(X, W_SCALED, A(Op.ADD, A(Op.MUL, B, R_TERM), P_TERM)), IEEE,
+      C(CondKind.WEIGHT, W), C(CondKind.WEIGHT, B), *BN_WEIGHTS),
+)
+LINEAR_BN_LAW = L("linear-bn", _bn(A(Op.ADDMM, B, X, W)),
+                  A(Op.ADDMM, A(Op.ADD, A(Op.MUL, B, R_TERM), P_TERM), X, A(Op.MUL, W, R_TERM)),
+                  IEEE, C(CondKind.WEIGHT, W), C(CondKind.WEIGHT, B), *BN_WEIGHTS)
+CHANNEL_VIEW = A(Op.VIEW, B, shape=(F(AttrFnKind.SIZE, W, 0),))
+CONV_BIAS_LAW = L("conv-bias", A(Op.ADD, conv(X, W), B), conv(X, W, CHANNEL_VIEW), IEEE,
+                  C(CondKind.WEIGHT, B), C(CondKind.GUARD, "channel-bias"))
+CONV_SQUEEZE_BIAS_LAW = L(
+    "conv-squeeze-bias", A(Op.ADD, A(Op.SQUEEZE, conv(X, W), dims=PVar("dims")), B),
+    A(Op.SQUEEZE, conv(X, W, CHANNEL_VIEW), dims=PVar("dims")), IEEE,
+    C(CondKind.WEIGHT, B), C(CondKind.GUARD, "squeezed-channel-bias"))
+MOVE_ATTRS = {Op.VIEW: "shape", Op.PERMUTE: "dims", Op.EXPAND: "shape", Op.SQUEEZE: "dims",
+              Op.UNSQUEEZE: "dim"}
+SCALE_SINK_LAWS = tuple(
+    L(f"scale-sink.{op.text}", A(Op.MUL, A(op, Y, **{key: PVar("a")}), S),
+      A(op, A(Op.MUL, Y, S), **{key: PVar("a")}), EXACT,
+      C(CondKind.FLOAT, Y), C(CondKind.FINITE_NONZERO, S))
+    for op, key in MOVE_ATTRS.items())
+AV, BV = PVar("a"), PVar("b")
+SCALE_INTO_MATMUL_LAWS = tuple(
+    L(f"scale-into-matmul.{op.text}.{side}", A(Op.MUL, A(op, AV, BV), S),
+      A(op, A(Op.MUL, AV, S), BV) if side == "left" else A(op, AV, A(Op.MUL, BV, S)), IEEE,
+      C(CondKind.FINITE_NONZERO, S), C(CondKind.GUARD, "scale-side"))
+    for op in (Op.MM, Op.BMM) for side in ("left", "right"))
+SCALE_INTO_ADDMM_LAW = L("scale-into-addmm", A(Op.MUL, A(Op.ADDMM, B, X, W), S),
+                         A(Op.ADDMM, A(Op.MUL, B, S), X, A(Op.MUL, W, S)), IEEE,
+                         C(CondKind.FINITE_NONZERO, S), C(CondKind.WEIGHT, B),
+                         C(CondKind.WEIGHT, W))
+
 RULES = (
     Rule("conv-bn", On(Op.BATCH_NORM, conv_pattern, *bn_operands), _fold_bn_into_conv, IEEE,
-         guard=_conv_weights_only),  # bn(conv(x, W, B)) -> conv(x, W*R, B*R + P)
+         guard=_conv_weights_only, laws=CONV_BN_LAWS),  # bn(conv(x, W, B)) -> conv(x, W*R, B*R + P)
     Rule("linear-bn", On(Op.BATCH_NORM, On(Op.ADDMM, Var("b", w_), Var("x"), Var("w", w_),
                                            name="mm", where=plain_gemm, describe="beta=alpha=1"),
                          *bn_operands),
-         _fold_bn_into_addmm, IEEE),  # bn(addmm(b, x, W)) -> addmm(b*R + P, x, W*R)
+         _fold_bn_into_addmm, IEEE, laws=(LINEAR_BN_LAW,)),
+    # bn(addmm(b, x, W)) -> addmm(b*R + P, x, W*R)
     Rule("conv-bias", On(Op.ADD, On(Op.CONVOLUTION, Var("x"), Var("w"), name="conv",
                                     where=_not_transposed, describe="not transposed"),
                          Var("b", w_)),
-         _bias_into_conv, IEEE, guard=_channel_bias),  # conv(x, W) + b -> conv(x, W, b)
+         _bias_into_conv, IEEE, guard=_channel_bias, laws=(CONV_BIAS_LAW,)),
+    # conv(x, W) + b -> conv(x, W, b)
     Rule("conv-squeeze-bias",
          On(Op.ADD, On(Op.SQUEEZE, On(Op.CONVOLUTION, Var("x"), Var("w"), name="conv",
                                       where=_not_transposed, describe="not transposed"),
                        name="move"),
             Var("b", w_)),
          lambda m: m.op(Op.SQUEEZE, _bias_into_conv(m), attrs=m["move"].attrs),
-         IEEE, guard=lambda m: _squeezed_channel_bias(m)),  # squeeze(conv(x,W))+b -> ...(x,W,b))
+         IEEE, guard=lambda m: _squeezed_channel_bias(m), laws=(CONV_SQUEEZE_BIAS_LAW,)),
+    # squeeze(conv(x,W))+b -> squeeze(conv(x,W,b))
     Rule("scale-sink", On(Op.MUL, On(MOVES, Var("y", FloatDType()), name="move"), scale),
-         _sink_scale, EXACT),  # move(y)*s -> move(y*s)
+         _sink_scale, EXACT, laws=SCALE_SINK_LAWS),  # move(y)*s -> move(y*s)
     Rule("scale-into-matmul", On(Op.MUL, On({Op.MM, Op.BMM}, Var("a"), Var("b"), name="mm"), scale),
-         _scale_into_matmul, IEEE, guard=_scale_side),  # (a@b)*s -> (a*s)@b
+         _scale_into_matmul, IEEE, guard=_scale_side, laws=SCALE_INTO_MATMUL_LAWS),
+    # (a@b)*s -> (a*s)@b
     Rule("scale-into-addmm", On(Op.MUL, On(Op.ADDMM, Var("b", w_), Var("x"), Var("w", w_),
                                            name="mm", where=plain_gemm, describe="beta=alpha=1"),
                                 scale),
-         _scale_into_addmm, IEEE),  # addmm(b, x, W)*s -> addmm(b*s, x, W*s)
+         _scale_into_addmm, IEEE, laws=(SCALE_INTO_ADDMM_LAW,)),
+    # addmm(b, x, W)*s -> addmm(b*s, x, W*s)
 )
 
 

@@ -23,8 +23,10 @@ from kiln.ir.graph import Value
 from kiln.ir.infer import META, meta_operand
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import lower_node, run_call
+from kiln.rewrite.law import A, App, AttrFnKind, C, CondKind, F, L, PVar, Term
 from kiln.rewrite.pattern import On, Siblings, Var, Weight
 from kiln.rewrite.rule import IEEE, Match, Rule
+from kiln.rules.laws_common import X, conv
 from kiln.rules.support import plain_gemm
 
 w_ = Weight()
@@ -142,9 +144,34 @@ parallel_addmm = On({Op.ADDMM, Op.ADDMM_ACT}, Var("b", w_), Var("x"), Var("w", w
                     where=plain_gemm, describe="beta=alpha=1")
 parallel_conv = On({Op.CONVOLUTION, Op.CONV_ACT}, Var("x"), Var("w", w_), exact_arity=False)
 
+# two siblings; the rule takes any number, and the algebra is the same
+B1, B2, W1, W2 = PVar("b1"), PVar("b2"), PVar("w1"), PVar("w2")
+
+
+def _pieces(merged: App, w1: Term, w2: Term, dim: int) -> tuple[App, App]:
+    sizes = (F(AttrFnKind.SIZE, w1, dim), F(AttrFnKind.SIZE, w2, dim))
+    return (A(Op.SPLIT, merged, sizes=sizes, dim=1, output=0),
+            A(Op.SPLIT, merged, sizes=sizes, dim=1, output=1))
+
+
+MERGE_ADDMM_LAW = L(
+    "merge-parallel-addmm", (A(Op.ADDMM, B1, X, W1), A(Op.ADDMM, B2, X, W2)),
+    _pieces(A(Op.ADDMM, A(Op.CAT, B1, B2, dim=0), X, A(Op.CAT, W1, W2, dim=1)), W1, W2, 1),
+    IEEE, *(C(CondKind.WEIGHT, v) for v in (B1, B2, W1, W2)))
+MERGE_CONV_LAWS = (
+    L("merge-parallel-conv.no-bias", (conv(X, W1), conv(X, W2)),
+      _pieces(conv(X, A(Op.CAT, W1, W2, dim=0)), W1, W2, 0), IEEE,
+      C(CondKind.WEIGHT, W1), C(CondKind.WEIGHT, W2)),
+    L("merge-parallel-conv.bias", (conv(X, W1, B1), conv(X, W2, B2)),
+      _pieces(conv(X, A(Op.CAT, W1, W2, dim=0), A(Op.CAT, B1, B2, dim=0)), W1, W2, 0), IEEE,
+      *(C(CondKind.WEIGHT, v) for v in (B1, B2, W1, W2))),
+)
+
 RULES = (
     Rule("merge-parallel-addmm", Siblings(parallel_addmm, "x", _addmm_key), _merge_addmm, IEEE,
-         guard=_pieces_work),  # addmm(b_i, x, W_i) -> split(addmm(cat b, x, cat W))
+         guard=_pieces_work, laws=(MERGE_ADDMM_LAW,)),
+    # addmm(b_i, x, W_i) -> split(addmm(cat b, x, cat W))
     Rule("merge-parallel-conv", Siblings(parallel_conv, "x", _conv_key), _merge_conv, IEEE,
-         guard=_pieces_work),  # conv(x, W_i, B_i) -> split(conv(x, cat W, cat B))
+         guard=_pieces_work, laws=MERGE_CONV_LAWS),
+    # conv(x, W_i, B_i) -> split(conv(x, cat W, cat B))
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from kiln.ir.attrs import PermuteAttrs, ShapeAttrs
 from kiln.ir.ops import Op
+from kiln.rewrite.law import A, AttrFnKind, F, L, PVar
 from kiln.rewrite.pattern import On, Var
 from kiln.rewrite.rule import EXACT, Match, Rule
 
@@ -40,18 +41,34 @@ def _one_expand(m: Match):
 
 
 x = Var("x")
+X, P, Q, S1, S2 = PVar("x"), PVar("p"), PVar("q"), PVar("s1"), PVar("s2")
+SHAPE_OF_X = F(AttrFnKind.SHAPE_OF, X)
+IDENTITY_PERMUTES = tuple(L(f"permute-identity.{rank}", A(Op.PERMUTE, X, dims=tuple(range(rank))),
+                            X, EXACT) for rank in range(1, 5))
 
 RULES = (
     Rule("permute-identity", On(Op.PERMUTE, x, where=_identity_dims, describe="identity"),
-         lambda m: m["x"], EXACT),  # permute(x, (0, 1, ..)) -> x
+         lambda m: m["x"], EXACT, laws=IDENTITY_PERMUTES),  # permute(x, (0, 1, ..)) -> x
     Rule("view-identity", On(RESHAPES | {Op.EXPAND}, x), lambda m: m["x"], EXACT,
-         guard=_same_type_as_operand),  # view(x, x.shape) -> x
+         guard=_same_type_as_operand,
+         laws=(L("view-identity.view", A(Op.VIEW, X, shape=SHAPE_OF_X), X, EXACT),
+               L("view-identity.expand", A(Op.EXPAND, X, shape=SHAPE_OF_X), X, EXACT))),
+    # view(x, x.shape) -> x
     Rule("permute-permute", On(Op.PERMUTE, On(Op.PERMUTE, x, name="inner", shared=True)),
-         _composed_permute, EXACT),  # permute(permute(x, p), q) -> permute(x, p[q])
+         _composed_permute, EXACT,
+         laws=(L("permute-permute", A(Op.PERMUTE, A(Op.PERMUTE, X, dims=P), dims=Q),
+                 A(Op.PERMUTE, X, dims=F(AttrFnKind.COMPOSE, P, Q)), EXACT),)),
+    # permute(permute(x, p), q) -> permute(x, p[q])
     Rule("reshape-chain", On(RESHAPES, On(RESHAPES, x, shared=True)),
-         _one_view, EXACT),  # view(view(x, s1), s2) -> view(x, s2)
+         _one_view, EXACT,
+         laws=(L("reshape-chain", A(Op.VIEW, A(Op.VIEW, X, shape=S1), shape=S2),
+                 A(Op.VIEW, X, shape=S2), EXACT),)),  # view(view(x, s1), s2) -> view(x, s2)
     Rule("expand-expand", On(Op.EXPAND, On(Op.EXPAND, x, shared=True)),
-         _one_expand, EXACT),  # expand(expand(x, s1), s2) -> expand(x, s2)
+         _one_expand, EXACT,
+         laws=(L("expand-expand", A(Op.EXPAND, A(Op.EXPAND, X, shape=S1), shape=S2),
+                 A(Op.EXPAND, X, shape=S2), EXACT),)),  # expand(expand(x, s1), s2) -> expand(x, s2)
     Rule("clone-clone", On(Op.CLONE, On(Op.CLONE, x, name="inner", shared=True)),
-         lambda m: m["inner"].out(), EXACT),  # clone(clone(x)) -> clone(x)
+         lambda m: m["inner"].out(), EXACT,
+         laws=(L("clone-clone", A(Op.CLONE, A(Op.CLONE, X)), A(Op.CLONE, X), EXACT),)),
+    # clone(clone(x)) -> clone(x)
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from kiln.ir.attrs import FullAttrs
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
+from kiln.rewrite.law import A, AttrFnKind, C, CondKind, F, L, Lit, PVar
 from kiln.rewrite.pattern import FloatDType, IntDType, On, Uniform, Var
 from kiln.rewrite.rule import EXACT, FAST_MATH, Match, Rule
 from kiln.rules.support import true_division
@@ -22,23 +23,41 @@ def _zeros(m: Match):
 
 
 x = Var("x")
+X = PVar("x")
+ZEROS = A(Op.FULL, shape=F(AttrFnKind.SHAPE_OF, X), value=0, dtype=F(AttrFnKind.DTYPE_OF, X))
 
 RULES = (
-    Rule("mul-one", On(Op.MUL, x, Uniform(1)), lambda m: m["x"], EXACT),  # x*1 -> x
+    Rule("mul-one", On(Op.MUL, x, Uniform(1)), lambda m: m["x"], EXACT,
+         laws=(L("mul-one", A(Op.MUL, X, Lit(1)), X, EXACT),)),  # x*1 -> x
     Rule("div-one", On(Op.DIV, x, Uniform(1), where=true_division, describe="true division"),
-         lambda m: m["x"], EXACT),  # x/1 -> x
-    Rule("pow-one", On(Op.POW, x, Uniform(1)), lambda m: m["x"], EXACT),  # x**1 -> x
-    Rule("add-neg-zero", On(Op.ADD, x, Uniform(-0.0)), lambda m: m["x"], EXACT),  # x+(-0.0) -> x
+         lambda m: m["x"], EXACT,
+         laws=(L("div-one", A(Op.DIV, X, Lit(1)), X, EXACT),)),  # x/1 -> x
+    Rule("pow-one", On(Op.POW, x, Uniform(1)), lambda m: m["x"], EXACT,
+         laws=(L("pow-one", A(Op.POW, X, Lit(1)), X, EXACT),)),  # x**1 -> x
+    Rule("add-neg-zero", On(Op.ADD, x, Uniform(-0.0)), lambda m: m["x"], EXACT,
+         laws=(L("add-neg-zero", A(Op.ADD, X, Lit(-0.0)), X, EXACT),)),  # x+(-0.0) -> x
     Rule("add-zero-int", On(Op.ADD, Var("x", IntDType()), Uniform(0)),
-         lambda m: m["x"], EXACT),  # x+0 -> x (integers)
+         lambda m: m["x"], EXACT,
+         laws=(L("add-zero-int", A(Op.ADD, X, Lit(0)), X, EXACT, C(CondKind.INT, X)),)),
+    # x+0 -> x (integers)
     Rule("add-zero", On(Op.ADD, Var("x", FloatDType()), Uniform(0.0)),
-         lambda m: m["x"], FAST_MATH),  # x+0.0 -> x (wrong for x = -0.0)
-    Rule("sub-zero", On(Op.SUB, x, Uniform(0.0)), lambda m: m["x"], EXACT),  # x-0 -> x
+         lambda m: m["x"], FAST_MATH,
+         laws=(L("add-zero", A(Op.ADD, X, Lit(0.0)), X, FAST_MATH, C(CondKind.FLOAT, X)),)),
+    # x+0.0 -> x (wrong for x = -0.0)
+    Rule("sub-zero", On(Op.SUB, x, Uniform(0.0)), lambda m: m["x"], EXACT,
+         laws=(L("sub-zero", A(Op.SUB, X, Lit(0.0)), X, EXACT),)),  # x-0 -> x
     Rule("mul-zero-int", On(Op.MUL, Var("x", IntDType()), Uniform(0)),
-         _zeros, EXACT),  # x*0 -> 0 (integers)
+         _zeros, EXACT,
+         laws=(L("mul-zero-int", A(Op.MUL, X, Lit(0)), ZEROS, EXACT, C(CondKind.INT, X)),)),
+    # x*0 -> 0 (integers)
     Rule("mul-zero", On(Op.MUL, Var("x", FloatDType()), Uniform(0.0)),
-         _zeros, FAST_MATH),  # x*0 -> 0 (wrong for NaN, inf, and the sign of -x*0)
+         _zeros, FAST_MATH,
+         laws=(L("mul-zero", A(Op.MUL, X, Lit(0.0)), ZEROS, FAST_MATH, C(CondKind.FLOAT, X)),)),
+    # x*0 -> 0 (wrong for NaN, inf, and the sign of -x*0)
     Rule("relu-relu", On(Op.RELU, On(Op.RELU, x, name="inner", shared=True)),
-         lambda m: m["inner"].out(), EXACT),  # relu(relu(x)) -> relu(x)
-    Rule("neg-neg", On(Op.NEG, On(Op.NEG, x)), lambda m: m["x"], EXACT),  # -(-x) -> x
+         lambda m: m["inner"].out(), EXACT,
+         laws=(L("relu-relu", A(Op.RELU, A(Op.RELU, X)), A(Op.RELU, X), EXACT),)),
+    # relu(relu(x)) -> relu(x)
+    Rule("neg-neg", On(Op.NEG, On(Op.NEG, x)), lambda m: m["x"], EXACT,
+         laws=(L("neg-neg", A(Op.NEG, A(Op.NEG, X)), X, EXACT),)),  # -(-x) -> x
 )
