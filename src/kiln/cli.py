@@ -6,6 +6,8 @@
     kiln explain gpt2 --quick --kernels
     kiln explain --ir fuzz-failures/seed0-graph12-O2.kir --check
     kiln fuzz --graphs 10000 --jobs 8 --seed 1 --out fuzz-out --json fuzz.json
+    kiln rules check --rule conv-bn --time-limit 5
+    kiln synth verify my-rules.txt
     kiln --version
 
 User mistakes (unknown model, pass or peer) print one line to stderr and exit 2, no traceback.
@@ -135,7 +137,89 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--json", metavar="FILE", help="also write the summary to FILE")
     f.add_argument("--quiet", action="store_true", help="no progress line")
     f.set_defaults(run=_fuzz)
+
+    r = commands.add_parser("rules", help="kiln's hand-written rules: print them as rule text, "
+                            "or prove and check each")
+    rules = r.add_subparsers(title="rules commands", required=True, metavar="COMMAND")
+    rp = rules.add_parser("print", help="every rule's laws in the rule text format "
+                          "(docs/rules.md)")
+    rp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    rp.set_defaults(run=_rules_print)
+    rc = rules.add_parser(
+        "check", help="prove (z3) or check every rule; exit code 1 when one is refuted",
+        description="For each law of each hand-written rule: a z3 proof in real arithmetic "
+        "(axioms for every shape, or the concrete semantics on small shapes), bit-identity "
+        "for exact rules (z3's floating-point theory on scalars and runs on special values), "
+        "and NaN/inf/signed-zero behaviour for ieee rules. Prints proven / checked / refuted "
+        "/ unknown per law with the tag the evidence supports.")
+    rc.add_argument("--rule", nargs="+", action="extend", metavar="NAME",
+                    help="only these rules (default: all)")
+    _add_check_options(rc)
+    rc.set_defaults(run=_rules_check)
+
+    s = commands.add_parser("synth", help="rule files: verify a file of rules in kiln's rule "
+                            "text format")
+    synth = s.add_subparsers(title="synth commands", required=True, metavar="COMMAND")
+    sv = synth.add_parser("verify", help="parse, type-check, prove and check a rule file",
+                          epilog="example: kiln synth verify my-rules.txt --json verdicts.json")
+    sv.add_argument("file", metavar="FILE", help="a rule file (grammar: docs/rules.md)")
+    _add_check_options(sv)
+    sv.set_defaults(run=_synth_verify)
     return parser
+
+
+def _add_check_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="SECONDS",
+                   help="z3's limit per proof (default 10); past it a proof is unknown")
+    p.add_argument("--json", metavar="FILE", help="also write the verdicts to FILE")
+
+
+# -- kiln rules / kiln synth -----------------------------------------------------------------------
+
+
+def _rules_print(args: argparse.Namespace) -> int:
+    from kiln.synth import commands as synth_commands
+
+    if not args.output:
+        return synth_commands.print_hand_rules(sys.stdout)
+    try:
+        with open(args.output, "w") as out:
+            return synth_commands.print_hand_rules(out)
+    except OSError as err:
+        raise UsageError(f"cannot write {args.output}: {err.strerror}") from None
+
+
+def _rules_check(args: argparse.Namespace) -> int:
+    from kiln.synth import commands as synth_commands
+
+    for name in args.rule or ():
+        _known_rule(name)
+    return _synth_run(lambda: synth_commands.check_hand_rules(
+        args.rule or (), args.time_limit, sys.stdout, args.json))
+
+
+def _synth_verify(args: argparse.Namespace) -> int:
+    from kiln.synth import commands as synth_commands
+
+    return _synth_run(lambda: synth_commands.verify_file(
+        args.file, args.time_limit, sys.stdout, args.json))
+
+
+def _synth_run(job) -> int:  # noqa: ANN001
+    from kiln.synth.commands import SynthUnavailable
+    from kiln.synth.text import RuleTextError
+
+    try:
+        return job()
+    except (RuleTextError, SynthUnavailable) as err:
+        raise UsageError(str(err)) from None
+
+
+def _known_rule(name: str) -> None:
+    try:
+        rule_named(name)
+    except KeyError as err:
+        raise UsageError(err.args[0]) from None
 
 
 # -- kiln bench ------------------------------------------------------------------------------------

@@ -106,7 +106,6 @@ class CondKind(enum.Enum):
     POW2_AT_LEAST_ONE = ("pow2-ge-1", 1, "2**k with k >= 0, or an integer factor on integers")
     NORMAL_RECIPROCAL = ("normal-reciprocal", 1, "c and 1/c normal numbers of x's dtype")
     SAME_TYPE = ("same-type", 2, "two values of one type (shape and dtype)")
-    CHANNEL_BIAS = ("channel-bias", 2, "one number per channel of the convolution")
     GUARD = ("guard", 1, "the named guard of a hand-written rule (Python)")
 
     def __init__(self, text: str, arity: int, describe: str) -> None:

@@ -20,10 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from kiln.ir.attrs import Attrs, attrs_class_of
 from kiln.ir.builder import GraphBuilder
 from kiln.ir.graph import Graph, Value
 from kiln.ir.infer import InferenceError
+from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
 from kiln.ir.types import DType, TensorType
 from kiln.rewrite.law import (
@@ -99,14 +102,18 @@ Chooser = Callable[[Op, str, Sequence[TensorType], Mapping[str, Any]], Any]
 class _Sides:
     """Builds a law's terms into one GraphBuilder, binding attribute variables as it goes."""
 
-    def __init__(self, law: Law, instance: Instance, choose: Chooser | None) -> None:
+    def __init__(self, law: Law, instance: Instance, choose: Chooser | None,
+                 weights: Mapping[str, torch.Tensor]) -> None:
         self.law = law
-        self.builder = GraphBuilder("meta")
+        self.builder = GraphBuilder("cpu")
         self.env: dict[str, Value] = {}
         self.attrs: dict[str, Any] = dict(instance.attrs)
         self.choose = choose
         for name, type_ in instance.tensors.items():
-            self.env[name] = self.builder.input(name, type_)
+            if name in weights:  # a weight is a constant, as the rule's pattern asks
+                self.env[name] = self.builder.constant(name, weights[name])
+            else:
+                self.env[name] = self.builder.input(name, type_)
         for name, value in instance.numbers.items():
             self.env[name] = self.builder.scalar(value)
 
@@ -207,16 +214,37 @@ class Built:
     dst: Graph
 
 
-def build(law: Law, instance: Instance, choose: Chooser | None = None) -> Built:
-    """The law's two sides as graphs over the instance's tensor variables (graph inputs, in
-    the instance's order). InferenceError: a side does not type-check on this instance."""
-    sides = _Sides(law, instance, choose)
+def build(law: Law, instance: Instance, choose: Chooser | None = None,
+          weights: Mapping[str, torch.Tensor] | None = None) -> Built:
+    """The law's two sides as graphs over the instance's tensor variables: graph inputs in
+    the instance's order, except those given in ``weights``, which become constants (with
+    those values). InferenceError: a side does not type-check on this instance."""
+    weights = weights or {}
+    sides = _Sides(law, instance, choose, weights)
     src_out = [sides.term(t) for t in law.src]
     attrs = dict(sides.attrs)
-    dst_sides = _Sides(law, dataclasses.replace(instance, attrs=attrs), None)
+    dst_sides = _Sides(law, dataclasses.replace(instance, attrs=attrs), None, weights)
     dst_out = [dst_sides.term(t) for t in law.dst]
     bound = dataclasses.replace(instance, attrs=attrs)
     return Built(bound, sides.builder.build(*src_out), dst_sides.builder.build(*dst_out))
+
+
+def weight_names(law: Law) -> frozenset[str]:
+    return frozenset(c.args[0].name for c in law.when
+                     if c.kind is CondKind.WEIGHT and isinstance(c.args[0], PVar))
+
+
+def sample_weights(law: Law, instance: Instance, gen: torch.Generator
+                   ) -> dict[str, torch.Tensor]:
+    """Random values for the law's weights on this instance."""
+    return {name: _random(instance.tensors[name], gen) for name in weight_names(law)
+            if name in instance.tensors}
+
+
+def _random(type_: TensorType, gen: torch.Generator) -> torch.Tensor:
+    if type_.dtype.is_floating:
+        return torch.randn(type_.shape, generator=gen, dtype=type_.dtype.torch)
+    return torch.randint(-5, 6, type_.shape, generator=gen).to(type_.dtype.torch)
 
 
 # --- finding instances ---------------------------------------------------------------------
@@ -224,9 +252,11 @@ def build(law: Law, instance: Instance, choose: Chooser | None = None) -> Built:
 def find_instances(law: Law, count: int = 3, tries: int = 600, seed: int = 0,
                    accept: Callable[[Built], bool] | None = None) -> list[Built]:
     """Up to ``count`` instances with different shapes on which the source type-checks and
-    the conditions hold (``accept`` adds a test, e.g. a hand rule's guard). The destination
-    is not required to type-check here: `type_errors` reports where it does not."""
+    the conditions hold (``accept`` adds a test on the source graph, whose weights are
+    constants: e.g. that a hand rule fires on it). The destination is not required to
+    type-check here: `type_errors` reports where it does not."""
     rng = random.Random(seed)
+    gen = torch.Generator().manual_seed(seed)
     role = roles(law)
     found: list[Built] = []
     seen: set[tuple[Any, ...]] = set()
@@ -234,7 +264,12 @@ def find_instances(law: Law, count: int = 3, tries: int = 600, seed: int = 0,
         instance = _sample(law, role, rng)
         try:
             built = _build_src_only(law, instance, _chooser(rng))
-        except (InferenceError, LawError, ValueError, IndexError):
+            if accept is not None:
+                weights = sample_weights(law, built.instance, gen)
+                built = _build_src_only(law, built.instance, None, weights)
+        except (InferenceError, LawError, ValueError, IndexError, RuntimeError):
+            continue
+        if not _runs_as_declared(built, gen):
             continue
         key = tuple(sorted((k, v.shape) for k, v in built.instance.tensors.items()))
         key += tuple(sorted((k, repr(v)) for k, v in built.instance.attrs.items()))
@@ -247,8 +282,22 @@ def find_instances(law: Law, count: int = 3, tries: int = 600, seed: int = 0,
     return found
 
 
-def _build_src_only(law: Law, instance: Instance, choose: Chooser) -> Built:
-    sides = _Sides(law, instance, choose)
+def _runs_as_declared(built: Built, gen: torch.Generator) -> bool:
+    """Does the source run, with results of the types it declares? ATen's shape functions
+    accept some operands its kernels treat otherwise (a batch norm whose statistics have
+    another channel count): such an instance is not a program kiln sees."""
+    inputs = [_random(node.type, gen) for node in built.src.inputs]
+    try:
+        results = interpret(built.src, inputs)
+    except (RuntimeError, ValueError, IndexError):
+        return False
+    return all(isinstance(r, torch.Tensor) and tuple(r.shape) == v.type.shape
+               for r, v in zip(results, built.src.outputs))
+
+
+def _build_src_only(law: Law, instance: Instance, choose: Chooser | None,
+                    weights: Mapping[str, torch.Tensor] | None = None) -> Built:
+    sides = _Sides(law, instance, choose, weights or {})
     src_out = [sides.term(t) for t in law.src]
     bound = dataclasses.replace(instance, attrs=dict(sides.attrs))
     graph = sides.builder.build(*src_out)
@@ -256,14 +305,18 @@ def _build_src_only(law: Law, instance: Instance, choose: Chooser) -> Built:
 
 
 def type_errors(law: Law, builts: Sequence[Built]) -> list[str]:
-    """Why the destination differs in type from the source, per instance (empty: none)."""
-    errors = []
+    """Where both sides type-check with different types, per instance; or, when the
+    destination type-checks on none of them, why not (empty: no error).
+
+    A destination that fails on some shapes only is allowed: the rewrite engine checks
+    every replacement's type and does not apply the law there."""
+    errors, failures = [], []
     for built in builts:
         try:
             full = build(law, built.instance)
         except (InferenceError, LawError) as err:
-            errors.append(f"on {built.instance.describe()}: dst does not type-check: "
-                          f"{str(err).splitlines()[0]}")
+            failures.append(f"on {built.instance.describe()}: dst does not type-check: "
+                            f"{str(err).splitlines()[0]}")
             continue
         src_types = [v.type for v in full.src.outputs]
         dst_types = [v.type for v in full.dst.outputs]
@@ -271,20 +324,47 @@ def type_errors(law: Law, builts: Sequence[Built]) -> list[str]:
             shown = ", ".join(str(t) for t in src_types), ", ".join(str(t) for t in dst_types)
             errors.append(f"on {built.instance.describe()}: src gives {shown[0]}, "
                           f"dst gives {shown[1]}")
+    if failures and len(failures) == len(builts):
+        errors.append(failures[0])
     return errors
 
 
 _RANKS = (0, 1, 2, 2, 3, 4, 4)
+# the ranks an operand slot takes (op, operand index): most shapes fail elsewhere
+_SLOT_RANKS: dict[tuple[Op, int], tuple[int, ...]] = {
+    (Op.MM, 0): (2,), (Op.MM, 1): (2,), (Op.BMM, 0): (3,), (Op.BMM, 1): (3,),
+    (Op.ADDMM, 0): (1, 1, 2), (Op.ADDMM, 1): (2,), (Op.ADDMM, 2): (2,),
+    (Op.CONVOLUTION, 0): (4,), (Op.CONVOLUTION, 1): (4,), (Op.CONVOLUTION, 2): (1,),
+    (Op.CONV_ACT, 0): (4,), (Op.CONV_ACT, 1): (4,),
+    (Op.BATCH_NORM, 0): (4, 2), (Op.BATCH_NORM, 1): (1,), (Op.BATCH_NORM, 2): (1,),
+    (Op.BATCH_NORM, 3): (1,), (Op.BATCH_NORM, 4): (1,),
+}
+
+
+def _rank_hints(law: Law) -> dict[str, tuple[int, ...]]:
+    hints: dict[str, tuple[int, ...]] = {}
+
+    def visit(term: Term) -> None:
+        if not isinstance(term, App):
+            return
+        for i, arg in enumerate(term.args):
+            if isinstance(arg, PVar) and (term.op, i) in _SLOT_RANKS:
+                hints.setdefault(arg.name, _SLOT_RANKS[term.op, i])
+            visit(arg)
+    for term in law.src:
+        visit(term)
+    return hints
 
 
 def _sample(law: Law, role: Roles, rng: random.Random) -> Instance:
     kinds = {c.args[0].name: c.kind for c in law.when
              if c.kind in (CondKind.FLOAT, CondKind.INT) and isinstance(c.args[0], PVar)}
+    hints = _rank_hints(law) if rng.random() < 0.8 else {}
     uniform = rng.random() < 0.6  # one size for every dimension makes contractions line up
     size = rng.choice((2, 3))
     tensors = {}
     for name in role.tensors:
-        rank = rng.choice(_RANKS)
+        rank = rng.choice(hints.get(name, _RANKS))
         dims = tuple(size if uniform else rng.choice((1, 2, 3)) for _ in range(rank))
         dtype = DType.I64 if kinds.get(name) is CondKind.INT else DType.F32
         tensors[name] = TensorType(dims, dtype)
