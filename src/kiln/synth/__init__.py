@@ -1,0 +1,1 @@
+"""Generated rewrite rules: the rule text format, instances, z3 proofs and checks."""

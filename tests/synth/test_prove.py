@@ -1,0 +1,197 @@
+"""kiln.synth.prove: laws proven by axioms, over reals on shapes, and bit-exactly in float32;
+wrong laws refuted with a counterexample."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiln.ir.types import DType, TensorType
+from kiln.synth.instance import Instance
+from kiln.synth.prove import ProofStatus, prove_exact, prove_real
+from kiln.synth.text import parse_rules
+
+PROVEN, REFUTED = ProofStatus.PROVEN, ProofStatus.REFUTED
+
+
+def law(text: str):
+    (parsed,) = parse_rules(text)
+    return parsed
+
+
+def f32(*shape: int) -> TensorType:
+    return TensorType(shape, DType.F32)
+
+
+def instance(attrs: dict | None = None, **tensors: TensorType) -> Instance:
+    return Instance(tensors, {}, attrs or {})
+
+
+# --- axioms: for every shape --------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "(rule mm-assoc (src (mm (mm ?x ?w1) ?w2)) (dst (mm ?x (mm ?w1 ?w2))) (safety fast_math))",
+    "(rule distrib (src (mul (add ?x ?y) ?z)) (dst (add (mul ?x ?z) (mul ?y ?z)))"
+    " (safety fast_math))",
+    "(rule relu-relu (src (relu (relu ?x))) (dst (relu ?x)) (safety exact))",
+    "(rule split-cat (src (cat (nth 0 (split ?x :sizes (2 3) :dim 1))"
+    " (nth 1 (split ?x :sizes (2 3) :dim 1)) :dim 1)) (dst ?x) (safety exact))",
+    "(rule permute-permute (src (permute (permute ?x :dims ?p) :dims ?q))"
+    " (dst (permute ?x :dims (compose ?p ?q))) (safety exact))",
+    "(rule div-pow2 (src (div ?x ?c)) (dst (mul ?x (inverse ?c))) (safety exact)"
+    " (when (pow2 ?c)))",
+])
+def test_proven_by_axioms_for_every_shape(text):
+    proof = prove_real(law(text))
+    assert proof.status is PROVEN, proof
+    assert proof.method == "axioms"
+    assert proof.detail == "holds for every shape"
+
+
+@pytest.mark.parametrize("piece, var", [(0, "x"), (1, "y")])
+def test_cat_split_inverse_proven_by_axioms(piece, var):
+    text = (f"(rule cat-split (src (nth {piece} (split (cat ?x ?y :dim 1) :sizes (2 3) :dim 1)))"
+            f" (dst ?{var}) (safety exact))")
+    # the split sizes must be the sizes of x and y: the instance says they are
+    proof = prove_real(law(text), [instance(x=f32(4, 2), y=f32(4, 3))])
+    assert proof.status is PROVEN, proof
+    assert proof.method == "axioms"
+
+
+def test_parallel_addmm_merge_proven_by_axioms():
+    merged = "(addmm (cat ?b1 ?b2 :dim 0) ?x (cat ?w1 ?w2 :dim 1))"
+    text = (f"(rule merge (src (addmm ?b1 ?x ?w1) (addmm ?b2 ?x ?w2))"
+            f" (dst (nth 0 (split {merged} :sizes (2 3) :dim 1))"
+            f" (nth 1 (split {merged} :sizes (2 3) :dim 1))) (safety ieee))")
+    shapes = instance(b1=f32(2), b2=f32(3), x=f32(4, 3), w1=f32(3, 2), w2=f32(3, 3))
+    proof = prove_real(law(text), [shapes])
+    assert proof.status is PROVEN, proof
+    assert proof.method == "axioms"
+
+
+# --- refuted: a counterexample ---------------------------------------------------------------
+
+@pytest.mark.parametrize("text, shapes", [
+    ("(rule sub-comm (src (sub ?x ?y)) (dst (sub ?y ?x)) (safety exact))", None),
+    ("(rule relu-add (src (relu (add ?x ?y))) (dst (add (relu ?x) (relu ?y))) (safety exact))",
+     None),
+    ("(rule mm-comm (src (mm ?x ?y)) (dst (mm ?y ?x)) (safety exact))",
+     instance(x=f32(2, 2), y=f32(2, 2))),
+])
+def test_wrong_law_refuted_with_counterexample(text, shapes):
+    proof = prove_real(law(text), [shapes] if shapes else [])
+    assert proof.status is REFUTED, proof
+    assert "x = " in proof.detail and "y = " in proof.detail
+    assert "src " in proof.detail and "dst " in proof.detail
+    assert proof.method.startswith("reals")
+
+
+def test_difference_through_an_opaque_function_is_unknown():
+    text = "(rule exp-add (src (exp (add ?x ?y))) (dst (mul (exp ?x) (exp ?y))) (safety ieee))"
+    proof = prove_real(law(text))
+    assert proof.status is ProofStatus.UNKNOWN
+    assert "exp" in proof.detail
+
+
+def test_floor_division_unsupported():
+    text = '(rule fdiv (src (div ?x 1 :rounding_mode "floor")) (dst ?x) (safety exact))'
+    proof = prove_real(law(text))
+    assert proof.status is ProofStatus.UNSUPPORTED
+    assert "floor" in proof.detail
+
+
+def test_integer_law_proven_over_reals():
+    text = ("(rule mul-zero-int (src (mul ?x 0)) (dst (full :shape (2 3) :value 0 :dtype i64))"
+            " (safety exact) (when (int ?x)))")
+    proof = prove_real(law(text), [instance(x=TensorType((2, 3), DType.I64))])
+    assert proof.status is PROVEN, proof
+    assert prove_exact(law(text)).status is ProofStatus.UNSUPPORTED
+
+
+# --- concrete shapes: conv + batch norm --------------------------------------------------------
+
+CONV = ":stride ?s :padding ?p :dilation ?d :transposed false :output_padding (0 0) :groups ?g"
+R = "(mul ?gamma (rsqrt (add ?var ?eps)))"
+
+
+def conv_bn(shift: str):
+    return law(f"""(rule conv-bn
+        (src (batch_norm (convolution ?x ?w {CONV}) ?gamma ?beta ?mean ?var :eps ?eps))
+        (dst (convolution ?x (mul ?w (view {R} :shape (-1 1 1 1))) {shift} {CONV}))
+        (safety ieee))""")
+
+
+BN_SHAPES = [
+    instance(dict(eps=1e-5, s=(1, 1), p=(0, 0), d=(1, 1), g=1), x=f32(1, 2, 3, 3),
+             w=f32(2, 2, 2, 2), gamma=f32(2), beta=f32(2), mean=f32(2), var=f32(2)),
+    instance(dict(eps=1e-3, s=(2, 1), p=(1, 0), d=(1, 2), g=2), x=f32(1, 2, 4, 4),
+             w=f32(4, 1, 2, 2), gamma=f32(4), beta=f32(4), mean=f32(4), var=f32(4)),
+]
+
+
+def test_conv_bn_fold_proven_on_shapes():
+    proof = prove_real(conv_bn(f"(sub ?beta (mul ?mean {R}))"), BN_SHAPES)
+    assert proof.status is PROVEN, proof
+    assert proof.method.startswith("reals on shapes x:(1, 2, 3, 3)")
+
+
+def test_conv_bn_fold_with_wrong_shift_refuted():
+    proof = prove_real(conv_bn(f"(add ?beta (mul ?mean {R}))"), BN_SHAPES[:1])
+    assert proof.status is REFUTED, proof
+    assert "mean = " in proof.detail and "at output 0" in proof.detail
+
+
+# --- float32: bit-exact ----------------------------------------------------------------------
+
+def test_add_negative_zero_exact_and_fast():
+    proof = prove_exact(law("(rule add-neg-zero (src (add ?x -0.0)) (dst ?x) (safety exact))"))
+    assert proof.status is PROVEN, proof
+    assert proof.method == "float32 scalars"
+    assert proof.seconds < 1.0
+
+
+def test_add_positive_zero_refuted_at_negative_zero():
+    proof = prove_exact(law("(rule add-zero (src (add ?x 0.0)) (dst ?x) (safety exact))"))
+    assert proof.status is REFUTED
+    assert proof.detail.startswith("x = -0.0;")
+    assert "src 0.0, dst -0.0" in proof.detail
+
+
+def test_times_two_is_x_plus_x():
+    proof = prove_exact(law("(rule mul-two (src (mul ?x 2)) (dst (add ?x ?x)) (safety exact))"))
+    assert proof.status is PROVEN, proof
+    assert proof.seconds < 1.0
+
+
+@pytest.mark.parametrize("condition, status", [("pow2", PROVEN), ("finite-nonzero", REFUTED)])
+def test_division_by_a_constant(condition, status):
+    text = (f"(rule div-const (src (div ?x ?c)) (dst (mul ?x (inverse ?c))) (safety exact)"
+            f" (when ({condition} ?c)))")
+    proof = prove_exact(law(text), time_limit_s=20)
+    assert proof.status is status, proof
+    if status is REFUTED:
+        assert "c = " in proof.detail
+    assert prove_real(law(text)).status is PROVEN  # in reals, both hold
+
+
+def test_reassociated_constants_round_differently():
+    text = ("(rule fold-add (src (add (add ?x ?c2) ?c1)) (dst (add ?x (add ?c1 ?c2)))"
+            " (safety exact) (when (number ?c1) (number ?c2)))")
+    assert prove_exact(law(text)).status is REFUTED
+    assert prove_real(law(text)).status is PROVEN  # fast_math: it holds in reals
+
+
+def test_exact_movement_law_on_an_instance():
+    text = ("(rule scale-sink (src (mul (permute ?y :dims (1 0)) ?s))"
+            " (dst (permute (mul ?y ?s) :dims (1 0))) (safety exact) (when (number ?s)))")
+    assert prove_exact(law(text)).status is ProofStatus.UNSUPPORTED  # needs shapes
+    proof = prove_exact(law(text), instances=[instance(y=f32(2, 3))])
+    assert proof.status is PROVEN, proof
+    assert proof.method == "float32 on shapes y:(2, 3)"
+
+
+def test_exact_contraction_unsupported():
+    text = "(rule mm-assoc (src (mm (mm ?x ?w1) ?w2)) (dst (mm ?x (mm ?w1 ?w2))) (safety exact))"
+    shapes = instance(x=f32(1, 1), w1=f32(1, 1), w2=f32(1, 1))
+    proof = prove_exact(law(text), instances=[shapes])
+    assert proof.status is ProofStatus.UNSUPPORTED
+    assert "sums" in proof.detail
