@@ -103,7 +103,8 @@ class CondKind(enum.Enum):
     NUMBER = ("number", 1, "a Python number operand")
     FINITE_NONZERO = ("finite-nonzero", 1, "a finite nonzero number")
     POW2 = ("pow2", 1, "±2**k, so that 1/c is exact")
-    POW2_AT_LEAST_ONE = ("pow2-ge-1", 1, "2**k with k >= 0, or an integer factor on integers")
+    POW2_AT_LEAST_ONE = ("pow2-ge-1", 1, "2**k with 0 <= k <= 20 (c + 1 is exact), or an integer "
+                         "factor on integers")
     NORMAL_RECIPROCAL = ("normal-reciprocal", 1, "c and 1/c normal numbers of x's dtype")
     SAME_TYPE = ("same-type", 2, "two values of one type (shape and dtype)")
     GUARD = ("guard", 1, "the named guard of a hand-written rule (Python)")

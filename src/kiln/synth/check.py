@@ -36,6 +36,7 @@ import dataclasses
 import enum
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -104,16 +105,25 @@ def check_law(law: Law, rule: Rule | None = None, time_limit_s: float = 10.0,
         return Verdict(law, Status.REFUTED, None, "types", f"the sides' types differ {errors[0]}",
                        time.perf_counter() - start)
     instances = [b.instance for b in builts]
-    real = prove_real(law, instances, time_limit_s)
+    real = _guarded(lambda: prove_real(law, instances, time_limit_s))
     runs = _Runs(law, builts, seed)
     proofs: list[Proof] = [real]
     exact = None
     if law.safety is EXACT:
-        exact = prove_exact(law, time_limit_s)
+        exact = _guarded(lambda: prove_exact(law, time_limit_s))
         proofs.append(exact)
     verdict = _judge(law, real, exact, runs)
     return Verdict(law, verdict[0], verdict[1], verdict[2], verdict[3],
                    time.perf_counter() - start, tuple(proofs))
+
+
+def _guarded(prove: Callable[[], Proof]) -> Proof:
+    """A prover that fails on a law leaves it unknown (the runs still decide), with why."""
+    try:
+        return prove()
+    except Exception as err:  # noqa: BLE001 - z3 and the encoders raise many kinds
+        return Proof(ProofStatus.UNKNOWN, "z3", f"the prover failed: {type(err).__name__}: "
+                     f"{str(err).splitlines()[0] if str(err) else ''}")
 
 
 def _judge(law: Law, real: Proof, exact: Proof | None, runs: _Runs

@@ -239,7 +239,18 @@ class _Reader:
                 attrs.append((key, self.attr_value(op, key, rest.pop(0))))
             else:
                 args.append(self.term(first))
+        self.check_attributes(op, dict(attrs), item)
         return App(op, tuple(args), tuple(attrs))
+
+    def check_attributes(self, op: Op, given: dict[str, Any], at: SList) -> None:
+        cls = attrs_class_of(op)
+        if not dataclasses.is_dataclass(cls):
+            return
+        missing = [f.name for f in dataclasses.fields(cls) if f.name not in given
+                   and f.default is dataclasses.MISSING]
+        if missing:
+            raise self.fail(at, f"{op.text} needs {', '.join(':' + k for k in missing)} "
+                            "(a value or a ?variable)")
 
     def nth(self, item: SList) -> App:
         if len(item.items) != 3:
@@ -365,7 +376,7 @@ def check_types(item: ParsedLaw, source: str = "") -> None:
 
     law = item.law
     try:
-        builts = find_instances(law, count=4)
+        builts = find_instances(law, count=8)
     except LawError as err:
         raise RuleTextError(item.line, 1, str(err), source) from None
     if not builts:
