@@ -33,3 +33,12 @@ def rule_named(name: str) -> Rule:
             return rule
     known = ", ".join(sorted(r.name for r in ALL_RULES))
     raise KeyError(f"no rule named {name!r}; rules: {known}")
+
+
+def rule_of_law(name: str) -> Rule | None:
+    """The hand-written rule that states the law named ``name`` (a rule file's guards refer
+    to it), or None."""
+    for rule in ALL_RULES:
+        if any(law.name == name for law in rule.laws):
+            return rule
+    return None

@@ -49,8 +49,16 @@ def check_hand_rules(names: Sequence[str], time_limit_s: float, out: TextIO,
 
 def verify_file(path: str, time_limit_s: float, out: TextIO,
                 json_path: str | None = None) -> int:
+    from kiln.rules import rule_of_law
+
     laws = load_rules(path)  # RuleTextError: the caller prints it, naming the line
-    return _check_all([(law, None) for law in laws], time_limit_s, out, json_path)
+    # a law with a hand-written rule's guard is checked where that rule fires
+    items = [(law, rule_of_law(law.name) if _has_guard(law) else None) for law in laws]
+    return _check_all(items, time_limit_s, out, json_path)
+
+
+def _has_guard(law: Law) -> bool:
+    return any(c.kind.text == "guard" for c in law.when)
 
 
 def _check_all(items: Sequence[tuple[Law, Rule | None]], time_limit_s: float, out: TextIO,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -376,7 +376,7 @@ def check_types(item: ParsedLaw, source: str = "") -> None:
 
     law = item.law
     try:
-        builts = find_instances(law, count=8)
+        builts = find_instances(law, count=8, accept=guard_of(law, item.line, source))
     except LawError as err:
         raise RuleTextError(item.line, 1, str(err), source) from None
     if not builts:
@@ -459,3 +459,26 @@ def _print_number(value: bool | int | float) -> str:
 
 def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def guard_of(law: Law, line: int = 0, source: str = "") -> Callable[[Any], bool] | None:
+    """For a law with ``(guard NAME)`` conditions: a test that the hand-written rule stating
+    the law fires on an instance (its pattern and Python guards). None without guards."""
+    from kiln.rewrite.engine import apply_rules
+    from kiln.rules import rule_of_law
+
+    guards = [c.args[0] for c in law.when if c.kind is CondKind.GUARD]
+    if not guards:
+        return None
+    rule = rule_of_law(law.name)
+    if rule is None:
+        raise RuleTextError(line, 1, f"rule {law.name}: (guard {guards[0]}) names a guard of a "
+                            "hand-written rule, and no hand-written rule states a law of this "
+                            "name", source)
+
+    def fires(built: Any) -> bool:
+        from kiln.options import Options
+
+        result = apply_rules(built.src, [rule], Options(fast_math=True))
+        return result.stats[rule.name].fired > 0
+    return fires
