@@ -68,6 +68,18 @@ def test_parallel_addmm_merge_proven_by_axioms():
     assert proof.method == "axioms"
 
 
+def test_sizes_and_shapes_of_variables():
+    merged = "(addmm (cat ?b1 ?b2 :dim 0) ?x (cat ?w1 ?w2 :dim 1))"
+    sizes = ":sizes ((size ?w1 1) (size ?w2 1)) :dim 1"
+    text = (f"(rule merge (src (addmm ?b1 ?x ?w1) (addmm ?b2 ?x ?w2))"
+            f" (dst (nth 0 (split {merged} {sizes})) (nth 1 (split {merged} {sizes})))"
+            f" (safety ieee))")
+    shapes = instance(b1=f32(2), b2=f32(3), x=f32(4, 3), w1=f32(3, 2), w2=f32(3, 3))
+    assert prove_real(law(text), [shapes]).method == "axioms"
+    view = law("(rule view-identity (src (view ?x :shape (shape-of ?x))) (dst ?x) (safety exact))")
+    assert prove_real(view).status is PROVEN
+
+
 # --- refuted: a counterexample ---------------------------------------------------------------
 
 @pytest.mark.parametrize("text, shapes", [

@@ -16,7 +16,8 @@ The vocabulary: add, mul (broadcasting), num(r) (a number, broadcast), recip (1/
 relu, permute(p, x) with compose(p, q) and is_identity(p), cat(d, x, y), split as
 head(d, n, x) / tail(d, n, x) with size(x, d), conv(attrs, x, w) (no bias; attrs built by
 conv_attrs(stride, padding, dilation, groups)), chan(b) (a bias vector viewed as one value
-per channel of dimension 1), view(shape, x), and any other unary op as an opaque function.
+per channel of dimension 1), view(shape, x) with shape_of(x), and any other unary op as
+an opaque function.
 Sub, neg, div, addmm, batch_norm, conv with bias, addmm_act and conv_act are defined from
 these (kiln.synth.prove encodes them so). Two operands of one elementwise axiom are meant
 to have one shape (as in TASO); rules are type-checked on their own (kiln.synth.instance).
@@ -114,6 +115,9 @@ class Symbolic:
     def view(self, shape: Any, a: Any) -> Any:
         return self.fn("view", INT, TENSOR, TENSOR)(self.value(shape), a)
 
+    def shape_of(self, a: Any) -> Any:
+        return self.fn("shape_of", TENSOR, INT)(a)
+
     def ground_facts(self) -> list[z3.BoolRef]:
         """What the interned permutations are: identities, and their compositions."""
         for p, q in list(itertools.product(self.perms, repeat=2)):
@@ -199,6 +203,9 @@ class Concrete:
 
     def view(self, shape: tuple[int, ...], a: Tensor) -> Tensor:
         return a.reshape(shape)
+
+    def shape_of(self, a: Tensor) -> tuple[int, ...]:
+        return a.shape
 
 
 Algebra = Any  # Symbolic or Concrete: the axioms only call the methods both have
@@ -409,6 +416,8 @@ AXIOMS: tuple[Axiom, ...] = (
               a.cat(0, a.conv(a.conv_attrs(s, p, d, g), x, w),
                     a.conv(a.conv_attrs(s, p, d, g), v, w))),
           lambda: [e[:5] + (e[4], e[5]) for e in _conv_examples()]),
+    Axiom("view-own-shape", _vars("x:tensor"), lambda a, x: (a.view(a.shape_of(x), x), x),
+          lambda: [((2, 3),), ((1, 2, 2),)]),
     Axiom("view-view", _vars("s t:attr x:tensor"),
           lambda a, s, t, x: (a.view(t, a.view(s, x)), a.view(t, x)),
           lambda: [((3, 2), (6,), (2, 3)), ((1, 6), (2, 1, 3), (2, 3))]),

@@ -36,6 +36,7 @@ import z3
 
 from kiln.ir.attrs import attrs_class_of
 from kiln.ir.ops import Op, OpGroup
+from kiln.ir.types import DType
 from kiln.rewrite.law import App, AttrFn, AttrFnKind, Lit, PVar, Term
 from kiln.synth.instance import apply_attr_fn
 
@@ -237,6 +238,7 @@ class Env:
     tensors: dict[str, Tensor]
     numbers: dict[str, Tensor]
     attrs: Mapping[str, Any]
+    dtypes: Mapping[str, DType] = field(default_factory=dict)  # of the tensor variables
     memo: dict[Term, list[Tensor]] = field(default_factory=dict)
 
 
@@ -258,7 +260,7 @@ def evaluate(term: Term, env: Env) -> Tensor:
         return _number_function(term, env)
     if term not in env.memo:
         args = [evaluate(a, env) for a in term.args]
-        env.memo[term] = apply_op(term.op, resolve_attrs(term, env.attrs), args, env.domain)
+        env.memo[term] = apply_op(term.op, resolve_attrs(term, env), args, env.domain)
     outputs = env.memo[term]
     if term.output >= len(outputs):
         raise Unsupported(f"{term.op.text} has no output {term.output}")
@@ -287,29 +289,41 @@ def _number_function(term: AttrFn, env: Env) -> Tensor:
     raise Unsupported(f"{term.kind.value} is not a function of numbers")
 
 
-def resolve_attrs(app: App, values: Mapping[str, Any]) -> Any:
-    """The op's attribute object: values written in the law, ?variables looked up in
-    ``values``, attribute functions applied, the attrs class's defaults for the rest."""
+def resolve_attrs(app: App, env: Env) -> Any:
+    """The op's attribute object: values written in the law, ?variables looked up in the
+    instance, attribute functions applied, the attrs class's defaults for the rest."""
     cls = attrs_class_of(app.op)
     if not dataclasses.is_dataclass(cls) or not dataclasses.fields(cls):
         return None
-    given = {k: _attr_value(v, values) for k, v in app.attrs}
+    given = {k: _attr_value(v, env) for k, v in app.attrs}
     for f in dataclasses.fields(cls):
         if f.name not in given and f.default is dataclasses.MISSING:
             raise Unsupported(f"{app.op.text} needs :{f.name}")
     return cls(**given)
 
 
-def _attr_value(value: Any, values: Mapping[str, Any]) -> Any:
+def _attr_value(value: Any, env: Env) -> Any:
     if isinstance(value, PVar):
-        if value.name not in values:
+        if value.name not in env.attrs:
             raise Unsupported(f"no value for the attribute ?{value.name}")
-        return values[value.name]
+        return env.attrs[value.name]
+    if isinstance(value, AttrFn) and value.kind in _TYPE_FNS:
+        name = value.args[0].name
+        if name not in env.tensors:
+            raise Unsupported(f"({value.kind.value} ?{name}) of a variable that is no tensor")
+        return _TYPE_FNS[value.kind](env, name, *value.args[1:])
     if isinstance(value, AttrFn):
-        return apply_attr_fn(value.kind, [_attr_value(a, values) for a in value.args])
+        return apply_attr_fn(value.kind, [_attr_value(a, env) for a in value.args])
     if isinstance(value, tuple):
-        return tuple(_attr_value(v, values) for v in value)
+        return tuple(_attr_value(v, env) for v in value)
     return value
+
+
+_TYPE_FNS: dict[AttrFnKind, Callable[..., Any]] = {
+    AttrFnKind.SHAPE_OF: lambda env, name: env.tensors[name].shape,
+    AttrFnKind.SIZE: lambda env, name, dim: env.tensors[name].shape[dim],
+    AttrFnKind.DTYPE_OF: lambda env, name: env.dtypes.get(name, DType.F32),
+}
 
 
 # --- ops on tensors --------------------------------------------------------------------------

@@ -48,6 +48,7 @@ import numpy as np
 import z3
 
 from kiln.ir.ops import Op, OpGroup
+from kiln.ir.types import DType, TensorType
 from kiln.rewrite.law import App, AttrFn, AttrFnKind, CondKind, Law, Lit, PVar, Term
 from kiln.synth import fp
 from kiln.synth.axioms import (
@@ -96,7 +97,7 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
     axioms = _prove_by_axioms(law, instances, min(1.0, time_limit_s / 4))
     if axioms.status is ProofStatus.PROVEN:
         return _timed(axioms, start)
-    cases = list(instances) or _one_element_instance(law)
+    cases = _one_element_instance(law, instances) or list(instances)
     if not cases:
         return _timed(Proof(ProofStatus.UNKNOWN, "axioms", f"axioms: {axioms.detail}; no "
                             "instances for the reals on shapes"), start)
@@ -122,11 +123,11 @@ def prove_exact(law: Law, time_limit_s: float = 10.0, instances: Sequence[Instan
     if ints:
         return Proof(ProofStatus.UNSUPPORTED, "float32", f"integer tensor ?{ints[0]}: "
                      "integer laws are decided by prove_real (ring ops wrap alike)")
-    cases = _one_element_instance(law) or list(instances)[:1]
+    cases = _one_element_instance(law, instances) or list(instances)[:1]
     if not cases:
         return Proof(ProofStatus.UNSUPPORTED, "float32", "not elementwise "
                      f"({_non_elementwise(law)}): give an instance for the shapes")
-    method = "float32 scalars" if not instances or _elementwise(law) else \
+    method = "float32 scalars" if _elementwise(law) else \
         "float32 on shapes " + _describe_shapes(cases[0])
     proof = _prove_on_instance(law, cases[0], fp.FloatDomain(), _float_numbers, time_limit_s)
     return _timed(Proof(proof.status, method, proof.detail), start)
@@ -229,6 +230,8 @@ class _AxiomEncoder:
             return z3.Int(f"attr_{value.name}")
         if isinstance(value, AttrFn) and value.kind is AttrFnKind.COMPOSE:
             return self.alg.compose(*[self.attr(a) for a in value.args])
+        if isinstance(value, AttrFn) and value.kind is AttrFnKind.SHAPE_OF:
+            return self.alg.shape_of(self.term(value.args[0]))
         if isinstance(value, tuple) and any(isinstance(v, (PVar, AttrFn)) for v in value):
             raise Unsupported("a tuple attribute with ?variables inside")
         return self.alg.value(value)
@@ -263,7 +266,14 @@ class _AxiomEncoder:
         raise Unsupported(f"{t.op.text} is outside the axioms' vocabulary")
 
     def int_attr(self, value: Any) -> Any:
-        return z3.Int(f"attr_{value.name}") if isinstance(value, PVar) else z3.IntVal(value)
+        if isinstance(value, PVar):
+            return z3.Int(f"attr_{value.name}")
+        if isinstance(value, AttrFn) and value.kind is AttrFnKind.SIZE:
+            tensor, dim = value.args
+            return self.alg.size(self.term(tensor), self.int_attr(dim))
+        if isinstance(value, int):
+            return z3.IntVal(value)
+        raise Unsupported(f"{value!r} as an integer attribute")
 
     def scaled(self, x: Any, factor: Any) -> Any:
         return x if isinstance(factor, (int, float)) and factor == 1 else \
@@ -410,6 +420,7 @@ def _real_env(law: Law, instance: Instance, domain: Domain,
 def _prove_on_instance(law: Law, instance: Instance, domain: Domain,
                        make_number: NumberMaker, time_limit_s: float) -> Proof:
     env = _real_env(law, instance, domain, make_number)
+    env.dtypes = {n: t.dtype for n, t in instance.tensors.items()}
     try:
         src = [evaluate(t, env) for t in law.src]
         dst = [evaluate(t, env) for t in law.dst]
@@ -478,14 +489,17 @@ def _non_elementwise(law: Law) -> str:
     return ", ".join(sorted(op.text for op in law.ops() if not op.is_a(OpGroup.ELEMENTWISE)))
 
 
-def _one_element_instance(law: Law) -> list[Instance]:
-    """For an elementwise law, one instance with 0-d tensors (the law holds for every shape
-    if it holds for each element); otherwise none."""
+def _one_element_instance(law: Law, instances: Sequence[Instance]) -> list[Instance]:
+    """For an elementwise law, one instance with 0-d tensors (each output element is the law
+    on the elements it reads, broadcast or not, so it holds for every shape if it holds for
+    one element, and a one-element counterexample fills any shape); otherwise none."""
     if not _elementwise(law):
         return []
     role = roles(law)
-    from kiln.ir.types import DType, TensorType
-    return [Instance({n: TensorType((), DType.F32) for n in role.tensors}, {}, {})]
+    attrs = dict(instances[0].attrs) if instances else {}
+    dtypes = {n: instances[0].tensors[n].dtype if instances and n in instances[0].tensors
+              else DType.F32 for n in role.tensors}
+    return [Instance({n: TensorType((), dtypes[n]) for n in role.tensors}, {}, attrs)]
 
 
 def _describe_shapes(instance: Instance) -> str:
@@ -495,7 +509,7 @@ def _describe_shapes(instance: Instance) -> str:
 
 
 def _shapes_method(law: Law, cases: Sequence[Instance], given: Sequence[Instance]) -> str:
-    if not given:
+    if _elementwise(law):
         return "reals, elementwise (one element: holds for every shape)"
     return "reals on shapes " + "; ".join(_describe_shapes(c) for c in cases)
 
