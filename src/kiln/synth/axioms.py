@@ -19,8 +19,13 @@ conv_attrs(stride, padding, dilation, groups)), chan(b) (a bias vector viewed as
 per channel of dimension 1), view(shape, x) with shape_of(x), and any other unary op as
 an opaque function.
 Sub, neg, div, addmm, batch_norm, conv with bias, addmm_act and conv_act are defined from
-these (kiln.synth.prove encodes them so). Two operands of one elementwise axiom are meant
-to have one shape (as in TASO); rules are type-checked on their own (kiln.synth.instance).
+these (kiln.synth.prove encodes them so).
+
+Broadcasting: an axiom that would relate a well-typed side to a meaningless one when an
+operand broadcasts (permute(p, x + y) = permute(p, x) + permute(p, y) with a vector y) is
+guarded by same_shape(x, y) (shape_of equal) or rank(x) = n. prove_real asserts shape_of,
+rank and size of a law's subterms only from an instance, so a guarded axiom applies to a
+law only on an instance's shapes.
 """
 
 from __future__ import annotations
@@ -118,6 +123,12 @@ class Symbolic:
     def shape_of(self, a: Any) -> Any:
         return self.fn("shape_of", TENSOR, INT)(a)
 
+    def rank(self, a: Any) -> Any:
+        return self.fn("rank", TENSOR, INT)(a)
+
+    def same_shape(self, *ts: Any) -> Any:
+        return z3.And([self.shape_of(t) == self.shape_of(ts[0]) for t in ts[1:]])
+
     def ground_facts(self) -> list[z3.BoolRef]:
         """What the interned permutations are: identities, and their compositions."""
         for p, q in list(itertools.product(self.perms, repeat=2)):
@@ -206,6 +217,12 @@ class Concrete:
 
     def shape_of(self, a: Tensor) -> tuple[int, ...]:
         return a.shape
+
+    def rank(self, a: Tensor) -> int:
+        return a.ndim
+
+    def same_shape(self, *ts: Tensor) -> Any:
+        return z3.BoolVal(all(t.shape == ts[0].shape for t in ts))
 
 
 Algebra = Any  # Symbolic or Concrete: the axioms only call the methods both have
@@ -301,10 +318,12 @@ AXIOMS: tuple[Axiom, ...] = (
           lambda a, x, y, z: (a.mm(a.mm(x, y), z), a.mm(x, a.mm(y, z))),
           lambda: [((2, 3), (3, 2), (2, 2)), ((1, 2), (2, 3), (3, 1))]),
     Axiom("mm-add-right", _vars("x y z:tensor"),
-          lambda a, x, y, z: (a.mm(x, a.add(y, z)), a.add(a.mm(x, y), a.mm(x, z))),
+          lambda a, x, y, z: (a.mm(x, a.add(y, z)), a.add(a.mm(x, y), a.mm(x, z)),
+                              a.same_shape(y, z)),
           lambda: [((2, 3), (3, 2), (3, 2))]),
     Axiom("mm-add-left", _vars("x y z:tensor"),
-          lambda a, x, y, z: (a.mm(a.add(x, y), z), a.add(a.mm(x, z), a.mm(y, z))),
+          lambda a, x, y, z: (a.mm(a.add(x, y), z), a.add(a.mm(x, z), a.mm(y, z)),
+                              a.same_shape(x, y)),
           lambda: [((2, 3), (2, 3), (3, 2))]),
     Axiom("mm-scale-right", _vars("x y:tensor r:real"),
           lambda a, x, y, r: (a.mul(a.mm(x, y), a.num(r)), a.mm(x, a.mul(y, a.num(r)))),
@@ -324,12 +343,12 @@ AXIOMS: tuple[Axiom, ...] = (
                            a.mm(a.permute(a.perm((1, 0)), y), a.permute(a.perm((1, 0)), x))),
           lambda: [((2, 3), (3, 4))]),
     Axiom("permute-add", _vars("p:attr x y:tensor"),
-          lambda a, p, x, y: (a.permute(p, a.add(x, y)), a.add(a.permute(p, x),
-                                                                 a.permute(p, y))),
+          lambda a, p, x, y: (a.permute(p, a.add(x, y)),
+                              a.add(a.permute(p, x), a.permute(p, y)), a.same_shape(x, y)),
           lambda: [((1, 0), (2, 3), (2, 3)), ((2, 0, 1), (1, 2, 3), (1, 2, 3))]),
     Axiom("permute-mul", _vars("p:attr x y:tensor"),
-          lambda a, p, x, y: (a.permute(p, a.mul(x, y)), a.mul(a.permute(p, x),
-                                                                 a.permute(p, y))),
+          lambda a, p, x, y: (a.permute(p, a.mul(x, y)),
+                              a.mul(a.permute(p, x), a.permute(p, y)), a.same_shape(x, y)),
           lambda: [((1, 0), (2, 3), (2, 3)), ((2, 0, 1), (1, 2, 3), (1, 2, 3))]),
     Axiom("permute-scale", _vars("p:attr x:tensor r:real"),
           lambda a, p, x, r: (a.permute(p, a.mul(x, a.num(r))),
@@ -355,27 +374,35 @@ AXIOMS: tuple[Axiom, ...] = (
           _cat_examples),
     Axiom("cat-add", _vars("d:int x y z w:tensor"),
           lambda a, d, x, y, z, w: (a.cat(d, a.add(x, y), a.add(z, w)),
-                                    a.add(a.cat(d, x, z), a.cat(d, y, w))), _cat_pairs),
+                                    a.add(a.cat(d, x, z), a.cat(d, y, w)),
+                                    z3.And(a.same_shape(x, y), a.same_shape(z, w))),
+          _cat_pairs),
     Axiom("cat-mul", _vars("d:int x y z w:tensor"),
           lambda a, d, x, y, z, w: (a.cat(d, a.mul(x, y), a.mul(z, w)),
-                                    a.mul(a.cat(d, x, z), a.cat(d, y, w))), _cat_pairs),
+                                    a.mul(a.cat(d, x, z), a.cat(d, y, w)),
+                                    z3.And(a.same_shape(x, y), a.same_shape(z, w))),
+          _cat_pairs),
     Axiom("cat-scale", _vars("d:int x y:tensor r:real"),
           lambda a, d, x, y, r: (a.mul(a.cat(d, x, y), a.num(r)),
                                  a.cat(d, a.mul(x, a.num(r)), a.mul(y, a.num(r)))),
           lambda: _cat_examples(extra=1)),
     Axiom("cat-row-bias", _vars("u v x y:tensor"),
           lambda a, u, v, x, y: (a.add(a.cat(0, u, v), a.cat(1, x, y)),
-                                 a.cat(1, a.add(u, x), a.add(v, y))),
+                                 a.cat(1, a.add(u, x), a.add(v, y)),
+                                 _ranks(a, (u, 1), (v, 1), (x, 2), (y, 2))),
           lambda: [((2,), (3,), (2, 2), (2, 3))]),
     Axiom("cat-chan-bias", _vars("u v x y:tensor"),
           lambda a, u, v, x, y: (a.add(a.cat(1, x, y), a.chan(a.cat(0, u, v))),
-                                 a.cat(1, a.add(x, a.chan(u)), a.add(y, a.chan(v)))),
+                                 a.cat(1, a.add(x, a.chan(u)), a.add(y, a.chan(v))),
+                                 _ranks(a, (u, 1), (v, 1), (x, 4), (y, 4))),
           lambda: [((2,), (1,), (1, 2, 2, 2), (1, 1, 2, 2))]),
     Axiom("chan-add", _vars("x y:tensor"),
-          lambda a, x, y: (a.chan(a.add(x, y)), a.add(a.chan(x), a.chan(y))),
+          lambda a, x, y: (a.chan(a.add(x, y)), a.add(a.chan(x), a.chan(y)),
+                           _ranks(a, (x, 1), (y, 1))),
           lambda: [((3,), (3,))]),
     Axiom("chan-mul", _vars("x y:tensor"),
-          lambda a, x, y: (a.chan(a.mul(x, y)), a.mul(a.chan(x), a.chan(y))),
+          lambda a, x, y: (a.chan(a.mul(x, y)), a.mul(a.chan(x), a.chan(y)),
+                           _ranks(a, (x, 1), (y, 1))),
           lambda: [((3,), (3,))]),
     Axiom("mm-cat-right", _vars("x y z:tensor"),
           lambda a, x, y, z: (a.mm(x, a.cat(1, y, z)), a.cat(1, a.mm(x, y), a.mm(x, z))),
@@ -391,13 +418,13 @@ AXIOMS: tuple[Axiom, ...] = (
           lambda a, s, p, d, g, x, w, v: (
               a.conv(a.conv_attrs(s, p, d, g), x, a.add(w, v)),
               a.add(a.conv(a.conv_attrs(s, p, d, g), x, w),
-                    a.conv(a.conv_attrs(s, p, d, g), x, v))),
+                    a.conv(a.conv_attrs(s, p, d, g), x, v)), a.same_shape(w, v)),
           lambda: [e + (e[-1],) for e in _conv_examples()]),
     Axiom("conv-add-input", _vars("s p d:attr g:int x w v:tensor"),
           lambda a, s, p, d, g, x, w, v: (
               a.conv(a.conv_attrs(s, p, d, g), a.add(x, v), w),
               a.add(a.conv(a.conv_attrs(s, p, d, g), x, w),
-                    a.conv(a.conv_attrs(s, p, d, g), v, w))),
+                    a.conv(a.conv_attrs(s, p, d, g), v, w)), a.same_shape(x, v)),
           lambda: [e + (e[-2],) for e in _conv_examples(x_c=4, w_in=2, out=2, groups=2)]),
     Axiom("conv-scale", _vars("s p d:attr g:int x w:tensor r:real"),
           lambda a, s, p, d, g, x, w, r: (
@@ -416,12 +443,19 @@ AXIOMS: tuple[Axiom, ...] = (
               a.cat(0, a.conv(a.conv_attrs(s, p, d, g), x, w),
                     a.conv(a.conv_attrs(s, p, d, g), v, w))),
           lambda: [e[:5] + (e[4], e[5]) for e in _conv_examples()]),
+    Axiom("mm-rank", _vars("x y:tensor"), lambda a, x, y: (a.rank(a.mm(x, y)), 2),
+          lambda: [((2, 3), (3, 1))]),
     Axiom("view-own-shape", _vars("x:tensor"), lambda a, x: (a.view(a.shape_of(x), x), x),
           lambda: [((2, 3),), ((1, 2, 2),)]),
     Axiom("view-view", _vars("s t:attr x:tensor"),
           lambda a, s, t, x: (a.view(t, a.view(s, x)), a.view(t, x)),
           lambda: [((3, 2), (6,), (2, 3)), ((1, 6), (2, 1, 3), (2, 3))]),
 )
+
+
+def _ranks(a: Algebra, *pairs: tuple[Any, int]) -> Any:
+    return z3.And([z3.BoolVal(a.rank(t) == n) if isinstance(a, Concrete) else a.rank(t) == n
+                   for t, n in pairs])
 
 
 # --- reading the axioms ----------------------------------------------------------------------

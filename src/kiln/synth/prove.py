@@ -162,30 +162,40 @@ def _check_example(example: Example, time_limit_s: float) -> Proof:
 # --- method 1: axioms ------------------------------------------------------------------------
 
 def _prove_by_axioms(law: Law, instances: Sequence[Instance], time_limit_s: float) -> Proof:
+    """Unsat under the axioms alone: every shape. Else, with the shapes of the first instance
+    asserted (shape_of, rank and size of the law's subterms, which guarded axioms and
+    splits need): the law follows for those shapes."""
     encoder = _AxiomEncoder(law, instances[0] if instances else None)
     try:
         src = [encoder.term(t) for t in law.src]
         dst = [encoder.term(t) for t in law.dst]
-        facts = encoder.size_facts()
     except Unsupported as err:
         return Proof(ProofStatus.UNSUPPORTED, "axioms", str(err))
-    except (ValueError, IndexError) as err:  # the instance does not fit the law
-        return Proof(ProofStatus.UNKNOWN, "axioms", f"no sizes from the instance: {err}")
+    goal = z3.Not(z3.And([a == b for a, b in zip(src, dst)]))
+    base = symbolic_axioms(encoder.alg) + encoder.alg.ground_facts() + encoder.conditions
+    result, reason = _axiom_check(base + encoder.structural + [goal], time_limit_s / 2)
+    if result == z3.unsat:
+        return Proof(ProofStatus.PROVEN, "axioms", "holds for every shape")
+    facts = encoder.shape_facts()
+    if facts:
+        result, reason = _axiom_check(base + encoder.structural + facts + [goal],
+                                      time_limit_s / 2)
+        if result == z3.unsat:
+            shapes = _describe_shapes(instances[0])
+            return Proof(ProofStatus.PROVEN, "axioms", f"holds for the shapes {shapes}")
+    return Proof(ProofStatus.UNKNOWN, "axioms", f"not decided by the axioms ({reason})")
+
+
+def _axiom_check(assertions: list[z3.BoolRef], time_limit_s: float) -> tuple[Any, str]:
     solver = z3.Solver()
     solver.set("timeout", max(1, int(time_limit_s * 1000)))
     # E-matching on the axioms' patterns only; the instance limit also keeps z3 out of a
     # loop that its timeout does not interrupt (seen with relu(x+y) = relu(x)+relu(y))
     solver.set("smt.mbqi", False)
     solver.set("smt.qi.max_instances", 20000)
-    solver.add(symbolic_axioms(encoder.alg))
-    solver.add(encoder.alg.ground_facts() + facts + encoder.conditions)
-    solver.add(z3.Not(z3.And([a == b for a, b in zip(src, dst)])))
+    solver.add(assertions)
     result = solver.check()
-    if result == z3.unsat:
-        scope = "every shape" if not facts else "every shape where the split sizes match"
-        return Proof(ProofStatus.PROVEN, "axioms", f"holds for {scope}")
-    reason = "not implied" if result == z3.sat else solver.reason_unknown()
-    return Proof(ProofStatus.UNKNOWN, "axioms", f"not decided by the axioms ({reason})")
+    return result, "not implied" if result == z3.sat else solver.reason_unknown()
 
 
 class _AxiomEncoder:
@@ -199,6 +209,7 @@ class _AxiomEncoder:
         self.attr_vars = set(role.attrs)  # an attribute used as an operand is a number
         self.conditions = _real_conditions(law, {n: z3.Real(n) for n in self.numbers})
         self.encoded: list[tuple[Term, Any]] = []
+        self.structural: list[z3.BoolRef] = []  # true for every shape: ATen's own rules
         self.law = law
 
     def term(self, term: Term) -> Any:
@@ -309,7 +320,7 @@ class _AxiomEncoder:
         rest = args[2:]
         has_bias = t.attr("has_bias", len(rest) > 0) if t.op is Op.CONV_ACT else bool(rest)
         if has_bias:
-            y = a.add(y, a.chan(rest[0]))
+            y = a.add(y, self.chan(rest[0]))
         if t.op is Op.CONV_ACT and t.attr("has_residual"):
             y = a.add(y, rest[-1])
         return self.activation(t, y) if t.op is Op.CONV_ACT else y
@@ -319,8 +330,14 @@ class _AxiomEncoder:
         x, gamma, beta, mean, var = args
         eps = a.num(self.number(t.attr("eps")))
         scale = a.unary("rsqrt", a.add(var, eps))
-        centred = a.add(x, a.mul(a.chan(mean), a.num(z3.RealVal(-1))))
-        return a.add(a.mul(a.mul(centred, a.chan(scale)), a.chan(gamma)), a.chan(beta))
+        centred = a.add(x, a.mul(self.chan(mean), a.num(z3.RealVal(-1))))
+        return a.add(a.mul(a.mul(centred, self.chan(scale)), self.chan(gamma)),
+                     self.chan(beta))
+
+    def chan(self, vector: Any) -> Any:
+        """A per-channel operand (a conv bias, a batch norm's parameters): 1-d in ATen."""
+        self.structural.append(self.alg.rank(vector) == 1)
+        return self.alg.chan(vector)
 
     def cat(self, dim: Any, args: list[Any]) -> Any:
         out = args[-1]
@@ -342,18 +359,21 @@ class _AxiomEncoder:
             return rest
         return self.alg.head(dim, self.int_attr(sizes[t.output]), rest)
 
-    def size_facts(self) -> list[z3.BoolRef]:
-        """size(t, d) = n for every encoded subterm, from the instance's shapes (only laws
-        with a split need them)."""
-        if self.instance is None or Op.SPLIT not in self.law.ops():
+    def shape_facts(self) -> list[z3.BoolRef]:
+        """shape_of, rank and size of every encoded subterm on the instance (none without
+        one, or where the instance does not fit the law)."""
+        if self.instance is None:
             return []
         env = _real_env(self.law, self.instance, RealDomain())
         facts = []
-        for term, encoded in self.encoded:
-            if isinstance(term, App) and term.op is Op.SPLIT:
-                continue
-            shape = evaluate(term, env).shape
-            facts += [self.alg.size(encoded, d) == n for d, n in enumerate(shape)]
+        try:
+            for term, encoded in self.encoded:
+                shape = evaluate(term, env).shape
+                facts += [self.alg.shape_of(encoded) == self.alg.value(tuple(shape)),
+                          self.alg.rank(encoded) == len(shape)]
+                facts += [self.alg.size(encoded, d) == n for d, n in enumerate(shape)]
+        except (Unsupported, ValueError, IndexError):
+            return []
         return facts
 
 
