@@ -111,12 +111,22 @@ def test_floor_division_unsupported():
     assert "floor" in proof.detail
 
 
-def test_integer_law_proven_over_reals():
+def test_integer_laws():
     text = ("(rule mul-zero-int (src (mul ?x 0)) (dst (full :shape (2 3) :value 0 :dtype i64))"
             " (safety exact) (when (int ?x)))")
-    proof = prove_real(law(text), [instance(x=TensorType((2, 3), DType.I64))])
-    assert proof.status is PROVEN, proof
-    assert prove_exact(law(text)).status is ProofStatus.UNSUPPORTED
+    shapes = [instance(x=TensorType((2, 3), DType.I64))]
+    assert prove_real(law(text), shapes).status is PROVEN
+    exact = prove_exact(law(text), instances=shapes)
+    assert exact.status is PROVEN, exact
+    assert exact.method == "int64 on shapes x:(2, 3)"
+    # x*c + x = x*(c+1) wraps alike on both sides; x*c + x = x*c does not hold
+    scaled = ("(rule scaled (src (add (mul ?x ?c) ?x)) (dst (mul ?x (plus-one ?c)))"
+              " (safety exact) (when (int ?x) (pow2-ge-1 ?c)))")
+    assert prove_exact(law(scaled)).status is PROVEN
+    wrong = law("(rule wrong (src (add (mul ?x 2) ?x)) (dst (mul ?x 2)) (safety exact)"
+                " (when (int ?x)))")
+    refuted = prove_exact(wrong)
+    assert refuted.status is REFUTED and refuted.method == "int64 scalars"
 
 
 # --- concrete shapes: conv + batch norm --------------------------------------------------------

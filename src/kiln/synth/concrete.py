@@ -86,6 +86,11 @@ class Domain:
     def same(self, a: Any, b: Any) -> z3.BoolRef:
         return a == b
 
+    def solver(self, time_limit_s: float) -> z3.Solver:
+        solver = z3.Solver()
+        solver.set("timeout", max(1, int(time_limit_s * 1000)))
+        return solver
+
     def show(self, model: z3.ModelRef, element: Any) -> str:
         raise NotImplementedError
 

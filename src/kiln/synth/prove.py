@@ -32,8 +32,11 @@ tensors are treated as reals too: that proves integer laws whose ops are ring op
 nothing about overflow in division or comparisons, and floor division is unsupported.
 
 prove_exact decides bit-identity with z3's float32 theory (`kiln.synth.fp`, which explains
-how numbers are rounded): NaN equals NaN, +0.0 differs from -0.0. Laws over elementwise ops
-are checked on one-element tensors (which covers every shape); other laws need instances.
+how numbers are rounded): NaN equals NaN, +0.0 differs from -0.0. Integer tensors are
+bitvectors of their dtype's width (wrapping, as ATen's integer ops). Laws over elementwise
+ops are checked on one-element tensors (which covers every shape); other laws need
+instances, and contractions on floats are unsupported (the library picks the summation
+order).
 """
 
 from __future__ import annotations
@@ -114,23 +117,46 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
 
 def prove_exact(law: Law, time_limit_s: float = 10.0, instances: Sequence[Instance] = ()
                 ) -> Proof:
-    """Is ``law`` bit-identical in float32 (RNE; NaN = NaN, +0.0 ≠ -0.0)? See kiln.synth.fp.
+    """Is ``law`` bit-identical? Float tensors in float32 (RNE; NaN = NaN, +0.0 ≠ -0.0),
+    integer tensors as bitvectors of their width (64 without an instance); kiln.synth.fp.
 
-    Elementwise laws are checked on one-element tensors; others on ``instances``' shapes
-    (with float32 elements). Integer tensors are unsupported (see prove_real)."""
+    Elementwise laws are checked on one-element tensors (which covers every shape); others
+    on the first of ``instances``' shapes, or UNSUPPORTED without one."""
     start = time.monotonic()
-    ints = [c.args[0].name for c in law.when if c.kind is CondKind.INT]
-    if ints:
-        return Proof(ProofStatus.UNSUPPORTED, "float32", f"integer tensor ?{ints[0]}: "
-                     "integer laws are decided by prove_real (ring ops wrap alike)")
     cases = _one_element_instance(law, instances) or list(instances)[:1]
     if not cases:
-        return Proof(ProofStatus.UNSUPPORTED, "float32", "not elementwise "
+        return Proof(ProofStatus.UNSUPPORTED, "exact", "not elementwise "
                      f"({_non_elementwise(law)}): give an instance for the shapes")
-    method = "float32 scalars" if _elementwise(law) else \
-        "float32 on shapes " + _describe_shapes(cases[0])
-    proof = _prove_on_instance(law, cases[0], fp.FloatDomain(), _float_numbers, time_limit_s)
-    return _timed(Proof(proof.status, method, proof.detail), start)
+    try:
+        domain, numbers = _exact_domain(law, cases[0])
+    except Unsupported as err:
+        return Proof(ProofStatus.UNSUPPORTED, "exact", str(err))
+    where = "scalars" if _elementwise(law) else "on shapes " + _describe_shapes(cases[0])
+    proof = _prove_on_instance(law, cases[0], domain, numbers, time_limit_s)
+    return _timed(Proof(proof.status, f"{domain.name} {where}", proof.detail), start)
+
+
+def _exact_domain(law: Law, instance: Instance) -> tuple[Domain, NumberMaker]:
+    """float32 for float tensors, bitvectors for integer ones (a law mixing both, or one on
+    bool tensors, is unsupported)."""
+    declared = {c.args[0].name for c in law.when
+                if c.kind is CondKind.INT and isinstance(c.args[0], PVar)}
+    types = instance.tensors
+    ints = {n for n, t in types.items() if n in declared or not t.dtype.is_floating}
+    if not ints:
+        return fp.FloatDomain(), _float_numbers
+    if ints != set(types):
+        raise Unsupported(f"integer tensors ({', '.join(sorted(ints))}) with float ones")
+    dtypes = {types[n].dtype for n in ints if not types[n].dtype.is_floating}
+    if DType.BOOL in dtypes:
+        raise Unsupported("bool tensors")
+    bits = max((d.itemsize * 8 for d in dtypes), default=64)
+
+    def numbers(law: Law, name: str) -> tuple[Any, list[z3.BoolRef]]:
+        kinds = {c.kind for c in law.when if c.args and c.args[0] == PVar(name)}
+        return fp.int_number_variable(name, kinds, bits)
+
+    return fp.IntDomain(bits), numbers
 
 
 def check_axioms(time_limit_s: float = 10.0, axioms: Sequence[Axiom] = AXIOMS
@@ -469,8 +495,7 @@ def _compare(src: list[Any], dst: list[Any], assumptions: list[z3.BoolRef], doma
     differs = [z3.Not(domain.same(a, b)) for _, a, b in pairs]
     if not differs:
         return Proof(ProofStatus.PROVEN, "")
-    solver = z3.Solver()
-    solver.set("timeout", max(1, int(time_limit_s * 1000)))
+    solver = domain.solver(time_limit_s)
     solver.add(assumptions)
     solver.add(z3.Or(differs))
     result = solver.check()
@@ -517,8 +542,11 @@ def _one_element_instance(law: Law, instances: Sequence[Instance]) -> list[Insta
         return []
     role = roles(law)
     attrs = dict(instances[0].attrs) if instances else {}
+    declared = {c.args[0].name for c in law.when if c.kind is CondKind.INT
+                and isinstance(c.args[0], PVar)}
+    default = {n: DType.I64 if n in declared else DType.F32 for n in role.tensors}
     dtypes = {n: instances[0].tensors[n].dtype if instances and n in instances[0].tensors
-              else DType.F32 for n in role.tensors}
+              else default[n] for n in role.tensors}
     return [Instance({n: TensorType((), dtypes[n]) for n in role.tensors}, {}, attrs)]
 
 
