@@ -9,11 +9,13 @@ prove_real tries two methods in turn:
 
 1. **axioms** (TASO's method): tensors are an uninterpreted sort, ops uninterpreted
    functions, constrained by the ∀-axioms of `kiln.synth.axioms`; the law's variables are
-   free constants. Unsat means the law follows from the axioms for *every* shape (and every
-   value of an attribute the law leaves as a ?variable). Shapeless: the axioms are checked
-   on small shapes (check_axioms), and the laws are type-checked on their own. A split needs
-   its sizes as numbers (from the law or the first instance), and then the sizes of the
-   tensors it splits, which come from the instance.
+   free constants; z3 searches by E-matching within a fixed count of resource units
+   (AXIOM_RLIMIT: deterministic, unlike a time). Unsat under the axioms alone: the law
+   holds for *every* shape (and every value of an attribute the law leaves as a ?variable),
+   detail "holds for every shape". Otherwise, given an instance, the shapes of the law's
+   subterms on it are asserted too (guarded axioms and splits need them), and unsat means
+   the law holds for those shapes ("holds for the shapes ..."). The axioms themselves are
+   checked on small shapes by check_axioms; laws are type-checked by kiln.synth.instance.
 2. **reals on shapes**: each tensor variable becomes an array of z3 Reals of the instance's
    shape, both sides are computed element by element (`kiln.synth.concrete`), and some
    element is asserted to differ. Unsat on every instance proves the law *for those shapes*
@@ -180,6 +182,8 @@ def check_axioms(time_limit_s: float = 10.0, axioms: Sequence[Axiom] = AXIOMS
 
 
 def _check_example(example: Example, time_limit_s: float) -> Proof:
+    if any(z3.is_false(z3.simplify(a)) for a in example.assumptions):
+        return Proof(ProofStatus.UNKNOWN, "", "the example does not meet the axiom's guard")
     domain = example.domain
     return _compare([example.lhs], [example.rhs], example.assumptions, domain, time_limit_s,
                     lambda m: _show_variables(domain, m, example.values))
