@@ -569,7 +569,7 @@ def _describe_shapes(instance: Instance) -> str:
 
 def _shapes_method(law: Law, cases: Sequence[Instance], given: Sequence[Instance]) -> str:
     if _elementwise(law):
-        return "reals, elementwise (one element: holds for every shape)"
+        return "reals on one element (elementwise: that covers every shape)"
     return "reals on shapes " + "; ".join(_describe_shapes(c) for c in cases)
 
 
