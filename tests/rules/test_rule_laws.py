@@ -36,3 +36,15 @@ def test_the_rule_builds_what_its_law_says(rule, law) -> None:
         want = interpret(full.dst, inputs)
         for g, w in zip(got, want):
             torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.parametrize("rule", ALL_RULES, ids=lambda rule: rule.name)
+def test_every_law_is_proven_or_checked_and_its_tag_has_evidence(rule) -> None:
+    from kiln.synth.check import Status, check_law
+
+    for law in rule.laws:
+        verdict = check_law(law, rule, time_limit_s=5)
+        assert verdict.status in (Status.PROVEN, Status.CHECKED), \
+            f"{law.name}: {verdict.status.value}: {verdict.detail}"
+        assert verdict.tag_ok, f"{law.name}: tagged {law.safety.value}, evidence " \
+            f"{verdict.evidence}: {verdict.detail}"

@@ -148,6 +148,11 @@ def _judge(law: Law, real: Proof, exact: Proof | None, runs: _Runs
         return Status.REFUTED, evidence, method, f"tagged {law.safety.value}: {contradiction}"
     if exact is not None and exact.status is ProofStatus.PROVEN:
         method += f"; bit-identical: {exact.method}"
+    elif evidence is EXACT and law.safety is EXACT:
+        why = f"z3 float32: {exact.status.value}" if exact is not None else "no proof"
+        method += f"; bit-identical on {runs.ran} runs ({why})"
+    if law.safety is IEEE and evidence is not FAST_MATH:
+        method += f"; special values agree on {runs.ran // 2} runs"
     status = Status.PROVEN if proven else Status.CHECKED
     return status, evidence, method, "" if proven else real.detail
 

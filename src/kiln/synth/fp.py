@@ -112,7 +112,7 @@ def number_variable(name: str, conditions: set[CondKind]) -> tuple[Any, list[z3.
     """A float32 number operand meeting ``conditions``, and the constraints on it.
 
     pow2: ±2**k with 2**k and 2**-k normal (k in -126..126), so that 1/c is exact;
-    pow2-ge-1: 2**k, k in 0..127; finite-nonzero: finite and not ±0;
+    pow2-ge-1: 2**k, k in 0..20 (c + 1 exact); finite-nonzero: finite and not ±0;
     normal-reciprocal: |c| and 1/|c| normal (2**-126 <= |c| <= 2**126).
     """
     if CondKind.POW2 in conditions or CondKind.POW2_AT_LEAST_ONE in conditions:
@@ -120,7 +120,8 @@ def number_variable(name: str, conditions: set[CondKind]) -> tuple[Any, list[z3.
         exponent = z3.BitVec(f"{name}_exponent", 8)
         value = z3.fpFP(sign, exponent, z3.BitVecVal(0, 23))
         if CondKind.POW2_AT_LEAST_ONE in conditions:
-            return value, [sign == 0, z3.UGE(exponent, 127), z3.ULE(exponent, 254)]
+            # k <= 20, as the rule's guard says: then c + 1 is exact in float32
+            return value, [sign == 0, z3.UGE(exponent, 127), z3.ULE(exponent, 147)]
         return value, [z3.UGE(exponent, 1), z3.ULE(exponent, 253)]
     value = z3.FP(name, F32)
     constraints: list[z3.BoolRef] = []
