@@ -103,6 +103,23 @@ def test_layernorm_kernel_near_the_float_range_matches_aten(options: Options) ->
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6)
 
 
+def test_layernorm_kernel_of_a_constant_row_with_eps_zero_is_nan_as_in_aten(
+        options: Options) -> None:
+    # the mean of a constant row is exact (ATen's Welford mean is), so with eps = 0 the row
+    # is 0 * rsqrt(0) = NaN; a mean off by a rounding gave +-1 (fuzz seed 1, graph 79242)
+    x = torch.randn(4, 3)
+    x[1] = 0.1
+    x[3] = -7.3
+    w, b = torch.randn(3), torch.randn(3)
+    kernel = compile_kernel(fused.layernorm_rows(4, 3, eps=0.0).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    out = torch.empty(4, 3)
+    kernel(x, w, b, out)
+    want = F.layer_norm(x, (3,), w, b, eps=0.0)
+    assert want[1].isnan().all() and want[3].isnan().all()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6, equal_nan=True)
+
+
 def test_fused_kernels_propagate_nan(options: Options) -> None:
     x = torch.randn(2, 20)
     x[0, 3] = float("nan")

@@ -102,9 +102,13 @@ def layernorm_rows(rows: int, n: int, eps: float = 1e-5, name: str = "layernorm"
 
     def dev(v0, k):  # noqa: ANN001, ANN202
         return x[v0, k] - mean[v0]
-    # sum x/n, not x: the sum of finite values can overflow where their mean does not
-    b.reduce("sum", s1, (n,), BinOp.ADD, lambda v, k: x[v[0], k[0]] * inv_n)
-    b.compute("mean", mean, lambda v: s1[v[0]])
+    # mean = x0 + sum((x - x0)/n), x0 the row's first element: exact for a constant row (as
+    # ATen's Welford mean is: with eps = 0 its result is then 0*inf = NaN), and the sum of
+    # the (x - x0)/n cannot overflow where the sum of x could
+    def shifted(v0, k):  # noqa: ANN001, ANN202
+        return (x[v0, k] - x[v0, 0]) * inv_n if n else x[v0, k]
+    b.reduce("sum", s1, (n,), BinOp.ADD, lambda v, k: shifted(v[0], k[0]))
+    b.compute("mean", mean, lambda v: x[v[0], 0] + s1[v[0]] if n else s1[v[0]])
     b.reduce("sq", s2, (n,), BinOp.ADD, lambda v, k: dev(v[0], k[0]) * dev(v[0], k[0]))
     b.compute("rstd", rstd, lambda v: Unary(UnOp.RSQRT, s2[v[0]] * inv_n + _c(eps)))
 

@@ -139,12 +139,23 @@ def lower_layer_norm(b: Builder, node: Node, args: list[TensorRef],
     rank, m = len(x.shape), len(a.normalized_shape)
     dims = tuple(range(rank - m, rank))
     count = math.prod(x.shape[d] for d in dims)
-    # the sum of x/n cannot overflow where every x is finite (the sum of x can: a row holding
-    # 2e38 and 3e38 has a float32 mean); ATen's Welford mean stays finite there too
+    # mean = x0 + sum((x - x0)/n), x0 the row's first element: exact for a constant row (as
+    # ATen's Welford mean is: with eps = 0 its result is then 0*inf = NaN), and the sum of
+    # the (x - x0)/n cannot overflow where the sum of x could (2e38 and 3e38 in one row)
+    def first(idx: Sequence[Expr]) -> Expr:
+        at = list(idx)
+        for d in dims:
+            at[d] = const(0, at[d].dtype)
+        return cast(x.read(at), y.dtype)
+
     total = b.temp(f"{node.name}_sum", mean.shape, y.dtype)
-    reduce_into(b, f"{node.name}_sum", total, x, dims, True, BinOp.ADD,
-                lambda e, idx: e * (1.0 / count))
-    b.compute(f"{node.name}_mean", mean, lambda v: total[v])
+    if count:
+        reduce_into(b, f"{node.name}_sum", total, x, dims, True, BinOp.ADD,
+                    lambda e, idx: (e - first(idx)) * (1.0 / count))
+        b.compute(f"{node.name}_mean", mean, lambda v: first(v) + total[v])
+    else:
+        reduce_into(b, f"{node.name}_sum", total, x, dims, True, BinOp.ADD)
+        b.compute(f"{node.name}_mean", mean, lambda v: total[v])
 
     def at(buf: Buffer, v: Sequence[Expr]) -> Expr:
         return buf[tuple(kept_index(rank, dims, v))]
