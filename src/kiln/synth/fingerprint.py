@@ -182,7 +182,7 @@ class Pairing:
             return "dst reads more variables"
         if all(_congruent(a, b) for a, b in zip(pair.src, pair.dst)):
             return "congruent (follows from smaller rules)"
-        if len(pair.src) > 1 and _decomposes(pair):
+        if len(pair.src) > 1 and _decomposes(pair) and _single_rules_exist(pair):
             return "multi-output: one single-output rule per output"
         if self._common_subgraph(pair):
             return "common subgraph"
@@ -218,11 +218,18 @@ def _oriented(pair: Pair) -> Pair:
     """src: the larger graph, except for a multi-output pair that is one rule only the other
     way: (mm x w1), (mm x w2) -> split(mm(x, cat(w1, w2))) merges two products, while
     split(...) -> (mm x w1), (mm x w2) is two single-output rules."""
-    if len(pair.src) == 1 or not _decomposes(pair):
-        return pair
+    if len(pair.src) == 1 or not _decomposes(pair) or any(t.spec is None for t in pair.dst):
+        return pair  # a rule's src is never a bare variable
     flipped = replace(pair, src=pair.dst, dst=pair.src, src_ops=pair.dst_ops,
                       dst_ops=pair.src_ops)
     return pair if _decomposes(flipped) else flipped
+
+
+def _single_rules_exist(pair: Pair) -> bool:
+    """Are the pair's output pairs found as single-output rules? Not where an src output is
+    one output of a split: a graph with a split has both its outputs as results, so
+    split(cat(x1, x2)) -> x1, x2 is a rule with two outputs only."""
+    return all(t.spec is not None and t.spec.outputs == 1 for t in pair.src)
 
 
 def _congruent(a: Tensor, b: Tensor) -> bool:
