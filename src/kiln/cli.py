@@ -8,6 +8,7 @@
     kiln fuzz --graphs 10000 --jobs 8 --seed 1 --out fuzz-out --json fuzz.json
     kiln rules check --rule conv-bn --time-limit 5
     kiln synth verify my-rules.txt
+    kiln synth generate --max-ops 3 -o rules.txt
     kiln --version
 
 User mistakes (unknown model, pass or peer) print one line to stderr and exit 2, no traceback.
@@ -165,6 +166,20 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("file", metavar="FILE", help="a rule file (grammar: docs/rules.md)")
     _add_check_options(sv)
     sv.set_defaults(run=_synth_verify)
+    sg = synth.add_parser(
+        "generate", help="TASO's rule generator: every graph of up to N ops, paired by "
+        "fingerprint, pruned, proven, tagged, written as a rule file",
+        epilog="example: kiln synth generate --max-ops 3 -o rules.txt")
+    sg.add_argument("--max-ops", type=int, default=3, metavar="N",
+                    help="operators per graph, at most (default 3)")
+    sg.add_argument("--ops", default="", metavar="A,B,...",
+                    help="the operator set (default: add, mul, smul, mm, transpose, conv, "
+                         "conv_relu, relu, cat0, cat1, split0, split1)")
+    sg.add_argument("--seed", type=int, default=0, help="fingerprint seed (default 0)")
+    sg.add_argument("--time-limit", type=float, default=2.0, metavar="SECONDS",
+                    help="z3's limit per proof (default 2)")
+    sg.add_argument("-o", "--output", required=True, metavar="FILE", help="the rule file")
+    sg.set_defaults(run=_synth_generate)
     return parser
 
 
@@ -203,6 +218,21 @@ def _synth_verify(args: argparse.Namespace) -> int:
 
     return _synth_run(lambda: synth_commands.verify_file(
         args.file, args.time_limit, sys.stdout, args.json))
+
+
+def _synth_generate(args: argparse.Namespace) -> int:
+    from kiln.synth import commands as synth_commands
+
+    if args.max_ops < 1:
+        raise UsageError(f"--max-ops must be at least 1, got {args.max_ops}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise UsageError(f"-o {args.output}: no such directory")
+    try:
+        return _synth_run(lambda: synth_commands.generate_rules(
+            args.max_ops, _split([args.ops]), args.seed, args.time_limit, args.output,
+            sys.stderr))
+    except ValueError as err:
+        raise UsageError(str(err)) from None
 
 
 def _synth_run(job) -> int:  # noqa: ANN001

@@ -50,3 +50,19 @@ def test_a_bad_rule_file_is_a_usage_error_naming_the_line(tmp_path, capsys) -> N
 def test_an_unknown_rule_name_is_a_usage_error(capsys) -> None:
     assert main(["rules", "check", "--rule", "no-such-rule"]) == 2
     assert "no rule named 'no-such-rule'" in capsys.readouterr().err
+
+
+def test_synth_generate_writes_a_rule_file_that_loads(tmp_path, capsys) -> None:
+    path = tmp_path / "gen.txt"
+    assert main(["synth", "generate", "--max-ops", "2", "--ops", "add,mm,transpose",
+                 "-o", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "prove" in err and f"written to {path}" in err
+    laws = load_rules(path)
+    assert laws and all(law.name.startswith("gen-") for law in laws)
+    assert all(dict(law.provenance)["origin"] == "generated" for law in laws)
+
+
+def test_synth_generate_refuses_an_unknown_op(tmp_path, capsys) -> None:
+    assert main(["synth", "generate", "--ops", "add,fft", "-o", str(tmp_path / "x")]) == 2
+    assert "unknown op 'fft'" in capsys.readouterr().err

@@ -3,6 +3,7 @@
     kiln rules print -o rules.txt       every hand-written rule's laws, in the rule text format
     kiln rules check                     prove or check each law; exit 1 when one is refuted
     kiln synth verify my-rules.txt       the same checks on a rule file
+    kiln synth generate --max-ops 3 -o rules.txt   TASO's generator: enumerate, prove, write
 
 The table has one row per law: its declared tag, the verdict, the tag the evidence
 supports, how it was decided and, for a refuted law, the counterexample.
@@ -101,3 +102,57 @@ def _checker() -> Callable:
                                "pip install 'kiln[synth]'") from None
     return check_law
 
+
+
+def generate_rules(max_ops: int, op_names: Sequence[str], seed: int, time_limit_s: float,
+                   output: str, err: TextIO) -> int:
+    """Run the generator with a progress bar on ``err``; write the proven rules to
+    ``output`` and print the counts."""
+    try:
+        from kiln.synth.enumerate import DEFAULT_OPS, OPS_BY_NAME
+        from kiln.synth.generate import generate, write_rules
+    except ImportError as error:
+        raise SynthUnavailable(f"generating rules needs z3 ({error}); install kiln's synth "
+                               "extra: pip install 'kiln[synth]'") from None
+    unknown = [n for n in op_names if n not in OPS_BY_NAME]
+    if unknown:
+        raise ValueError(f"unknown op {unknown[0]!r} for the generator; known: "
+                         f"{', '.join(OPS_BY_NAME)}")
+    ops = tuple(OPS_BY_NAME[n] for n in op_names) if op_names else DEFAULT_OPS
+    bar = _StageBar(err)
+    result = generate(max_ops=max_ops, ops=ops, seed=seed, time_limit_s=time_limit_s,
+                      progress=bar.update)
+    bar.close()
+    write_rules(result, output)
+    err.write(result.summary() + "\n")
+    err.write(f"{len(result.laws)} proven rules written to {output} "
+              f"({result.seconds['total']:.0f} s)\n")
+    return 0
+
+
+class _StageBar:
+    """One line per stage, redrawn in place on a terminal, every 10% elsewhere."""
+
+    WIDTH = 24
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last: tuple[str, int] = ("", -1)
+
+    def update(self, stage: str, done: int, total: int) -> None:
+        fraction = done / total if total else 0.0
+        tenth = int(fraction * 10) if total else done // 20000
+        if not self.tty and (stage, tenth) == self.last:
+            return
+        self.last = (stage, tenth)
+        filled = round(fraction * self.WIDTH)
+        count = f"{done}/{total}" if total else f"{done} graphs"
+        line = f"{stage:<9} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {count}"
+        self.stream.write(("\r" + line) if self.tty else line + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
