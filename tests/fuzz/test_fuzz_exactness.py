@@ -76,3 +76,16 @@ def test_gelu_in_another_layout_is_not_compared():
 """)
     found = strengths(graph, Rounding(relaid={"e"}))
     assert [found[v] for v in graph.outputs] == [Strength.UNCHECKED, Strength.CLOSE]
+
+
+def test_a_norm_without_eps_is_a_pole_for_a_rounded_input():
+    # var = 0 with eps = 0: rsqrt(0) = inf times the rounding of x - mean (seed 5, graph 19699)
+    graph = parse_graph("""graph(%x: f32[2, 3, 4], %w: f32[3]) {
+  %g = gelu(%x) {approximate='tanh'} : f32[2, 3, 4]
+  %b0 = batch_norm(%g, %w, %w, %w, %w) {eps=0.0} : f32[2, 3, 4]
+  %b1 = batch_norm(%g, %w, %w, %w, %w) {eps=1e-05} : f32[2, 3, 4]
+  return %b0, %b1
+}
+""")
+    found = strengths(graph, Rounding(rounded={"g"}))
+    assert [found[v] for v in graph.outputs] == [Strength.UNCHECKED, Strength.CLOSE]

@@ -225,6 +225,10 @@ def _merged(graph: Graph, rounding: Rounding) -> Rounding:
 
 def _discontinuous(node: Node, result: dict[Value, Strength]) -> bool:
     """Does a rounded float operand reach a discontinuity of the node?"""
+    if node.op in (Op.BATCH_NORM, Op.LAYER_NORM) and node.attrs.eps == 0:  # type: ignore
+        # a pole where the variance is 0: rsqrt(0) = inf times the rounding of x - mean,
+        # so a 1-ulp change of x turns -inf into NaN (fuzz seed 5, graph 19699)
+        return any(result[v] is not Strength.EXACT for v in node.inputs)
     if node.op not in DISCONTINUOUS:
         return False
     if node.op is Op.CAST:
