@@ -9,12 +9,13 @@
 
 `Enumerator.graphs(n)` visits every such graph of n ops once (the driver asks for 1 op, then
 2, ..., so the first graph of a fingerprint is a smallest one), with each tensor's values on
-random integer inputs (`kiln.synth.fingerprint`). A graph is visited once, not once per order of its ops: an op
-that could move before earlier ops it does not read (their results are not its operands)
-must sort after them by its term, so each DAG is built in one order only. No graph holds the
-same op twice (same op, operands and attributes), and commutative ops take their operands
-in term order. A graph with a result equal (on the random inputs) to another of its tensors
-is visited but not extended: every extension would repeat a rule found for the smaller one.
+random integer inputs (`kiln.synth.fingerprint`). A graph is visited once, not once per
+order of its ops: an op that could move before earlier ops it does not read (their results
+are not its operands) must sort after them by its term, so each DAG is built in one order.
+No graph holds the same op twice (same op, operands and attributes), and commutative ops
+take their operands in term order. A graph with a result equal (on the random inputs) to
+another of its tensors is visited but not extended: every extension would repeat a rule
+found for the smaller one.
 
 Shapes type-check by kiln's own inference (`kiln.ir.infer`, cached per op and operand
 shapes). Only connected graphs are visited (ops linked through the tensors they share):

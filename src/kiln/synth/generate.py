@@ -103,18 +103,21 @@ class GenerationResult:
 
 
 def generate(max_ops: int = 3, ops: Sequence[OpSpec] = DEFAULT_OPS, seed: int = 0,
-             time_limit_s: float = 1.0, progress: Progress | None = None,
+             time_limit_s: float = 2.0, progress: Progress | None = None,
              pool: Sequence[Var] = DEFAULT_POOL, workers: int | None = None
              ) -> GenerationResult:
     """Generate and prove the rules of up to ``max_ops`` ops (module doc). ``time_limit_s``
-    is per proof; ``workers`` proof processes (default: the CPUs, at most 2)."""
+    is per proof (z3's limits are wall-clock: on a busy machine a law near the limit may
+    come out unknown); ``workers`` proof processes (default: the CPUs, at most 2)."""
     start = time.perf_counter()
     pairs, graphs, pruned = enumerate_pairs(max_ops, ops, seed, pool, progress)
     enumerated = time.perf_counter()
-    laws = [to_law(pair, pool) for pair in pairs]
+    # named before the proofs: a proof that flips (a z3 time limit on a busy machine) moves
+    # no other rule's name
+    laws = name_laws([to_law(pair, pool) for pair in pairs])
     outcomes = prove_all(laws, pool, time_limit_s, progress, workers)
     done = time.perf_counter()
-    proven = name_laws([o.law for o in outcomes if o.proven])
+    proven = [o.law for o in outcomes if o.proven]
     result = GenerationResult(
         max_ops, seed, tuple(s.name for s in ops), tuple(pool), time_limit_s, proven,
         [o for o in outcomes if not o.proven], graphs=graphs, candidates=len(pairs),
@@ -219,7 +222,8 @@ def _op_names(term: Term) -> set[str]:
 
 
 def name_laws(laws: Sequence[Law]) -> list[Law]:
-    """gen-<op mix>-<n>, n counting within the mix in the laws' order."""
+    """gen-<op mix>-<n>, n counting within the mix in the laws' order (the candidates', so
+    that the rule file's numbers have gaps where a candidate was not proven)."""
     counts: Counter[str] = Counter()
     named = []
     for law in laws:
@@ -399,5 +403,5 @@ def write_rules(result: GenerationResult, path: str | Path) -> None:
     Path(path).write_text(print_rules(result.laws, "\n".join(header)))
 
 
-__all__ = ["GenerationResult", "Outcome", "enumerate_pairs", "generate", "instance_of", "taso_kinds",
-           "to_law", "write_rules"]
+__all__ = ["GenerationResult", "Outcome", "enumerate_pairs", "generate", "instance_of",
+           "taso_kinds", "to_law", "write_rules"]
