@@ -12,8 +12,9 @@
 4. `prove_real` proves it (on the enumeration's shapes, by TASO's axioms first), in worker
    processes; only proven laws go to the rule file;
 5. its safety tag is the evidence of `kiln.synth.check`'s comparisons on random and special
-   float32 inputs, on the enumeration's instance (bit-identical: exact, with `prove_exact`
-   for elementwise laws; NaN/inf/±0 in the same places: ieee; else fast_math). check_law
+   float32 inputs, on the enumeration's instance (bit-identical: exact, and for elementwise
+   laws only if `prove_exact` proves it; NaN/inf/±0 in the same places: ieee; else
+   fast_math). check_law
    itself (new instances, more runs) takes ~5x longer; `kiln synth verify` runs it on the
    written file.
 """
@@ -302,9 +303,32 @@ TAG_TRIALS = 4  # input sets per law: alternately random and with special values
 
 def tag(law: Law, instance: Instance, time_limit_s: float, seed: int = 0) -> Safety:
     """The strongest tag the runs support: check_law's comparisons (kiln.synth.check) on the
-    enumeration's instance, built once and run on random and on special float32 inputs
-    (bit-identical: exact, with prove_exact for elementwise laws; NaN, ±inf and ±0 in the
-    same places where no intermediate overflowed: ieee; else fast_math)."""
+    enumeration's instance (and its number operands at other values), built once and run on
+    random and on special float32 inputs (bit-identical: exact, and for an elementwise law
+    only if prove_exact proves it; NaN, ±inf and ±0 in the same places where no
+    intermediate overflowed: ieee; else fast_math)."""
+    tags = [_run_tag(law, dataclasses.replace(instance, numbers=numbers), seed)
+            for numbers in _number_values(instance)]
+    evidence = min(tags, key=lambda t: _STRENGTH[t])
+    if evidence is EXACT and _elementwise(law):
+        exact = prove_exact(law, time_limit_s, [instance])
+        if exact.status is not ProofStatus.PROVEN:  # refuted, or z3 ran out of time
+            return IEEE
+    return evidence
+
+
+_STRENGTH = {FAST_MATH: 1, IEEE: 2, EXACT: 3}
+OTHER_NUMBERS = (-0.1, 1e4)  # a number operand's values in the tag's runs, after NUMBER_VALUE
+
+
+def _number_values(instance: Instance) -> list[dict[str, bool | int | float]]:
+    if not instance.numbers:
+        return [{}]
+    return [dict(instance.numbers)] + [{k: v for k in instance.numbers}
+                                       for v in OTHER_NUMBERS]
+
+
+def _run_tag(law: Law, instance: Instance, seed: int) -> Safety:
     from kiln.synth.check import (  # the comparisons check_law judges by
         _bit_identical,
         _ieee_difference,
@@ -335,14 +359,7 @@ def tag(law: Law, instance: Instance, time_limit_s: float, seed: int = 0) -> Saf
             if special and ieee:
                 rounding = _ill_conditioned(a, wa) | _ill_conditioned(b, wb)
                 ieee = not _ieee_difference(a, b, rounding)
-    if not ieee:
-        return FAST_MATH
-    if not bits:
-        return IEEE
-    exact = prove_exact(law, time_limit_s, [instance]) if _elementwise(law) else None
-    if exact is not None and exact.status is ProofStatus.REFUTED:
-        return IEEE
-    return EXACT
+    return EXACT if bits and ieee else IEEE if ieee else FAST_MATH
 
 
 def _elementwise(law: Law) -> bool:
