@@ -128,3 +128,16 @@ def test_every_rule_has_a_comment_with_its_algebra() -> None:
         row = sources[sources.index(f'Rule("{rule.name}"'):]
         row = row[:row.index("\n    Rule(") if "\n    Rule(" in row else len(row)]
         assert "->" in row.split("#", 1)[-1], f"{rule.name} has no '# before -> after' comment"
+
+
+def test_an_integer_times_a_float_zero_is_a_float_with_signed_zeros() -> None:
+    # mul-zero-int gave +0.0 where -3 * 0.0 is -0.0 (a bf16 fill of 1e-300 is 0.0; fuzz
+    # seed 5, graph 35625); with an integer zero the product is an integer and it fires
+    floats = """graph(%x: i16[2, 3]) {
+  %z = full {shape=(1, 3), value=0.0, dtype=bf16} : bf16[1, 3]
+  %y = mul(%z, %x) : bf16[2, 3]
+  return %y
+}"""
+    assert _fires("mul-zero-int", floats, fast_math=False) == 0
+    ints = floats.replace("value=0.0, dtype=bf16} : bf16[1, 3]", "value=0, dtype=i16} : i16[1, 3]")
+    assert _fires("mul-zero-int", ints.replace("bf16[2, 3]", "i16[2, 3]"), fast_math=False) == 1

@@ -16,6 +16,13 @@ from kiln.rewrite.rule import EXACT, FAST_MATH, Match, Rule
 from kiln.rules.support import true_division
 
 
+def _integer_product(m: Match) -> str | None:
+    # an integer x times a float zero (a bf16 fill of 1e-300) is a float: -3 * 0.0 is -0.0
+    if m.root.type.dtype.is_floating:
+        return "the product is a float (a float zero times a negative integer is -0.0)"
+    return None
+
+
 def _zeros(m: Match):
     t = m.root.type
     return m.op(Op.FULL, attrs=FullAttrs(t.shape, False if t.dtype is DType.BOOL else 0, t.dtype))
@@ -47,7 +54,7 @@ RULES = (
     Rule("sub-zero", On(Op.SUB, x, Uniform(0.0)), lambda m: m["x"], EXACT,
          laws=(L("sub-zero", A(Op.SUB, X, Lit(0.0)), X, EXACT),)),  # x-0 -> x
     Rule("mul-zero-int", On(Op.MUL, Var("x", IntDType()), Uniform(0)),
-         _zeros, EXACT,
+         _zeros, EXACT, guard=_integer_product,
          laws=(L("mul-zero-int", A(Op.MUL, X, Lit(0)), ZEROS, EXACT, C(CondKind.INT, X)),)),
     # x*0 -> 0 (integers)
     Rule("mul-zero", On(Op.MUL, Var("x", FloatDType()), Uniform(0.0)),
