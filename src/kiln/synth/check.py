@@ -204,7 +204,7 @@ class _Runs:
         except (InferenceError, LawError) as err:
             self.skipped = str(err).splitlines()[0]
             return
-        inputs = [_input(node.type, gen, special) for node in full.src.inputs]
+        inputs = [random_input(node.type, gen, special) for node in full.src.inputs]
         try:
             src = interpret(full.src, inputs)
             dst = interpret(full.dst, inputs)
@@ -218,17 +218,18 @@ class _Runs:
             if not special and not self.real_mismatch and not _close(a, b):
                 self.real_mismatch = f"{shown}: src {_brief(a)}, dst {_brief(b)}"
             if special and not self.ieee_mismatch:
-                rounding = _ill_conditioned(a, wide[0][i]) | _ill_conditioned(b, wide[1][i]) \
+                rounding = ill_conditioned(a, wide[0][i]) | ill_conditioned(b, wide[1][i]) \
                     if wide else None
-                why = _ieee_difference(a, b, rounding)
+                why = ieee_difference(a, b, rounding)
                 if why:
                     self.ieee_mismatch = f"{why} on {_show_inputs(full.src, inputs)}"
-            if not self.bit_mismatch and not _bit_identical(a, b):
+            if not self.bit_mismatch and not bit_identical(a, b):
                 self.bit_mismatch = f"{_first_bit_difference(a, b)} on " \
                     f"{_show_inputs(full.src, inputs)}"
 
 
-def _input(type_, gen: torch.Generator, special: bool) -> torch.Tensor:
+def random_input(type_, gen: torch.Generator, special: bool) -> torch.Tensor:  # noqa: ANN001
+    """A random tensor of ``type_``; with ``special``, most elements drawn from `SPECIALS`."""
     shape, dtype = type_.shape, type_.dtype.torch
     if not type_.dtype.is_floating:
         return torch.randint(-5, 6, shape, generator=gen).to(dtype)
@@ -266,7 +267,7 @@ def _widen(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float32 else t
 
 
-def _ill_conditioned(narrow: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
+def ill_conditioned(narrow: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
     """Elements on which a side's float32 value and its float64 twin's disagree on being
     NaN, +inf, -inf or finite: an intermediate overflowed there (as the fuzzer defines it)."""
     if not narrow.is_floating_point() or narrow.shape != wide.shape:
@@ -276,8 +277,10 @@ def _ill_conditioned(narrow: torch.Tensor, wide: torch.Tensor) -> torch.Tensor:
         | (narrow.isneginf() != rounded.isneginf())
 
 
-def _ieee_difference(a: torch.Tensor, b: torch.Tensor,
+def ieee_difference(a: torch.Tensor, b: torch.Tensor,
                      rounding: torch.Tensor | None = None) -> str:
+    """Where NaN, ±inf or zero signs differ, or finite values by more than rounding, outside
+    the ``rounding`` mask (elements where an intermediate overflowed); "" when they agree."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"src is {a.dtype}{list(a.shape)}, dst {b.dtype}{list(b.shape)}"
     if not a.is_floating_point():
@@ -299,7 +302,8 @@ def _ieee_difference(a: torch.Tensor, b: torch.Tensor,
     return ""
 
 
-def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+def bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape and dtype, and every element the same bits or NaN on both sides."""
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     if not a.is_floating_point():

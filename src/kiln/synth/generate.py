@@ -330,10 +330,10 @@ def _number_values(instance: Instance) -> list[dict[str, bool | int | float]]:
 
 def _run_tag(law: Law, instance: Instance, seed: int) -> Safety:
     from kiln.synth.check import (  # the comparisons check_law judges by
-        _bit_identical,
-        _ieee_difference,
-        _ill_conditioned,
-        _input,
+        bit_identical,
+        ieee_difference,
+        ill_conditioned,
+        random_input,
     )
 
     wide = dataclasses.replace(instance, tensors={k: TensorType(t.shape, DType.F64)
@@ -346,7 +346,7 @@ def _run_tag(law: Law, instance: Instance, seed: int) -> Safety:
     bits = ieee = True
     for trial in range(TAG_TRIALS):
         special = trial % 2 == 1
-        inputs = [_input(node.type, gen, special) for node in narrow_sides.src.inputs]
+        inputs = [random_input(node.type, gen, special) for node in narrow_sides.src.inputs]
         try:
             src, dst = interpret(narrow_sides.src, inputs), interpret(narrow_sides.dst, inputs)
             wide_inputs = [x.double() for x in inputs]
@@ -355,10 +355,10 @@ def _run_tag(law: Law, instance: Instance, seed: int) -> Safety:
         except RuntimeError:
             return FAST_MATH
         for a, b, wa, wb in zip(src, dst, wsrc, wdst):
-            bits = bits and _bit_identical(a, b)
+            bits = bits and bit_identical(a, b)
             if special and ieee:
-                rounding = _ill_conditioned(a, wa) | _ill_conditioned(b, wb)
-                ieee = not _ieee_difference(a, b, rounding)
+                rounding = ill_conditioned(a, wa) | ill_conditioned(b, wb)
+                ieee = not ieee_difference(a, b, rounding)
     return EXACT if bits and ieee else IEEE if ieee else FAST_MATH
 
 
