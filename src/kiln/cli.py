@@ -32,6 +32,7 @@ from kiln.bench import BenchResult
 from kiln.ir import Graph, print_graph
 from kiln.passes.pipeline import PIPELINE, PassRecord, run_pipeline
 from kiln.rules import rule_named
+from kiln.synth import commands as synth_commands
 
 USAGE_ERROR = 2
 
@@ -139,117 +140,8 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", action="store_true", help="no progress line")
     f.set_defaults(run=_fuzz)
 
-    r = commands.add_parser("rules", help="kiln's hand-written rules: print them as rule text, "
-                            "or prove and check each")
-    rules = r.add_subparsers(title="rules commands", required=True, metavar="COMMAND")
-    rp = rules.add_parser("print", help="every rule's laws in the rule text format "
-                          "(docs/rules.md)")
-    rp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
-    rp.set_defaults(run=_rules_print)
-    rc = rules.add_parser(
-        "check", help="prove (z3) or check every rule; exit code 1 when one is refuted",
-        description="For each law of each hand-written rule: a z3 proof in real arithmetic "
-        "(axioms for every shape, or the concrete semantics on small shapes), bit-identity "
-        "for exact rules (z3's floating-point theory on scalars and runs on special values), "
-        "and NaN/inf/signed-zero behaviour for ieee rules. Prints proven / checked / refuted "
-        "/ unknown per law with the tag the evidence supports.")
-    rc.add_argument("--rule", nargs="+", action="extend", metavar="NAME",
-                    help="only these rules (default: all)")
-    _add_check_options(rc)
-    rc.set_defaults(run=_rules_check)
-
-    s = commands.add_parser("synth", help="rule files: verify a file of rules in kiln's rule "
-                            "text format")
-    synth = s.add_subparsers(title="synth commands", required=True, metavar="COMMAND")
-    sv = synth.add_parser("verify", help="parse, type-check, prove and check a rule file",
-                          epilog="example: kiln synth verify my-rules.txt --json verdicts.json")
-    sv.add_argument("file", metavar="FILE", help="a rule file (grammar: docs/rules.md)")
-    _add_check_options(sv)
-    sv.set_defaults(run=_synth_verify)
-    sg = synth.add_parser(
-        "generate", help="TASO's rule generator: every graph of up to N ops, paired by "
-        "fingerprint, pruned, proven, tagged, written as a rule file",
-        epilog="example: kiln synth generate --max-ops 3 -o rules.txt")
-    sg.add_argument("--max-ops", type=int, default=3, metavar="N",
-                    help="operators per graph, at most (default 3)")
-    sg.add_argument("--ops", default="", metavar="A,B,...",
-                    help="the operator set (default: add, mul, smul, mm, transpose, conv, "
-                         "conv_relu, relu, cat0, cat1, split0, split1)")
-    sg.add_argument("--seed", type=int, default=0, help="fingerprint seed (default 0)")
-    sg.add_argument("--time-limit", type=float, default=2.0, metavar="SECONDS",
-                    help="z3's limit per proof (default 2)")
-    sg.add_argument("-o", "--output", required=True, metavar="FILE", help="the rule file")
-    sg.set_defaults(run=_synth_generate)
+    synth_commands.add_commands(commands, UsageError)
     return parser
-
-
-def _add_check_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--time-limit", type=float, default=10.0, metavar="SECONDS",
-                   help="z3's limit per proof (default 10); past it a proof is unknown")
-    p.add_argument("--json", metavar="FILE", help="also write the verdicts to FILE")
-
-
-# -- kiln rules / kiln synth -----------------------------------------------------------------------
-
-
-def _rules_print(args: argparse.Namespace) -> int:
-    from kiln.synth import commands as synth_commands
-
-    if not args.output:
-        return synth_commands.print_hand_rules(sys.stdout)
-    try:
-        with open(args.output, "w") as out:
-            return synth_commands.print_hand_rules(out)
-    except OSError as err:
-        raise UsageError(f"cannot write {args.output}: {err.strerror}") from None
-
-
-def _rules_check(args: argparse.Namespace) -> int:
-    from kiln.synth import commands as synth_commands
-
-    for name in args.rule or ():
-        _known_rule(name)
-    return _synth_run(lambda: synth_commands.check_hand_rules(
-        args.rule or (), args.time_limit, sys.stdout, args.json))
-
-
-def _synth_verify(args: argparse.Namespace) -> int:
-    from kiln.synth import commands as synth_commands
-
-    return _synth_run(lambda: synth_commands.verify_file(
-        args.file, args.time_limit, sys.stdout, args.json))
-
-
-def _synth_generate(args: argparse.Namespace) -> int:
-    from kiln.synth import commands as synth_commands
-
-    if args.max_ops < 1:
-        raise UsageError(f"--max-ops must be at least 1, got {args.max_ops}")
-    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        raise UsageError(f"-o {args.output}: no such directory")
-    try:
-        return _synth_run(lambda: synth_commands.generate_rules(
-            args.max_ops, _split([args.ops]), args.seed, args.time_limit, args.output,
-            sys.stderr))
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-
-
-def _synth_run(job) -> int:  # noqa: ANN001
-    from kiln.synth.commands import SynthUnavailable
-    from kiln.synth.text import RuleTextError
-
-    try:
-        return job()
-    except (RuleTextError, SynthUnavailable) as err:
-        raise UsageError(str(err)) from None
-
-
-def _known_rule(name: str) -> None:
-    try:
-        rule_named(name)
-    except KeyError as err:
-        raise UsageError(err.args[0]) from None
 
 
 # -- kiln bench ------------------------------------------------------------------------------------

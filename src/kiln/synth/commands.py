@@ -11,7 +11,10 @@ supports, how it was decided and, for a refuted law, the counterexample.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -20,7 +23,7 @@ from typing import TextIO
 
 from kiln.rewrite.law import Law
 from kiln.rewrite.rule import Rule
-from kiln.synth.text import load_rules, print_rules
+from kiln.synth.text import RuleTextError, load_rules, print_rules
 
 
 class SynthUnavailable(Exception):
@@ -156,3 +159,102 @@ class _StageBar:
         if self.tty:
             self.stream.write("\n")
             self.stream.flush()
+
+
+# --- the command line: kiln rules ..., kiln synth ... ----------------------------------------
+
+def add_commands(commands: argparse._SubParsersAction, usage_error: type[Exception]) -> None:
+    """Add `kiln rules` and `kiln synth` to the ``kiln`` parser; a user's mistake raises
+    ``usage_error`` (kiln.cli's: one line on stderr, exit code 2)."""
+    r = commands.add_parser("rules", help="kiln's hand-written rules: print them as rule text, "
+                            "or prove and check each")
+    rules = r.add_subparsers(title="rules commands", required=True, metavar="COMMAND")
+    rp = rules.add_parser("print", help="every rule's laws in the rule text format "
+                          "(docs/rules.md)")
+    rp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
+    rp.set_defaults(run=lambda args: _rules_print(args, usage_error))
+    rc = rules.add_parser(
+        "check", help="prove (z3) or check every rule; exit code 1 when one is refuted",
+        description="For each law of each hand-written rule: a z3 proof in real arithmetic "
+        "(axioms for every shape, or the concrete semantics on small shapes), bit-identity "
+        "for exact rules (z3's floating-point theory on scalars and runs on special values), "
+        "and NaN/inf/signed-zero behaviour for ieee rules. Prints proven / checked / refuted "
+        "/ unknown per law with the tag the evidence supports.")
+    rc.add_argument("--rule", nargs="+", action="extend", metavar="NAME",
+                    help="only these rules (default: all)")
+    _add_check_options(rc)
+    rc.set_defaults(run=lambda args: _rules_check(args, usage_error))
+
+    s = commands.add_parser("synth", help="rule files: generate, or verify a file of rules in "
+                            "kiln's rule text format")
+    synth = s.add_subparsers(title="synth commands", required=True, metavar="COMMAND")
+    sv = synth.add_parser("verify", help="parse, type-check, prove and check a rule file",
+                          epilog="example: kiln synth verify my-rules.txt --json verdicts.json")
+    sv.add_argument("file", metavar="FILE", help="a rule file (grammar: docs/rules.md)")
+    _add_check_options(sv)
+    sv.set_defaults(run=lambda args: _guarded(lambda: verify_file(
+        args.file, args.time_limit, sys.stdout, args.json), usage_error))
+    sg = synth.add_parser(
+        "generate", help="TASO's rule generator: every graph of up to N ops, paired by "
+        "fingerprint, pruned, proven, tagged, written as a rule file",
+        epilog="example: kiln synth generate --max-ops 3 -o rules.txt")
+    sg.add_argument("--max-ops", type=int, default=3, metavar="N",
+                    help="operators per graph, at most (default 3)")
+    sg.add_argument("--ops", default="", metavar="A,B,...",
+                    help="the operator set (default: add, mul, smul, mm, transpose, conv, "
+                         "conv_relu, relu, cat0, cat1, split0, split1)")
+    sg.add_argument("--seed", type=int, default=0, help="fingerprint seed (default 0)")
+    sg.add_argument("--time-limit", type=float, default=2.0, metavar="SECONDS",
+                    help="z3's limit per proof (default 2)")
+    sg.add_argument("-o", "--output", required=True, metavar="FILE", help="the rule file")
+    sg.set_defaults(run=lambda args: _synth_generate(args, usage_error))
+
+
+def _add_check_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--time-limit", type=float, default=10.0, metavar="SECONDS",
+                   help="z3's limit per proof (default 10); past it a proof is unknown")
+    p.add_argument("--json", metavar="FILE", help="also write the verdicts to FILE")
+
+
+def _rules_print(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    if not args.output:
+        return print_hand_rules(sys.stdout)
+    try:
+        with open(args.output, "w") as out:
+            return print_hand_rules(out)
+    except OSError as err:
+        raise usage_error(f"cannot write {args.output}: {err.strerror}") from None
+
+
+def _rules_check(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    from kiln.rules import rule_named
+
+    for name in args.rule or ():
+        try:
+            rule_named(name)
+        except KeyError as err:
+            raise usage_error(err.args[0]) from None
+    return _guarded(lambda: check_hand_rules(args.rule or (), args.time_limit, sys.stdout,
+                                             args.json), usage_error)
+
+
+def _synth_generate(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+    if args.max_ops < 1:
+        raise usage_error(f"--max-ops must be at least 1, got {args.max_ops}")
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise usage_error(f"-o {args.output}: no such directory")
+    names = [n.strip() for n in args.ops.split(",") if n.strip()]
+    try:
+        return _guarded(lambda: generate_rules(args.max_ops, names, args.seed,
+                                               args.time_limit, args.output, sys.stderr),
+                        usage_error)
+    except ValueError as err:
+        raise usage_error(str(err)) from None
+
+
+def _guarded(job: Callable[[], int], usage_error: type[Exception]) -> int:
+    """A bad rule file or a missing z3 is the user's to fix: one line, no traceback."""
+    try:
+        return job()
+    except (RuleTextError, SynthUnavailable) as err:
+        raise usage_error(str(err)) from None
