@@ -44,8 +44,6 @@ import torch
 from kiln.ir.infer import InferenceError
 from kiln.ir.interp import interpret
 from kiln.ir.types import DType, TensorType
-from kiln.options import Options
-from kiln.rewrite.engine import apply_rules
 from kiln.rewrite.law import EXACT, FAST_MATH, IEEE, Law, Safety
 from kiln.rewrite.rule import Rule
 from kiln.synth.instance import (
@@ -53,6 +51,7 @@ from kiln.synth.instance import (
     LawError,
     build,
     find_instances,
+    rule_fires,
     sample_weights,
     type_errors,
     weight_names,
@@ -89,7 +88,7 @@ class Verdict:
 def check_law(law: Law, rule: Rule | None = None, time_limit_s: float = 10.0,
               seed: int = 0) -> Verdict:
     start = time.perf_counter()
-    accept = None if rule is None else (lambda built: _fires(rule, built))
+    accept = None if rule is None else (lambda built: rule_fires(rule, built))
     try:
         builts = find_instances(law, count=3, seed=seed, accept=accept)
     except LawError as err:
@@ -163,15 +162,6 @@ def _contradiction(safety: Safety, exact: Proof | None, runs: _Runs) -> str:
     if safety is EXACT and runs.bit_mismatch:
         return f"not bit-identical: {runs.bit_mismatch}"
     return f"special values differ: {runs.ieee_mismatch}"
-
-
-def _fires(rule: Rule, built: Built) -> bool:
-    """Does the hand-written rule fire on this instance's source graph?"""
-    try:
-        result = apply_rules(built.src, [rule], Options(fast_math=True))
-    except (InferenceError, RuntimeError, ValueError):
-        return False
-    return result.stats.get(rule.name) is not None and result.stats[rule.name].fired > 0
 
 
 # --- runs on random and special inputs -----------------------------------------------------

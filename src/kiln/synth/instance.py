@@ -466,3 +466,17 @@ def _holds(cond: Cond, inst: Instance) -> bool:
         return t is None or not t.dtype.is_floating
     return True
 
+
+
+def rule_fires(rule: Any, built: Built) -> bool:
+    """Does the hand-written ``rule`` fire on this instance's source graph (its pattern and
+    its Python guard)? Used to find instances of a law where its rule applies."""
+    from kiln.options import Options
+    from kiln.rewrite.engine import apply_rules
+
+    try:
+        result = apply_rules(built.src, [rule], Options(fast_math=True))
+    except (InferenceError, RuntimeError, ValueError):
+        return False
+    stats = result.stats.get(rule.name)
+    return stats is not None and stats.fired > 0

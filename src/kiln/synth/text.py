@@ -464,8 +464,8 @@ def _quote(text: str) -> str:
 def guard_of(law: Law, line: int = 0, source: str = "") -> Callable[[Any], bool] | None:
     """For a law with ``(guard NAME)`` conditions: a test that the hand-written rule stating
     the law fires on an instance (its pattern and Python guards). None without guards."""
-    from kiln.rewrite.engine import apply_rules
     from kiln.rules import rule_of_law
+    from kiln.synth.instance import rule_fires
 
     guards = [c.args[0] for c in law.when if c.kind is CondKind.GUARD]
     if not guards:
@@ -475,10 +475,4 @@ def guard_of(law: Law, line: int = 0, source: str = "") -> Callable[[Any], bool]
         raise RuleTextError(line, 1, f"rule {law.name}: (guard {guards[0]}) names a guard of a "
                             "hand-written rule, and no hand-written rule states a law of this "
                             "name", source)
-
-    def fires(built: Any) -> bool:
-        from kiln.options import Options
-
-        result = apply_rules(built.src, [rule], Options(fast_math=True))
-        return result.stats[rule.name].fired > 0
-    return fires
+    return lambda built: rule_fires(rule, built)
