@@ -78,3 +78,22 @@ def test_near_lets_a_sum_of_infinities_end_in_any_non_finite_value():
     assert compare(t(-inf, 1.0), t(inf, 1.0), NEAR) is None
     assert compare(t(nan, 1.0), t(inf, 1.0), CLOSE) is not None
     assert compare(t(5.0, 1.0), t(inf, 1.0), NEAR) is not None
+
+
+def test_a_float64_output_computed_from_float32_values_gets_float32s_tolerance():
+    from kiln.fuzz.compare import rtol_of
+    from kiln.ir import parse_graph
+
+    graph = parse_graph("""graph(%x: f32[5], %y: f64[5]) {
+  %e = erf(%x) : f32[5]
+  %m = minimum(%e, %y) : f64[5]
+  %z = exp(%y) : f64[5]
+  return %m, %z
+}""")
+    mixed, wide_only = graph.outputs
+    assert rtol_of(graph, mixed) == 1e-4  # erf ran in float32: one ulp there is 6e-8
+    assert rtol_of(graph, wide_only) == 1e-9
+    one_f32_ulp = t(0.842700719833374, dtype=torch.float64)
+    expected = t(0.8427007794380188, dtype=torch.float64)
+    assert "beyond rtol" in compare(one_f32_ulp, expected, CLOSE)
+    assert compare(one_f32_ulp, expected, CLOSE, rtol=rtol_of(graph, mixed)) is None

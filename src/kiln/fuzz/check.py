@@ -27,7 +27,7 @@ import torch
 
 from kiln.engine import CompiledGraph, compile_graph
 from kiln.fuzz.case import Case, FuzzInput
-from kiln.fuzz.compare import RTOL, Strength, compare
+from kiln.fuzz.compare import RTOL, Strength, compare, rtol_of
 from kiln.fuzz.exactness import rounding_of, strengths
 from kiln.fuzz.reference import ill_conditioned, trace_values, type_gaps, wide_values
 from kiln.fuzz.values import bits
@@ -394,10 +394,11 @@ def _compare_outputs(outputs: list[Any], expected: Reference,
         strength = strength_of[value]
         if stats is not None:
             stats.outputs[strength] += 1
-        problem = compare(out, ref, strength)
+        rtol = rtol_of(graph, value) if strength in (Strength.CLOSE, Strength.NEAR) else 0.0
+        problem = compare(out, ref, strength, rtol=rtol)
         if problem is not None and strength in (Strength.CLOSE, Strength.NEAR):
             wide = expected.wide() if wide is None else wide  # ill-conditioned elements?
-            problem = compare(out, ref, strength, wide.get(value) if wide else None)
+            problem = compare(out, ref, strength, wide.get(value) if wide else None, rtol)
         if problem is not None:
             return i, strength, problem
     return None

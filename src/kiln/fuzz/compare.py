@@ -31,6 +31,7 @@ import enum
 import torch
 
 from kiln.fuzz.values import bits
+from kiln.ir.graph import Graph, Value
 
 
 class Strength(enum.IntEnum):
@@ -46,11 +47,13 @@ RTOL: dict[torch.dtype, float] = {
 
 
 def compare(actual: object, expected: torch.Tensor, strength: Strength,
-            wide: object = None) -> str | None:
+            wide: object = None, rtol: float = 0.0) -> str | None:
     """None when ``actual`` agrees with ``expected`` at ``strength``, else what differs.
 
     ``wide``: the float64 twin's value of the output (`kiln.fuzz.reference.widened`), which
-    marks the ill-conditioned elements a CLOSE comparison leaves out.
+    marks the ill-conditioned elements a CLOSE comparison leaves out. ``rtol``: at least this
+    relative tolerance (`rtol_of`: a float64 output computed from float32 values rounds as
+    float32 does).
     """
     if not isinstance(actual, torch.Tensor):
         return f"got a {type(actual).__name__}, expected a tensor"
@@ -71,11 +74,24 @@ def compare(actual: object, expected: torch.Tensor, strength: Strength,
         return None if not differ.any() else _first_difference(actual, expected, differ)
     truth = wide.double() if isinstance(wide, torch.Tensor) and wide.shape == expected.shape \
         and wide.is_floating_point() else expected.double()
-    return _close(actual, expected, truth, summed=strength is Strength.NEAR)
+    return _close(actual, expected, truth, summed=strength is Strength.NEAR, rtol=rtol)
+
+
+def rtol_of(graph: Graph, value: Value) -> float:
+    """The tolerance of the narrowest floating-point value ``value`` is computed from."""
+    worst, stack, seen = 0.0, [value.node], set()
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        worst = max([worst] + [RTOL.get(t.dtype.torch, 0.0) for t in node.types])
+        stack.extend(v.node for v in node.inputs)
+    return worst
 
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor,
-           summed: bool) -> str | None:
+           summed: bool, rtol: float = 0.0) -> str | None:
     a, e = actual.double(), expected.double()
     info = torch.finfo(expected.dtype)
     rounded = truth.to(expected.dtype).double()  # float64's answer at the output's precision
@@ -100,7 +116,7 @@ def _close(actual: torch.Tensor, expected: torch.Tensor, truth: torch.Tensor,
     finite = numbers & ~inf_a & ~inf_e
     if not finite.any():
         return None
-    rtol = RTOL[expected.dtype]
+    rtol = max(RTOL[expected.dtype], rtol)
     scale = e[finite].abs().max()
     error = torch.where(truth.isfinite() & finite, (e - truth).abs(), 0)  # the reference's own
     tol = rtol * (e.abs() + scale) + 4 * error + info.tiny
