@@ -39,8 +39,13 @@ class Attrs:
     """Base of all attribute classes: equality and hashing through `canonical`."""
 
     def _key(self) -> tuple[Any, ...]:
-        return (type(self),) + tuple(
-            canonical(getattr(self, f.name)) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+        # computed once per (frozen) instance: graph searches hash the same attributes often
+        key = self.__dict__.get("_canonical_key")
+        if key is None:
+            key = (type(self),) + tuple(
+                canonical(getattr(self, f.name)) for f in dataclasses.fields(self))  # type: ignore[arg-type]
+            self.__dict__["_canonical_key"] = key
+        return key
 
     def __eq__(self, other: object) -> bool:
         return type(self) is type(other) and self._key() == other._key()  # type: ignore[attr-defined]
