@@ -180,8 +180,9 @@ KERNEL_MODES: dict[str, dict[str, bool]] = {
 DEFAULT_KERNELS = "generated"  # what kiln.Options() does; its contender is plain kiln-O<N>
 
 
-def kiln_name(opt_level: int, kernels: str = DEFAULT_KERNELS) -> str:
-    return f"kiln-O{opt_level}" + ("" if kernels == DEFAULT_KERNELS else f"-{kernels}")
+def kiln_name(opt_level: int, kernels: str = DEFAULT_KERNELS, search: str = "greedy") -> str:
+    return (f"kiln-O{opt_level}" + ("" if kernels == DEFAULT_KERNELS else f"-{kernels}")
+            + ("" if search == "greedy" else f"-{search}"))
 
 
 def is_kiln(contender: str) -> bool:
@@ -195,7 +196,8 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
               peers: Sequence[str] = (), opt_levels: Sequence[int] = (2,),
               kernels: Sequence[str] = (DEFAULT_KERNELS,), threads: int | None = None,
               seed: int = 0, timing: TimingConfig | None = None,
-              progress: ProgressFn | None = None) -> list[BenchResult]:
+              progress: ProgressFn | None = None,
+              searches: Sequence[str] = ("greedy",)) -> list[BenchResult]:
     """Benchmark each model (all built-in ones by default); one failure never stops the run."""
     names = list(model_names) if model_names is not None else models.names()
     timing = timing or TimingConfig.for_size(quick)
@@ -211,7 +213,7 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
 
             results.append(bench_model(name, quick=quick, peers=peers, opt_levels=opt_levels,
                                        kernels=kernels, seed=seed, timing=timing,
-                                       report=report))
+                                       report=report, searches=searches))
         return results
     finally:
         torch.set_num_threads(old_threads)
@@ -227,7 +229,8 @@ class _Runner:
 def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
                 opt_levels: Sequence[int] = (2,), kernels: Sequence[str] = (DEFAULT_KERNELS,),
                 seed: int = 0, timing: TimingConfig | None = None,
-                report: Callable[[str, float], None] | None = None) -> BenchResult:
+                report: Callable[[str, float], None] | None = None,
+                searches: Sequence[str] = ("greedy",)) -> BenchResult:
     """Benchmark one model; errors land in the result instead of propagating."""
     timing = timing or TimingConfig.for_size(quick)
     step = report or (lambda _step, _done: None)
@@ -246,8 +249,8 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
         return result
     torch._dynamo.reset()  # a fresh Dynamo cache per model, so no recompile limits carry over
     runners = [_Runner(ContenderResult(EAGER), model)]
-    candidates = [(kiln_name(level, mode), _kiln_compiler(level, mode))
-                  for level in opt_levels for mode in kernels]
+    candidates = [(kiln_name(level, mode, search), _kiln_compiler(level, mode, search))
+                  for level in opt_levels for mode in kernels for search in searches]
     candidates += [(peer, PEERS.get(peer)) for peer in peers]
     for i, (contender, make) in enumerate(candidates):
         step(f"compile {contender}", 0.6 * i / len(candidates))
@@ -270,9 +273,10 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
     return result
 
 
-def _kiln_compiler(level: int, kernels: str = DEFAULT_KERNELS) -> Callable[..., Any]:
+def _kiln_compiler(level: int, kernels: str = DEFAULT_KERNELS,
+                   search: str = "greedy") -> Callable[..., Any]:
     # the environment still picks the compiler and the kernel cache (CC, KILN_CACHE_DIR)
-    options = dataclasses.replace(kiln.Options.from_env(), opt_level=level,
+    options = dataclasses.replace(kiln.Options.from_env(), opt_level=level, search=search,
                                   **KERNEL_MODES[kernels])
 
     def make(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:

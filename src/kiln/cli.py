@@ -30,6 +30,7 @@ import kiln
 from kiln import bench, models
 from kiln.bench import BenchResult
 from kiln.ir import Graph, print_graph
+from kiln.options import SEARCH_STRATEGIES
 from kiln.passes.pipeline import PIPELINE, PassRecord, run_pipeline
 from kiln.rules import rule_named
 from kiln.synth import commands as synth_commands
@@ -77,6 +78,9 @@ def _parser() -> argparse.ArgumentParser:
                    "default: fused C kernels and GEMMs, each where measured faster), no-gemm "
                    "(row kernels only), library (library calls, oneDNN on prepacked weights), "
                    "aten (every op its ATen call)")
+    b.add_argument("--search", nargs="+", action="extend", choices=list(SEARCH_STRATEGIES),
+                   metavar="STRATEGY", dest="searches", help="how kiln applies its rules, one "
+                   "contender each: greedy (the default), backtrack (cost-based search)")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)
@@ -100,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="where rewrite rule NAME fired, and why it did not elsewhere")
     e.add_argument("--fast-math", action="store_true",
                    help="also run rules that hold for real numbers only")
+    e.add_argument("--search", choices=list(SEARCH_STRATEGIES), default="greedy",
+                   help="how the rules are applied (default: greedy); the search pass shows "
+                        "the estimated cost before and after and the rewrites it chose")
     e.add_argument("--kernels", action="store_true",
                    help="the kernels with generated kernels on: generated (C source and "
                         "schedule) or library, covering every computing node")
@@ -162,11 +169,12 @@ def _bench(args: argparse.Namespace) -> int:
         raise UsageError(f"--json {args.json}: no such directory")
     opt_levels = list(dict.fromkeys(args.opt_levels or [2]))
     kernel_modes = list(dict.fromkeys(args.kernels or [bench.DEFAULT_KERNELS]))
+    searches = list(dict.fromkeys(args.searches or ["greedy"]))
     bar = ProgressBar(sys.stderr)
     try:
         results = bench.run_bench(names, quick=args.quick, peers=peers, opt_levels=opt_levels,
                                   kernels=kernel_modes, threads=args.threads,
-                                  progress=bar.update)
+                                  progress=bar.update, searches=searches)
     finally:
         bar.close()
     print(markdown_table(results))
@@ -174,7 +182,8 @@ def _bench(args: argparse.Namespace) -> int:
         document = {
             "kiln": kiln.__version__, "torch": torch.__version__, "quick": args.quick,
             "threads": args.threads or torch.get_num_threads(), "opt_levels": opt_levels,
-            "kernels": kernel_modes, "peers": peers, "results": [r.to_dict() for r in results],
+            "kernels": kernel_modes, "searches": searches, "peers": peers,
+            "results": [r.to_dict() for r in results],
         }
         try:
             with open(args.json, "w") as f:
@@ -352,7 +361,8 @@ def _explain(args: argparse.Namespace) -> int:
         raise UsageError("--check needs --ir FILE")
     if args.model is not None:
         _check_model(args.model)
-    options = kiln.Options(opt_level=args.opt_level, fast_math=args.fast_math)
+    options = kiln.Options(opt_level=args.opt_level, fast_math=args.fast_math,
+                           search=args.search)
     if args.rule is not None:
         try:
             rule_named(args.rule)
@@ -391,6 +401,8 @@ def _explain(args: argparse.Namespace) -> int:
         if args.after in (None, record.name):
             title = f"after {record.name}: {record.nodes_before} -> {record.nodes_after} nodes"
             fired = ", ".join(f"{name} x{s.fired}" for name, s in record.rules.items() if s.fired)
+            if record.search is not None:
+                title += f"; {record.search.describe()}"
             _show(title + (f"; rules fired: {fired}" if fired else ""), snapshot,
                   args.counts_only)
     if args.check:

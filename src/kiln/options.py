@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+SEARCH_STRATEGIES = ("greedy", "backtrack")
+
 
 @dataclass(frozen=True)
 class Options:
@@ -32,6 +34,10 @@ class Options:
     # time each checked kernel against the library calls it replaces and keep it only where it
     # is faster (decisions cached on disk); False uses every checked kernel (tests, debugging)
     measure_kernels: bool = True
+    # how the rule passes are applied: "greedy" runs each rule table to a fixpoint in pipeline
+    # order; "backtrack" searches over the same rules plus the generated ones, by estimated
+    # cost, from both the input and the greedy result (TASO's search; kiln.search)
+    search: str = "greedy"
     c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
     kernel_cache_dir: str = ""  # where compiled kernels are kept; "" means ~/.cache/kiln
@@ -45,6 +51,9 @@ class Options:
                 raise TypeError(f"Options.{f.name} must be True or False, got {value!r}")
             if f.type == "str" and not isinstance(value, str):
                 raise TypeError(f"Options.{f.name} must be a string, got {value!r}")
+        if self.search not in SEARCH_STRATEGIES:
+            raise ValueError(f"Options.search must be one of {', '.join(SEARCH_STRATEGIES)}, "
+                             f"got {self.search!r}")
         if isinstance(self.c_flags, list):
             object.__setattr__(self, "c_flags", tuple(self.c_flags))
         if not all(isinstance(flag, str) for flag in self.c_flags):
@@ -64,7 +73,8 @@ class Options:
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Options:
-        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_CACHE_DIR, CC."""
+        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_SEARCH,
+        KILN_CACHE_DIR, CC."""
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         if "KILN_OPT_LEVEL" in env:
@@ -73,6 +83,8 @@ class Options:
             key = f"KILN_{name.upper()}"
             if key in env:
                 changes[name] = env[key].strip().lower() in ("1", "true", "yes", "on")
+        if env.get("KILN_SEARCH"):
+            changes["search"] = env["KILN_SEARCH"].strip().lower()
         if env.get("KILN_CACHE_DIR"):
             changes["kernel_cache_dir"] = env["KILN_CACHE_DIR"]
         if env.get("CC"):

@@ -40,25 +40,27 @@ from kiln.options import Options
 
 @dataclass(frozen=True)
 class Config:
-    """One way of compiling: an opt level, generated kernels on or off, fast math."""
+    """One way of compiling: an opt level, generated kernels on or off, fast math, the
+    strategy that applies the rules."""
 
     name: str
     opt_level: int
     kernels: bool = False  # generated kernels, generated GEMMs and prepacked library kernels
     fast_math: bool = False
+    search: str = "greedy"
 
     def options(self, cache_dir: str, verify: bool = False) -> Options:
         return Options(opt_level=self.opt_level, debug=verify, fast_math=self.fast_math,
                        generated_kernels=self.kernels, generated_gemm=self.kernels,
                        prepacked_library=self.kernels, measure_kernels=False,
-                       kernel_cache_dir=cache_dir)
+                       kernel_cache_dir=cache_dir, search=self.search)
 
 
 REFERENCE = "reference"  # the "configuration" of a failure of the IR itself (Kind.WRONG_TYPE)
 CONFIGS: tuple[Config, ...] = (
     Config("O0", 0), Config("O1", 1), Config("O2", 2), Config("O3", 3),
     Config("O2+kernels", 2, kernels=True), Config("O3+kernels", 3, kernels=True),
-    Config("O2+fast_math", 2, fast_math=True),
+    Config("O2+fast_math", 2, fast_math=True), Config("O2+search", 2, search="backtrack"),
 )
 LIBRARY_CONFIGS = tuple(c for c in CONFIGS if not c.kernels)
 KERNEL_CONFIGS = tuple(c for c in CONFIGS if c.kernels)

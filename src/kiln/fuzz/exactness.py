@@ -44,6 +44,7 @@ from kiln.passes.pipeline import run_pipeline
 from kiln.rewrite.pattern import Siblings
 from kiln.rewrite.rule import Safety
 from kiln.rules import ALL_RULES
+from kiln.search.rules import shipped_generated_rules
 
 _CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
 
@@ -99,7 +100,7 @@ def rounding_of(graph: Graph, compiled: CompiledGraph, options: Options,
     reference's value of every node (for the layouts eager mode gives them)."""
     found = Rounding()
     fired = compiled.report.rules_fired()
-    rules = {r.name: r for r in ALL_RULES if r.name in fired}
+    rules = {r.name: r for r in ALL_RULES + shipped_generated_rules() if r.name in fired}
     if rules:
         _, records, _ = run_pipeline(graph, options, trace_rules=rules)
         for record in records:

@@ -15,6 +15,7 @@ from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
 from kiln.passes.layout import to_channels_last
+from kiln.passes.search import SearchPass, SearchSummary, with_search
 from kiln.rewrite.engine import RuleStats, TraceEvent
 from kiln.rewrite.passes import RulePass
 
@@ -46,28 +47,35 @@ class PassRecord:
     seconds: float
     rules: dict[str, RuleStats] = field(default_factory=dict)  # rule passes: per-rule stats
     trace: tuple[TraceEvent, ...] = ()  # rule passes: events of the traced rules
+    search: SearchSummary | None = None  # the search pass: costs, rewrites, effort
 
 
-def run_pipeline(graph: Graph, options: Options, passes: Sequence[Pass | RulePass] = PIPELINE,
+def run_pipeline(graph: Graph, options: Options,
+                 passes: Sequence[Pass | RulePass | SearchPass] = PIPELINE,
                  keep_snapshots: bool = False, trace_rules: Iterable[str] = ()
                  ) -> tuple[Graph, list[PassRecord], list[Graph]]:
-    """Run every pass enabled at ``options.opt_level``; verify after each when debugging."""
+    """Run every pass enabled at ``options.opt_level``; verify after each when debugging.
+    With ``options.search`` other than greedy, the rule passes run as one search pass."""
     records: list[PassRecord] = []
     snapshots: list[Graph] = []
     traced = tuple(trace_rules)
-    for p in passes:
+    for p in with_search(tuple(passes), options):
         if options.opt_level < p.min_level:
             continue
         start = time.perf_counter()
         before = graph.num_ops()
+        summary = None
         if isinstance(p, RulePass):
             result = p.rewrite(graph, options, traced)
             graph = result.graph
             stats, trace = result.stats, tuple(result.trace)
+        elif isinstance(p, SearchPass):
+            graph, stats, events, summary = p.search(graph, options, traced)
+            trace = tuple(events)
         else:
             graph, stats, trace = p(graph, options), {}, ()
         records.append(PassRecord(p.name, before, graph.num_ops(), time.perf_counter() - start,
-                                  stats, trace))
+                                  stats, trace, summary))
         if options.debug:
             verify(graph)
         if keep_snapshots:

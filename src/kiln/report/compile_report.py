@@ -109,6 +109,11 @@ class CompileReport:
             for p in g.passes:
                 lines.append(f"  {p.name:<12} {p.nodes_before:>6} -> {p.nodes_after:<6} "
                              f"{p.seconds * 1e3:8.2f} ms")
+                if p.search is not None:
+                    lines.append(f"    {p.search.describe()}")
+                    if p.search.path:
+                        steps = ", ".join(f"{rule} at {node}" for rule, node in p.search.path)
+                        lines.append(f"    rewrites after the {p.search.seed} graph: {steps}")
             generated = sum(k.kind == "generated" for k in g.kernels)
             if g.kernels:
                 lines.append(f"  kernels: {generated} generated, "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,14 +54,44 @@ class RewriteResult:
     sweeps: int = 0
 
 
+def rules_by_root(rules: Sequence[Rule], options: Options) -> dict[Op, list[Rule]]:
+    """The enabled rules, by the ops their pattern's root may have, in table order."""
+    by_root: dict[Op, list[Rule]] = {}
+    for rule in rules:
+        if rule.enabled(options.fast_math):
+            for op in sorted(rule.pattern.root_ops() or (), key=lambda o: o.text):
+                by_root.setdefault(op, []).append(rule)
+    return by_root
+
+
+@dataclass(frozen=True)
+class Move:
+    """One rule applied at one place: what a search step does."""
+
+    rule: str
+    node: str  # the root node's name
+    graph: Graph  # the graph after the rewrite
+
+
+def single_rewrites(graph: Graph, by_root: dict[Op, list[Rule]]) -> Iterator[Move]:
+    """Every way to rewrite ``graph`` with one rule at one node (same checks as a sweep)."""
+    ctx = MatchContext(graph)
+    for node in graph.nodes:
+        for rule in by_root.get(node.op, ()):
+            outcome = _try(rule, node, ctx, set())
+            if isinstance(outcome, str) or outcome is None:
+                continue
+            match, replaced = outcome
+            if replaced:
+                yield Move(rule.name, node.name,
+                           substitute(graph, replaced, match.new_constants))
+
+
 def apply_rules(graph: Graph, rules: Sequence[Rule], options: Options,
                 trace: Iterable[str] = ()) -> RewriteResult:
     """Rewrite ``graph`` with ``rules`` to a fixpoint; rules named in ``trace`` are traced."""
     active = [r for r in rules if r.enabled(options.fast_math)]
-    by_root: dict[Op, list[Rule]] = {}
-    for rule in active:
-        for op in sorted(rule.pattern.root_ops() or (), key=lambda o: o.text):
-            by_root.setdefault(op, []).append(rule)
+    by_root = rules_by_root(active, options)
     result = RewriteResult(graph, {r.name: RuleStats() for r in active})
     traced = set(trace)
     fired: list[TraceEvent] = []

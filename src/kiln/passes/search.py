@@ -1,0 +1,123 @@
+"""The rule passes as one cost-based search (``Options(search="backtrack")``).
+
+The greedy pipeline runs each rule table to a fixpoint, in a fixed order, whatever a rewrite
+costs. This pass instead searches (`kiln.search.backtrack`) over the same rules, plus the
+generated rules proven for every shape, ranked by the roofline estimate of `kiln.cost`. The
+greedy result is one of the search's seeds, so the estimate never prefers a graph it ranks
+below greedy's. Where the search picks a different graph, both are timed op by op on this
+machine (`kiln.cost.measured`, cached on disk) when `Options.measure_kernels` is on, and the
+searched graph is kept only if that measurement agrees it is faster.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kiln.cost.analytic import AnalyticCost, Roofline
+from kiln.cost.graph import GraphCost
+from kiln.cost.measured import MeasuredCost
+from kiln.ir.graph import Graph
+from kiln.options import Options
+from kiln.rewrite.engine import RuleStats, TraceEvent
+from kiln.rewrite.passes import RulePass
+from kiln.search.backtrack import Limits, Step, backtrack
+from kiln.search.rules import search_rules
+
+LIMITS = Limits()
+MARGIN = 0.98  # the searched graph must measure at most this fraction of greedy's time
+
+
+@dataclass(frozen=True)
+class SearchSummary:
+    """What the search did, for the report and ``kiln explain``. Costs are seconds per call."""
+
+    strategy: str
+    cost_input: float  # estimated, the graph as the pass received it
+    cost_greedy: float  # estimated, after the greedy rule passes
+    cost_chosen: float  # estimated, the graph the pass returns
+    chosen: str  # "greedy", "search" or "input"
+    path: tuple[Step, ...]  # rewrites after the seed the chosen graph comes from
+    seed: str
+    rules: int  # rules the search could apply
+    explored: int
+    expanded: int
+    seconds: float
+    stopped: str
+    measured: tuple[float, float] | None = None  # (greedy, searched) seconds, when timed
+    roofline_measured: bool = False
+
+    def describe(self) -> str:
+        text = (f"{self.strategy}: estimated {self.cost_input * 1e3:.3f} ms as received, "
+                f"{self.cost_greedy * 1e3:.3f} ms greedy, {self.cost_chosen * 1e3:.3f} ms "
+                f"chosen ({self.chosen}); {self.explored} graphs costed, {self.expanded} "
+                f"expanded, {self.rules} rules, {self.seconds:.2f} s, stopped: {self.stopped}")
+        if self.measured:
+            text += (f"; measured {self.measured[0] * 1e3:.3f} ms greedy vs "
+                     f"{self.measured[1] * 1e3:.3f} ms searched")
+        return text
+
+
+@dataclass(frozen=True)
+class SearchPass:
+    rule_passes: tuple[RulePass, ...]
+    name: str = "search"
+    min_level: int = 1
+    why: str = "the rule passes' rules and the generated rules, applied by estimated cost"
+
+    def search(self, graph: Graph, options: Options, trace: Iterable[str] = ()
+               ) -> tuple[Graph, dict[str, RuleStats], list[TraceEvent], SearchSummary]:
+        """The chosen graph; per-rule counts and fired events of the rewrites that made it
+        (the greedy passes' for the traced rules, if it grew from greedy's result)."""
+        active = [p for p in self.rule_passes if options.opt_level >= p.min_level]
+        greedy, greedy_fired, greedy_trace = graph, Counter(), []
+        for p in active:
+            result = p.rewrite(greedy, options, trace)
+            greedy = result.graph
+            greedy_fired.update({k: s.fired for k, s in result.stats.items() if s.fired})
+            greedy_trace.extend(e for e in result.trace if e.fired)
+        rules = search_rules([r for p in active for r in p.rules],
+                             generated=options.opt_level >= 2)
+        roof = Roofline.of_machine(options)
+        model = AnalyticCost(roof)
+        outcome = backtrack(graph, rules, options, model, LIMITS, seeds=[("greedy", greedy)])
+        scorer = GraphCost(model)
+        cost_greedy = scorer.seconds(greedy)
+        chosen, graph_out, path, seed = "search", outcome.graph, outcome.path, outcome.seed
+        if outcome.graph is greedy:
+            chosen = "greedy"
+        elif outcome.graph is graph:
+            chosen = "input"
+        measured = None
+        if chosen != "greedy" and options.measure_kernels:
+            timer = GraphCost(MeasuredCost.open(options, model))
+            measured = (timer.seconds(greedy), timer.seconds(outcome.graph))
+            if measured[1] >= MARGIN * measured[0]:
+                chosen, graph_out, path, seed = "greedy", greedy, (), "greedy"
+        fired = Counter(rule for rule, _ in path)
+        events = [TraceEvent(rule, node, True) for rule, node in path]
+        if seed == "greedy":
+            fired.update(greedy_fired)
+            events = greedy_trace + events
+        stats = {name: RuleStats(fired=n) for name, n in sorted(fired.items())}
+        summary = SearchSummary(
+            options.search, outcome.cost_before, cost_greedy,
+            scorer.seconds(graph_out), chosen, path, seed, len(rules), outcome.explored,
+            outcome.expanded, outcome.seconds, outcome.stopped, measured, roof.measured)
+        return graph_out, stats, events, summary
+
+
+def with_search(passes: tuple, options: Options) -> tuple:
+    """``passes`` with their rule passes replaced by one `SearchPass` where the first stood;
+    unchanged for the greedy strategy."""
+    if options.search == "greedy":
+        return passes
+    rule_passes = tuple(p for p in passes if isinstance(p, RulePass))
+    out: list = []
+    for p in passes:
+        if not isinstance(p, RulePass):
+            out.append(p)
+        elif p is rule_passes[0]:
+            out.append(SearchPass(rule_passes, min_level=min(r.min_level for r in rule_passes)))
+    return tuple(out)

@@ -1,0 +1,2 @@
+"""Cost-based rule application: backtracking search (TASO) over kiln's hand-written and
+generated rules, ranked by `kiln.cost`."""

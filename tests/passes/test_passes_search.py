@@ -1,0 +1,93 @@
+"""The rule passes as one search (Options(search="backtrack")): results equal the captured
+outputs on every zoo model, the record says what the search did, greedy is a seed."""
+
+from __future__ import annotations
+
+import pytest
+
+import kiln_test_support as support  # loaded by tests/conftest.py
+from kiln.options import Options
+from kiln.passes import search as search_pass
+from kiln.passes.pipeline import PIPELINE, run_pipeline
+from kiln.passes.search import SearchPass, with_search
+from kiln.rewrite.passes import RulePass
+from kiln.search.backtrack import Limits
+
+
+@pytest.fixture(autouse=True)
+def short_search(monkeypatch):
+    """Two seconds a model keeps the suite short; the default is in kiln.passes.search."""
+    monkeypatch.setattr(search_pass, "LIMITS", Limits(seconds=2.0))
+
+
+def test_the_rule_passes_become_one_search_pass_where_the_first_stood() -> None:
+    assert with_search(PIPELINE, Options()) is PIPELINE
+    searched = with_search(PIPELINE, Options(search="backtrack"))
+    names = [p.name for p in searched]
+    assert "search" in names and not any(isinstance(p, RulePass) for p in searched)
+    first_rule_pass = next(i for i, p in enumerate(PIPELINE) if isinstance(p, RulePass))
+    assert names.index("search") == first_rule_pass
+    (search,) = [p for p in searched if isinstance(p, SearchPass)]
+    assert search.rule_passes == tuple(p for p in PIPELINE if isinstance(p, RulePass))
+
+
+def test_an_unknown_strategy_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="Options.search must be one of greedy, backtrack"):
+        Options(search="anneal")
+    assert Options.from_env({"KILN_SEARCH": "Backtrack"}).search == "backtrack"
+
+
+def test_the_zoo_computes_the_captured_outputs_after_the_search(zoo_case, tmp_path) -> None:
+    options = Options(search="backtrack", debug=True, kernel_cache_dir=str(tmp_path))
+    optimized, records, _ = run_pipeline(zoo_case.graph, options)
+    (record,) = [r for r in records if r.search is not None]
+    summary = record.search
+    assert summary.cost_chosen <= summary.cost_greedy * 1.0000001
+    assert summary.cost_greedy <= summary.cost_input
+    assert summary.chosen in ("greedy", "search", "input") and summary.rules > 300
+    for rule in {rule for rule, _ in summary.path}:  # the report counts the path's rewrites
+        assert record.rules[rule].fired >= sum(1 for r, _ in summary.path if r == rule)
+    if summary.seed == "greedy":  # and the greedy passes' it grew from
+        assert sum(s.fired for s in record.rules.values()) > len(summary.path)
+    actual = support.run_interpreter(optimized, zoo_case.inputs)
+    for a, e in zip(actual, zoo_case.expected):
+        assert support.relative_error(a, e) < 1e-4
+
+
+def _weight_chain():
+    import torch
+
+    from kiln.ir.builder import GraphBuilder
+    from kiln.ir.ops import Op
+    from kiln.ir.types import DType, TensorType
+
+    b = GraphBuilder("cpu")
+    x = b.input("x", TensorType((4, 64), DType.F32))
+    w1, w2 = b.constant("w1", torch.randn(64, 64)), b.constant("w2", torch.randn(64, 64))
+    return b.build(b.node(Op.MM, b.node(Op.MM, x, w1).out(), w2).out())
+
+
+@pytest.mark.parametrize("folded_product_s,kept", [(1.0, "search"), (3.0, "greedy")])
+def test_a_searched_graph_is_kept_only_where_the_measurement_agrees(
+        folded_product_s, kept, tmp_path, monkeypatch) -> None:
+    from kiln.cost.measured import MeasuredCost
+    from kiln.ir.ops import Op
+
+    # greedy keeps (x W1) W2, two GEMMs; the search finds x (W1 W2), one GEMM on a folded
+    # weight. The "measurement" says what that one GEMM costs: 1 s (faster than greedy's
+    # 2 x 1 s) or 3 s (slower).
+    def measured(self, node, graph=None):
+        reads_product = len(node.inputs) == 2 and node.inputs[1].node.op is Op.MM
+        return folded_product_s if reads_product else 1.0
+
+    monkeypatch.setattr(MeasuredCost, "node_seconds", measured)
+    options = Options(search="backtrack", kernel_cache_dir=str(tmp_path))
+    optimized, records, _ = run_pipeline(_weight_chain(), options)
+    (record,) = [r for r in records if r.search is not None]
+    assert record.search.measured == (2.0, folded_product_s)
+    assert record.search.chosen == kept
+    assert optimized.op_counts()["mm"] == (1 if kept == "search" else 2)
+    unmeasured = run_pipeline(_weight_chain(), Options(search="backtrack", measure_kernels=False,
+                                                       kernel_cache_dir=str(tmp_path)))[1]
+    (record,) = [r for r in unmeasured if r.search is not None]
+    assert record.search.measured is None and record.search.chosen == "search"
