@@ -398,3 +398,22 @@ def test_a_transposed_convolution_keeps_the_dilation_its_output_padding_needs(tm
     want = interpret(graph, inputs)
     for got, expected in zip(interpret(moved, inputs), want):
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("exponent", [0.5, -0.5, 2.0, 3.0, -1.0, -2.0, 0.25, 2])
+def test_generated_power_by_a_number_gives_atens_bits(exponent, tmp_path):
+    # seed 7 graph 74714: tanh((-0.0) ** 0.5) was +0.0 in a generated kernel (powf) and -0.0
+    # in ATen, which computes x ** 0.5 as sqrt(x) (and 2, 3, -0.5, -1, -2 without pow too)
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    kind = "i64" if isinstance(exponent, int) else "f64"
+    text = ("graph(%x0: f32[32]) {\n"
+            f"  %c = scalar {{value={exponent!r}}} : {kind}[]\n"
+            "  %p = pow(%x0, %c) : f32[32]\n  %t = tanh(%p) : f32[32]\n  return %t\n}\n")
+    x = torch.tensor([-0.0, 0.0, math.nan, 1.0, -1.0, math.inf, -math.inf, 2.0,
+                      1e-39, -1e-39, 3.5, -3.5, 1e30, -1e30, 0.1, -0.1] * 2)
+    outcome = check_case(Case(parse_graph(text), (FuzzInput(x),)),
+                         [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].generated == 1

@@ -150,9 +150,33 @@ def lower_binary(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffe
         return
     if op is Op.POW and not dt.is_floating:
         raise NotLowerable(op, "integer power")
+    if op is Op.POW and _pow_special(node) is not None:
+        form = _pow_special(node)
+        b.compute(node.name, out, lambda v: form(x.as_dtype(dt, out.shape, v), dt))
+        return
     bop = _BINARY[op]
     b.compute(node.name, out, lambda v: Binary(bop, x.as_dtype(dt, out.shape, v),
                                                y.as_dtype(dt, out.shape, v)))
+
+
+# ATen computes x ** c for these number exponents c without pow (PowKernel.cpp's
+# pow_tensor_scalar_optimized_kernel): the same forms give the same bits, e.g. the sign of
+# (-0.0) ** 0.5, which is -0.0 by sqrt and +0.0 by powf
+_POW_FORMS: dict[float, Callable[[Expr, DType], Expr]] = {
+    2.0: lambda x, dt: x * x,
+    3.0: lambda x, dt: x * x * x,
+    0.5: lambda x, dt: unary(UnOp.SQRT, x),
+    -0.5: lambda x, dt: const(1, dt) / unary(UnOp.SQRT, x),
+    -1.0: lambda x, dt: const(1, dt) / x,
+    -2.0: lambda x, dt: const(1, dt) / (x * x),
+}
+
+
+def _pow_special(node: Node) -> Callable[[Expr, DType], Expr] | None:
+    exponent = node.inputs[1].node
+    if exponent.op is not Op.SCALAR or isinstance(exponent.attrs.value, bool):  # type: ignore[attr-defined]
+        return None
+    return _POW_FORMS.get(float(exponent.attrs.value))  # type: ignore[attr-defined]
 
 
 def _div(node: Node, x: TensorRef, y: TensorRef,
