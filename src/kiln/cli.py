@@ -80,7 +80,8 @@ def _parser() -> argparse.ArgumentParser:
                    "aten (every op its ATen call)")
     b.add_argument("--search", nargs="+", action="extend", choices=list(SEARCH_STRATEGIES),
                    metavar="STRATEGY", dest="searches", help="how kiln applies its rules, one "
-                   "contender each: greedy (the default), backtrack (cost-based search)")
+                   "contender each: greedy (the default), backtrack (TASO's search), saturate "
+                   "(equality saturation and extraction, as Tensat does)")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)

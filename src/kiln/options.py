@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-SEARCH_STRATEGIES = ("greedy", "backtrack")
+SEARCH_STRATEGIES = ("greedy", "backtrack", "saturate")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,9 @@ class Options:
     measure_kernels: bool = True
     # how the rule passes are applied: "greedy" runs each rule table to a fixpoint in pipeline
     # order; "backtrack" searches over the same rules plus the generated ones, by estimated
-    # cost, from both the input and the greedy result (TASO's search; kiln.search)
+    # cost, from both the input and the greedy result (TASO's search); "saturate" puts the
+    # greedy result in an e-graph with every law egglog can state and extracts the cheapest
+    # graph (Tensat's method); both in kiln.search
     search: str = "greedy"
     c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")

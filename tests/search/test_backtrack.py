@@ -89,7 +89,7 @@ def test_seen_graphs_are_not_costed_twice_and_the_limits_hold() -> None:
   return %s3
 }""")
     full = backtrack(wide, [assoc, back], Options(), MODEL, Limits(alpha=1.01))
-    assert full.stopped == "exhausted" and full.explored > 10  # groupings and orders of a 4-term sum
+    assert full.stopped == "exhausted" and full.explored > 10  # groupings and orders of 4 terms
     capped = backtrack(wide, [assoc, back], Options(), MODEL, Limits(alpha=1.01, expansions=3))
     assert capped.stopped == "expansions" and capped.expanded == 3
     timed = backtrack(wide, [assoc, back], Options(), MODEL, Limits(alpha=1.01, seconds=0.0))

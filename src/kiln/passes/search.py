@@ -11,6 +11,7 @@ searched graph is kept only if that measurement agrees it is faster.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,10 +23,14 @@ from kiln.ir.graph import Graph
 from kiln.options import Options
 from kiln.rewrite.engine import RuleStats, TraceEvent
 from kiln.rewrite.passes import RulePass
-from kiln.search.backtrack import Limits, Step, backtrack
+from kiln.search.backtrack import Limits, Outcome, Step, backtrack
+from kiln.search.equality import SaturationOutcome, optimize
 from kiln.search.rules import search_rules
+from kiln.search.saturate import SatLimits, SaturationError
 
 LIMITS = Limits()
+SAT_LIMITS = SatLimits()
+ILP_SECONDS = 3.0
 MARGIN = 0.98  # the searched graph must measure at most this fraction of greedy's time
 
 
@@ -47,12 +52,27 @@ class SearchSummary:
     stopped: str
     measured: tuple[float, float] | None = None  # (greedy, searched) seconds, when timed
     roofline_measured: bool = False
+    # saturation only: iterations, e-classes, e-nodes, e-nodes left out for their type, which
+    # extraction won, and how often each rule matched
+    iterations: int = 0
+    classes: int = 0
+    enodes: int = 0
+    rejected: int = 0
+    extraction: str = ""
+    matched: tuple[tuple[str, int], ...] = ()
 
     def describe(self) -> str:
         text = (f"{self.strategy}: estimated {self.cost_input * 1e3:.3f} ms as received, "
                 f"{self.cost_greedy * 1e3:.3f} ms greedy, {self.cost_chosen * 1e3:.3f} ms "
-                f"chosen ({self.chosen}); {self.explored} graphs costed, {self.expanded} "
-                f"expanded, {self.rules} rules, {self.seconds:.2f} s, stopped: {self.stopped}")
+                f"chosen ({self.chosen}); ")
+        if self.strategy == "saturate":
+            text += (f"{self.iterations} iterations, {self.classes} e-classes, {self.enodes} "
+                     f"e-nodes ({self.rejected} ill-typed), {self.rules} rewrites, "
+                     f"{len(self.matched)} matched, extraction: {self.extraction}")
+        else:
+            text += (f"{self.explored} graphs costed, {self.expanded} expanded, "
+                     f"{self.rules} rules")
+        text += f", {self.seconds:.2f} s, stopped: {self.stopped}"
         if self.measured:
             text += (f"; measured {self.measured[0] * 1e3:.3f} ms greedy vs "
                      f"{self.measured[1] * 1e3:.3f} ms searched")
@@ -81,9 +101,34 @@ class SearchPass:
                              generated=options.opt_level >= 2)
         roof = Roofline.of_machine(options)
         model = AnalyticCost(roof)
-        outcome = backtrack(graph, rules, options, model, LIMITS, seeds=[("greedy", greedy)])
         scorer = GraphCost(model)
         cost_greedy = scorer.seconds(greedy)
+        extra: dict = {}
+        if options.search == "saturate":
+            laws = [law for r in rules for law in r.laws if r.enabled(options.fast_math)]
+
+            def finish(g: Graph) -> Graph:
+                for p in active:
+                    g = p.rewrite(g, options).graph
+                return g
+
+            try:
+                sat = optimize(greedy, laws, model, SAT_LIMITS, ILP_SECONDS, finish)
+            except SaturationError as err:  # the greedy result serves; say why
+                warnings.warn(f"kiln: equality saturation failed ({err}); the rules were "
+                              "applied greedily", RuntimeWarning, stacklevel=2)
+                sat = SaturationOutcome(greedy, cost_greedy, cost_greedy, f"greedy ({err})",
+                                        0, "failed", 0, 0, 0, 0)
+            outcome = Outcome(sat.graph, scorer.seconds(graph), sat.cost_after, (), "greedy",
+                              0, 0, sat.seconds, sat.stopped)
+            extra = {"iterations": sat.iterations, "classes": sat.classes,
+                     "enodes": sat.enodes, "rejected": sat.rejected, "extraction": sat.chosen,
+                     "matched": tuple(sorted(sat.matched.items()))}
+            rule_count = sat.rules
+        else:
+            outcome = backtrack(graph, rules, options, model, LIMITS,
+                                seeds=[("greedy", greedy)])
+            rule_count = len(rules)
         chosen, graph_out, path, seed = "search", outcome.graph, outcome.path, outcome.seed
         if outcome.graph is greedy:
             chosen = "greedy"
@@ -103,8 +148,9 @@ class SearchPass:
         stats = {name: RuleStats(fired=n) for name, n in sorted(fired.items())}
         summary = SearchSummary(
             options.search, outcome.cost_before, cost_greedy,
-            scorer.seconds(graph_out), chosen, path, seed, len(rules), outcome.explored,
-            outcome.expanded, outcome.seconds, outcome.stopped, measured, roof.measured)
+            scorer.seconds(graph_out), chosen, path, seed, rule_count, outcome.explored,
+            outcome.expanded, outcome.seconds, outcome.stopped, measured, roof.measured,
+            **extra)
         return graph_out, stats, events, summary
 
 
