@@ -7,9 +7,7 @@ import torch
 
 from kiln.cost.analytic import AnalyticCost, Roofline
 from kiln.ir import Graph, interpret, parse_graph
-from kiln.ir.builder import GraphBuilder
 from kiln.ir.ops import Op
-from kiln.ir.types import DType, TensorType
 from kiln.options import Options
 from kiln.rewrite.law import EXACT, A, L, PVar
 from kiln.search.backtrack import Limits, backtrack, graph_key
@@ -20,19 +18,8 @@ MODEL = AnalyticCost(Roofline())
 X, Y, Z = PVar("x"), PVar("y"), PVar("z")
 
 
-def _chain() -> Graph:
-    """x @ W1 @ W2 with constant weights: (x W1) W2 costs two GEMMs at run time, x (W1 W2)
-    one (the weight product folds)."""
-    b = GraphBuilder("cpu")
-    x = b.input("x", TensorType((4, 64), DType.F32))
-    g = torch.Generator().manual_seed(0)
-    w1 = b.constant("w1", torch.randn(64, 64, generator=g))
-    w2 = b.constant("w2", torch.randn(64, 64, generator=g))
-    return b.build(b.node(Op.MM, b.node(Op.MM, x, w1).out(), w2).out())
-
-
-def test_the_search_reassociates_a_weight_product_into_one_gemm() -> None:
-    graph = _chain()
+def test_the_search_reassociates_a_weight_product(weight_chain) -> None:
+    graph = weight_chain
     outcome = backtrack(graph, shipped_generated_rules(), Options(), MODEL)
     assert outcome.cost_after < 0.6 * outcome.cost_before
     assert [rule for rule, _ in outcome.path] == ["gen-mm-3.reverse"]
@@ -103,8 +90,8 @@ def test_the_graph_key_ignores_names_and_tells_structures_apart() -> None:
     assert graph_key(a) == graph_key(b) != graph_key(c)
 
 
-def test_a_seed_cheaper_than_anything_found_is_returned() -> None:
-    graph = _chain()
+def test_a_seed_cheaper_than_anything_found_is_returned(weight_chain) -> None:
+    graph = weight_chain
     seed = parse_graph("graph(%x: f32[4, 64]) {\n  %z = neg(%x) : f32[4, 64]\n  return %z\n}")
     outcome = backtrack(graph, [], Options(), MODEL, seeds=[("cheap", seed)])
     assert outcome.graph is seed and outcome.seed == "cheap" and outcome.path == ()

@@ -8,10 +8,8 @@ import torch
 
 from kiln.cost.analytic import AnalyticCost, Roofline
 from kiln.cost.graph import GraphCost
-from kiln.ir import Graph, interpret, parse_graph
-from kiln.ir.builder import GraphBuilder
+from kiln.ir import interpret, parse_graph
 from kiln.ir.ops import Op
-from kiln.ir.types import DType, TensorType
 from kiln.rewrite.law import EXACT, A, C, CondKind, L, Lit, PVar
 from kiln.search.equality import optimize
 from kiln.search.extract import Typed, extract_greedy, extract_ilp
@@ -31,18 +29,9 @@ X, Y, Z, S = PVar("x"), PVar("y"), PVar("z"), PVar("s")
 GENERATED_LAWS = [r.laws[0] for r in shipped_generated_rules()]
 
 
-def _chain() -> Graph:
-    b = GraphBuilder("cpu")
-    x = b.input("x", TensorType((4, 64), DType.F32))
-    g = torch.Generator().manual_seed(0)
-    w1 = b.constant("w1", torch.randn(64, 64, generator=g))
-    w2 = b.constant("w2", torch.randn(64, 64, generator=g))
-    return b.build(b.node(Op.MM, b.node(Op.MM, x, w1).out(), w2).out())
-
-
-def test_saturation_finds_the_folded_weight_product_and_it_computes_the_same() -> None:
-    graph = _chain()
-    outcome = optimize(graph, GENERATED_LAWS, MODEL)
+def test_saturation_finds_the_folded_weight_product(weight_chain) -> None:
+    graph = weight_chain
+    outcome = optimize(graph, GENERATED_LAWS, MODEL, SatLimits(seconds=60.0))
     assert outcome.chosen in ("greedy", "ilp")
     assert outcome.cost_after < 0.6 * outcome.cost_before
     assert outcome.rejected == 0 and outcome.stopped == "saturated"
@@ -52,8 +41,8 @@ def test_saturation_finds_the_folded_weight_product_and_it_computes_the_same() -
                                rtol=1e-4, atol=1e-4)
 
 
-def test_only_laws_that_can_match_are_loaded() -> None:
-    graph = _chain()
+def test_only_laws_that_can_match_are_loaded(weight_chain) -> None:
+    graph = weight_chain
     relevant = relevant_laws(graph, GENERATED_LAWS)
     assert 0 < len(relevant) < len(GENERATED_LAWS)
     ops = {op for law in relevant for app in law.src for op in _ops(app)}

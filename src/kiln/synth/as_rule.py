@@ -40,7 +40,7 @@ from kiln.rewrite.law import (
 )
 from kiln.rewrite.pattern import MatchContext, Pattern
 from kiln.rewrite.rule import Match, Rule
-from kiln.synth.instance import NUMBER_CONDITIONS, LawError, apply_attr_fn
+from kiln.synth.instance import NUMBER_CONDITIONS, LawError, apply_attr_fn, apply_type_fn
 from kiln.synth.prune import drop_instances
 
 __all__ = ["LawPattern", "rule_from_law", "runnable_rules"]
@@ -165,12 +165,7 @@ def attr_value(value: Any, bindings: dict[str, Any]) -> Any:
     if isinstance(value, AttrFn) and value.kind in (AttrFnKind.SHAPE_OF, AttrFnKind.DTYPE_OF,
                                                     AttrFnKind.SIZE):
         var, *rest = value.args
-        type_ = bindings[var.name].type
-        if value.kind is AttrFnKind.SHAPE_OF:
-            return type_.shape
-        if value.kind is AttrFnKind.DTYPE_OF:
-            return type_.dtype
-        return type_.shape[rest[0]]
+        return apply_type_fn(value.kind, bindings[var.name].type, rest)
     if isinstance(value, AttrFn):
         return apply_attr_fn(value.kind, [attr_value(a, bindings) for a in value.args])
     if isinstance(value, tuple):

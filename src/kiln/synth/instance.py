@@ -177,12 +177,7 @@ class _Sides:
             if not isinstance(var, PVar) or var.name not in self.env:
                 raise LawError(f"law {self.law.name}: ({value.kind.value} ...) needs a tensor "
                                "variable bound by the source")
-            type_ = self.env[var.name].type
-            if value.kind is AttrFnKind.SHAPE_OF:
-                return type_.shape
-            if value.kind is AttrFnKind.DTYPE_OF:
-                return type_.dtype
-            return type_.shape[rest[0]]
+            return apply_type_fn(value.kind, self.env[var.name].type, rest)
         if isinstance(value, AttrFn):
             args = [self.attr_value(a, op, key, types, known) for a in value.args]
             return apply_attr_fn(value.kind, args)
@@ -192,6 +187,15 @@ class _Sides:
 
 
 _TYPE_FNS = frozenset({AttrFnKind.SHAPE_OF, AttrFnKind.DTYPE_OF, AttrFnKind.SIZE})
+
+
+def apply_type_fn(kind: AttrFnKind, type_: TensorType, args: Sequence[Any]) -> Any:
+    """shape-of, dtype-of or (size ?x d) of a tensor of type ``type_``."""
+    if kind is AttrFnKind.SHAPE_OF:
+        return type_.shape
+    if kind is AttrFnKind.DTYPE_OF:
+        return type_.dtype
+    return type_.shape[args[0]]
 
 
 def apply_attr_fn(kind: AttrFnKind, args: Sequence[Any]) -> Any:
