@@ -3,8 +3,10 @@ or where an op cannot run on random operands."""
 
 from __future__ import annotations
 
+import math
 import sqlite3
 
+from kiln.cost import measured
 from kiln.cost.analytic import AnalyticCost, Roofline
 from kiln.cost.measured import MeasuredCost
 from kiln.ir import parse_graph
@@ -24,7 +26,8 @@ def _model(tmp_path, budget_s: float = 5.0) -> MeasuredCost:
                              budget_s)
 
 
-def test_an_op_is_timed_once_and_read_back_from_disk(tmp_path) -> None:
+def test_an_op_is_timed_once_and_read_back_from_disk(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(measured, "STEADY", math.inf)  # keep it, however busy the machine
     model = _model(tmp_path)
     mm, add = model.node_seconds(NODES["mm"]), model.node_seconds(NODES["add"])
     assert model.sources["measured"] == 2
@@ -36,6 +39,15 @@ def test_an_op_is_timed_once_and_read_back_from_disk(tmp_path) -> None:
     rows = sqlite3.connect(tmp_path / "op_times.sqlite").execute(
         "SELECT COUNT(*) FROM op_times").fetchone()
     assert rows == (2,)
+
+
+def test_an_unsteady_timing_is_used_but_not_kept(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(measured, "STEADY", -0.5)  # no timing is steady enough
+    model = _model(tmp_path)
+    assert model.node_seconds(NODES["add"]) > 0 and model.sources["measured"] == 1
+    again = _model(tmp_path)
+    again.node_seconds(NODES["add"])
+    assert again.sources["cached"] == 0 and again.sources["measured"] == 1
 
 
 def test_past_its_budget_a_model_estimates(tmp_path) -> None:

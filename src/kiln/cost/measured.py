@@ -8,8 +8,9 @@ operands, and the median kept on disk in ``<kernel cache>/op_times.sqlite``.
 Measuring costs compile time, so a `MeasuredCost` has a budget: once it has spent
 ``budget_s`` seconds timing ops, new signatures get the analytic estimate (and say so in
 `sources`). An op that cannot run on random operands (an index out of range, a shape the
-library refuses) gets the estimate too. The database is a cache: a locked, read-only or
-corrupt file costs measurements, never a compile.
+library refuses) gets the estimate too. A timing whose samples spread widely (a busy machine,
+threads competing) is used for this compile but not kept. The database is a cache: a locked,
+read-only or corrupt file costs measurements, never a compile.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from kiln.options import Options
 __all__ = ["MeasuredCost"]
 
 TIMEOUT_S = 5.0
+STEADY = 0.5  # kept on disk only when every sample is within 50% of the median
 _SCHEMA = "CREATE TABLE IF NOT EXISTS op_times (key TEXT PRIMARY KEY, seconds REAL NOT NULL)"
 _BUDGET = Budget(min_rounds=5, max_rounds=7, cap_s=0.5, min_sample_s=1e-3, settle_calls=1,
                  collect_first=False)
@@ -72,11 +74,12 @@ class MeasuredCost:
             found = row[0]
         elif self.spent_s < self.budget_s:
             start = time.perf_counter()
-            found = _time_node(node, graph)
+            found, steady = _time_node(node, graph)
             self.spent_s += time.perf_counter() - start
             if found is not None:
                 self.sources["measured"] += 1
-                self._query("INSERT OR REPLACE INTO op_times VALUES (?, ?)", (key, found))
+                if steady:  # a busy machine's timing serves this compile, not the next
+                    self._query("INSERT OR REPLACE INTO op_times VALUES (?, ?)", (key, found))
         if found is None:
             self.sources["estimated"] += 1
             found = self.analytic.node_seconds(node)
@@ -99,8 +102,9 @@ class MeasuredCost:
             return None  # the cache is lost, not the compile
 
 
-def _time_node(node: Node, graph: Graph | None) -> float | None:
-    """The median seconds of the node's library call on random operands; None if it fails."""
+def _time_node(node: Node, graph: Graph | None) -> tuple[float | None, bool]:
+    """The median seconds of the node's library call on random operands (None if it fails),
+    and whether every sample was within `STEADY` of the median."""
     gen = torch.Generator().manual_seed(0)
     operands: list[Any] = []
     for v in node.inputs:
@@ -122,4 +126,7 @@ def _time_node(node: Node, graph: Graph | None) -> float | None:
 
     with torch.no_grad():
         timing = interleaved([call], _BUDGET)[0]
-    return None if timing.error is not None or not timing.samples else timing.median_s
+    if timing.error is not None or not timing.samples:
+        return None, False
+    median = timing.median_s
+    return median, timing.max_s <= (1 + STEADY) * median and timing.min_s >= median / (1 + STEADY)
