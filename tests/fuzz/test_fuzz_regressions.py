@@ -417,3 +417,19 @@ def test_generated_power_by_a_number_gives_atens_bits(exponent, tmp_path):
                          [config_named("O2+kernels")], cache)
     assert outcome.ok, outcome.failures
     assert outcome.stats["O2+kernels"].generated == 1
+
+
+def test_the_search_does_not_reassociate_a_sum_that_overflows_by_default(tmp_path):
+    # seed 8 graph 7487: (x + c) + c with x = -inf and c = 3e38 is -inf; the search applied a
+    # generated ieee reassociation, x + (c + c), and got NaN
+    text = """graph(%x: f32[4], %c: f32[4]) {
+  %a = add(%x, %c) : f32[4]
+  %b = add(%a, %c) : f32[4]
+  return %b
+}
+"""
+    x = torch.tensor([-math.inf, 1.0, math.inf, -1.0])
+    c = torch.full((4,), 3e38)
+    outcome = check_case(Case(parse_graph(text), (FuzzInput(x), FuzzInput(c))),
+                         [config_named("O2+search")], str(tmp_path))
+    assert outcome.ok, outcome.failures

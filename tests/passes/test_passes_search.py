@@ -51,7 +51,7 @@ def test_the_zoo_computes_the_captured_outputs_after_the_search(zoo_case, strate
     assert summary.cost_greedy <= summary.cost_input
     assert summary.chosen in ("greedy", "search", "input")
     if strategy == "backtrack":
-        assert summary.rules > 300 and summary.explored >= 1
+        assert summary.rules > 200 and summary.explored >= 1
     else:
         assert summary.classes > 0 and summary.stopped in ("saturated", "iterations", "nodes",
                                                            "seconds")
@@ -84,20 +84,21 @@ def test_a_searched_graph_is_kept_only_where_the_measurement_agrees(
     from kiln.ir.ops import Op
 
     # greedy keeps (x W1) W2, two GEMMs; the search finds x (W1 W2), one GEMM on a folded
-    # weight. The "measurement" says what that one GEMM costs: 1 s (faster than greedy's
-    # 2 x 1 s) or 3 s (slower).
+    # weight (a generated ieee rule: with fast math). The "measurement" says what that one
+    # GEMM costs: 1 s (faster than greedy's 2 x 1 s) or 3 s (slower).
     def measured(self, node, graph=None):
         reads_product = len(node.inputs) == 2 and node.inputs[1].node.op is Op.MM
         return folded_product_s if reads_product else 1.0
 
     monkeypatch.setattr(MeasuredCost, "node_seconds", measured)
-    options = Options(search="backtrack", kernel_cache_dir=str(tmp_path))
+    options = Options(search="backtrack", fast_math=True, kernel_cache_dir=str(tmp_path))
     optimized, records, _ = run_pipeline(_weight_chain(), options)
     (record,) = [r for r in records if r.search is not None]
     assert record.search.measured == (2.0, folded_product_s)
     assert record.search.chosen == kept
     assert optimized.op_counts()["mm"] == (1 if kept == "search" else 2)
-    unmeasured = run_pipeline(_weight_chain(), Options(search="backtrack", measure_kernels=False,
-                                                       kernel_cache_dir=str(tmp_path)))[1]
+    unmeasured = run_pipeline(_weight_chain(), Options(
+        search="backtrack", fast_math=True, measure_kernels=False,
+        kernel_cache_dir=str(tmp_path)))[1]
     (record,) = [r for r in unmeasured if r.search is not None]
     assert record.search.measured is None and record.search.chosen == "search"

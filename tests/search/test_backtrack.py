@@ -95,3 +95,16 @@ def test_a_seed_cheaper_than_anything_found_is_returned(weight_chain) -> None:
     seed = parse_graph("graph(%x: f32[4, 64]) {\n  %z = neg(%x) : f32[4, 64]\n  return %z\n}")
     outcome = backtrack(graph, [], Options(), MODEL, seeds=[("cheap", seed)])
     assert outcome.graph is seed and outcome.seed == "cheap" and outcome.path == ()
+
+
+def test_generated_rules_that_are_not_exact_wait_for_fast_math() -> None:
+    from kiln.rewrite.rule import EXACT
+    from kiln.rules import ALL_RULES
+    from kiln.search.rules import search_rules
+
+    default = search_rules(ALL_RULES, generated=True)
+    generated = [r for r in default if r.name.startswith("gen-")]
+    assert generated and all(r.safety is EXACT for r in generated)
+    assert "gen-add-1" not in {r.name for r in default}  # reassociation moves an overflow
+    fast = search_rules(ALL_RULES, generated=True, fast_math=True)
+    assert len(fast) > len(default) and "gen-add-1" in {r.name for r in fast}

@@ -98,7 +98,7 @@ class SearchPass:
             greedy_fired.update({k: s.fired for k, s in result.stats.items() if s.fired})
             greedy_trace.extend(e for e in result.trace if e.fired)
         rules = search_rules([r for p in active for r in p.rules],
-                             generated=options.opt_level >= 2)
+                             generated=options.opt_level >= 2, fast_math=options.fast_math)
         roof = Roofline.of_machine(options)
         model = AnalyticCost(roof)
         scorer = GraphCost(model)
