@@ -433,3 +433,46 @@ def test_the_search_does_not_reassociate_a_sum_that_overflows_by_default(tmp_pat
     outcome = check_case(Case(parse_graph(text), (FuzzInput(x), FuzzInput(c))),
                          [config_named("O2+search")], str(tmp_path))
     assert outcome.ok, outcome.failures
+
+
+def test_a_convolution_with_one_input_channel_stays_nchw(tmp_path, monkeypatch):
+    # seed 9 graph 55743: ATen's convolution of a one-channel input in real channels-last
+    # strides, width stride 2, one-wide output, gives wrong values (-21.4 for -8.6)
+    import kiln.passes.layout as layout
+
+    monkeypatch.setattr(layout, "_measured_faster", lambda *args, **kwargs: True)
+    text = ("graph(%x1: f32[2, 1, 3, 1], %w0: f32[2, 1, 7, 4], %w1: f32[1, 1, 3, 3], "
+            "%w2: f32[1], %w3: f32[1, 1, 1, 1]) {\n"
+            "  %c = conv_act(%w0, %w1, %w2, %x1) {stride=(1, 2), padding=(0, 0), "
+            "dilation=(2, 1), groups=1, has_bias=True, has_residual=True, "
+            "activation=op('leaky_relu'), act_args=(2.0,)} : f32[2, 1, 3, 1]\n"
+            "  %d = convolution(%c, %w3) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), "
+            "transposed=False, output_padding=(0, 0), groups=1} : f32[2, 1, 3, 1]\n"
+            "  return %d\n}\n")
+    graph = parse_graph(text)
+    assert to_channels_last(graph, decide=True) is graph  # nothing to convert
+    gen = torch.Generator().manual_seed(0)
+    inputs = tuple(FuzzInput(torch.randn(n.type.shape, generator=gen)) for n in graph.inputs)
+    outcome = check_case(Case(graph, inputs), [config_named("O2+kernels")], str(tmp_path))
+    assert outcome.ok, outcome.failures
+
+
+def test_a_rounded_subnormal_divided_by_itself_is_not_compared(tmp_path):
+    # seed 9 graph 56562: erf(1.4e-45) is one or two units of the smallest subnormal (the
+    # generated kernel says 0), so erf(x) / x is anything from 0 to 2: past a division a
+    # rounded subnormal's error is no longer relative
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    text = """graph(%x: f32[4, 8, 4]) {
+  %e = erf(%x) : f32[4, 8, 4]
+  %d = div(%e, %x) {rounding_mode=None} : f32[4, 8, 4]
+  %p = adaptive_avg_pool2d(%d) {output_size=(3, 3)} : f32[4, 3, 3]
+  return %p
+}
+"""
+    x = torch.tensor([1.4013e-45, 5e-45, 0.5, -2.0] * 32).reshape(4, 8, 4)
+    outcome = check_case(Case(parse_graph(text), (FuzzInput(x),)),
+                         [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].generated == 1

@@ -59,9 +59,18 @@ def to_channels_last(graph: Graph, options: Options | None = None,
 
 
 def _nhwc_capable(node: Node, graph: Graph) -> bool:
-    if node.op not in CONVS or len(node.type.shape) != 4:
+    if node.op not in CONVS or len(node.type.shape) != 4 or _one_channel(node):
         return False
     return not getattr(node.attrs, "transposed", False) and not _pads_nonfinite(node, graph)
+
+
+def _one_channel(node: Node) -> bool:
+    """One input channel: ATen 2.13's convolution on such an input (or weight) in real
+    channels-last strides computes wrong values for a width stride of 2 with an output one
+    wide (x: (2, 1, 7, 4), w: (1, 1, 3, 3), stride (1, 2); fuzz seed 9, graph 55743). The
+    layout gains nothing there: such a convolution reads NCHW."""
+    x = node.inputs[0].type
+    return len(x.shape) == 4 and x.shape[1] == 1
 
 
 def _pads_nonfinite(node: Node, graph: Graph) -> bool:
@@ -148,6 +157,8 @@ def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
 def _needs_standard_layout(node: Node, index: int) -> bool:
     """Could ``node`` misbehave if its ``index``-th operand were NHWC?"""
     if node.op is Op.CALL or node.op is Op.TO_LAYOUT:
+        return True
+    if node.op in CONVS and index == 0 and _one_channel(node):
         return True
     if node.op is Op.VIEW:
         t = node.inputs[index].type
