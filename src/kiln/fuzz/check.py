@@ -196,6 +196,8 @@ class Reference:
             return self._variance_cancels(node)
         if node.op is Op.LAYER_NORM:
             return self._normalization_amplifies(node)
+        if node.op in (Op.ADD, Op.SUB) and node.types[0].dtype.is_floating:
+            return self._difference_cancels(node)
         if node.op not in _LINEAR_SUMS or not node.types[0].dtype.is_floating:
             return False
         sums = without_activation(node) or node
@@ -211,6 +213,23 @@ class Reference:
         result = self.values[node.out()]
         return _cancels(float(total.nan_to_num(0.0).amax()) if total.numel() else 0.0,
                         result, dtype)
+
+    def _difference_cancels(self, node: Node) -> bool:
+        """A sum or difference of two values far larger than itself: m - (m + w) with m near
+        1.6e38 is 0 in ATen and -w or 0 in a kernel that contracts m = b*w into an fma (fuzz
+        seed 10, graph 7786); what is left is the operands' rounding."""
+        a, b = (self.values.get(v) for v in node.inputs[:2])
+        if not all(isinstance(t, torch.Tensor) and t.is_floating_point() or
+                   isinstance(t, (int, float)) for t in (a, b)):
+            return False
+        try:
+            terms = torch.as_tensor(a).double().abs() + torch.as_tensor(b).double().abs()
+        except RuntimeError:  # shapes that do not broadcast: no answer
+            return False
+        terms = terms[terms.isfinite()]
+        if not terms.numel():
+            return False
+        return _cancels(float(terms.amax()), self.values[node.out()], node.types[0].dtype.torch)
 
     def _normalization_amplifies(self, node: Node) -> bool:
         """A layer norm of a (nearly) constant row: x - mean is rounding alone, and rstd
