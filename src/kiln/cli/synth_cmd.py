@@ -1,4 +1,4 @@
-"""What `kiln rules ...` and `kiln synth verify` do, apart from parsing the command line.
+"""`kiln rules ...` and `kiln synth ...`: print, prove and generate rewrite rules.
 
     kiln rules print -o rules.txt       every hand-written rule's laws, in the rule text format
     kiln rules check                     prove or check each law; exit 1 when one is refuted
@@ -21,6 +21,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
+from kiln.cli.errors import UsageError
+from kiln.cli.output import StepProgress
 from kiln.rewrite.law import Law
 from kiln.rewrite.rule import Rule
 from kiln.synth.text import RuleTextError, load_rules, print_rules
@@ -122,10 +124,12 @@ def generate_rules(max_ops: int, op_names: Sequence[str], seed: int, time_limit_
         raise ValueError(f"unknown op {unknown[0]!r} for the generator; known: "
                          f"{', '.join(OPS_BY_NAME)}")
     ops = tuple(OPS_BY_NAME[n] for n in op_names) if op_names else DEFAULT_OPS
-    bar = _StageBar(err)
-    result = generate(max_ops=max_ops, ops=ops, seed=seed, time_limit_s=time_limit_s,
-                      progress=bar.update)
-    bar.close()
+    update, close = _stage_progress(err)
+    try:
+        result = generate(max_ops=max_ops, ops=ops, seed=seed, time_limit_s=time_limit_s,
+                          progress=update)
+    finally:
+        close()
     write_rules(result, output)
     err.write(result.summary() + "\n")
     err.write(f"{len(result.laws)} proven rules written to {output} "
@@ -133,46 +137,29 @@ def generate_rules(max_ops: int, op_names: Sequence[str], seed: int, time_limit_
     return 0
 
 
-class _StageBar:
-    """One line per stage, redrawn in place on a terminal, every 10% elsewhere."""
+def _stage_progress(err: TextIO):  # -> (update(stage, done, total), close())
+    bar = StepProgress(err)
 
-    WIDTH = 24
-
-    def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.tty = stream.isatty()
-        self.last: tuple[str, int] = ("", -1)
-
-    def update(self, stage: str, done: int, total: int) -> None:
+    def update(stage: str, done: int, total: int) -> None:
         fraction = done / total if total else 0.0
-        tenth = int(fraction * 10) if total else done // 20000
-        if not self.tty and (stage, tenth) == self.last:
-            return
-        self.last = (stage, tenth)
-        filled = round(fraction * self.WIDTH)
+        tenth = int(fraction * 10) if total else done // 20000  # log lines every 10%
         count = f"{done}/{total}" if total else f"{done} graphs"
-        line = f"{stage:<9} [{'#' * filled}{'.' * (self.WIDTH - filled)}] {count}"
-        self.stream.write(("\r" + line) if self.tty else line + "\n")
-        self.stream.flush()
+        bar.update(fraction, f"{stage:<9} {count}", key=(stage, tenth))
 
-    def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+    return update, bar.close
 
 
 # --- the command line: kiln rules ..., kiln synth ... ----------------------------------------
 
-def add_commands(commands: argparse._SubParsersAction, usage_error: type[Exception]) -> None:
-    """Add `kiln rules` and `kiln synth` to the ``kiln`` parser; a user's mistake raises
-    ``usage_error`` (kiln.cli's: one line on stderr, exit code 2)."""
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    """Add `kiln rules` and `kiln synth` to the ``kiln`` parser."""
     r = commands.add_parser("rules", help="kiln's hand-written rules: print them as rule text, "
                             "or prove and check each")
     rules = r.add_subparsers(title="rules commands", required=True, metavar="COMMAND")
     rp = rules.add_parser("print", help="every rule's laws in the rule text format "
                           "(docs/rules.md)")
     rp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
-    rp.set_defaults(run=lambda args: _rules_print(args, usage_error))
+    rp.set_defaults(run=_rules_print)
     rc = rules.add_parser(
         "check", help="prove (z3) or check every rule; exit code 1 when one is refuted",
         description="For each law of each hand-written rule: a z3 proof in real arithmetic "
@@ -183,7 +170,7 @@ def add_commands(commands: argparse._SubParsersAction, usage_error: type[Excepti
     rc.add_argument("--rule", nargs="+", action="extend", metavar="NAME",
                     help="only these rules (default: all)")
     _add_check_options(rc)
-    rc.set_defaults(run=lambda args: _rules_check(args, usage_error))
+    rc.set_defaults(run=_rules_check)
 
     s = commands.add_parser("synth", help="rule files: generate, or verify a file of rules in "
                             "kiln's rule text format")
@@ -193,7 +180,7 @@ def add_commands(commands: argparse._SubParsersAction, usage_error: type[Excepti
     sv.add_argument("file", metavar="FILE", help="a rule file (grammar: docs/rules.md)")
     _add_check_options(sv)
     sv.set_defaults(run=lambda args: _guarded(lambda: verify_file(
-        args.file, args.time_limit, sys.stdout, args.json), usage_error))
+        args.file, args.time_limit, sys.stdout, args.json)))
     sg = synth.add_parser(
         "generate", help="TASO's rule generator: every graph of up to N ops, paired by "
         "fingerprint, pruned, proven, tagged, written as a rule file",
@@ -207,7 +194,7 @@ def add_commands(commands: argparse._SubParsersAction, usage_error: type[Excepti
     sg.add_argument("--time-limit", type=float, default=2.0, metavar="SECONDS",
                     help="z3's limit per proof (default 2)")
     sg.add_argument("-o", "--output", required=True, metavar="FILE", help="the rule file")
-    sg.set_defaults(run=lambda args: _synth_generate(args, usage_error))
+    sg.set_defaults(run=_synth_generate)
 
 
 def _add_check_options(p: argparse.ArgumentParser) -> None:
@@ -216,45 +203,44 @@ def _add_check_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="also write the verdicts to FILE")
 
 
-def _rules_print(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+def _rules_print(args: argparse.Namespace) -> int:
     if not args.output:
         return print_hand_rules(sys.stdout)
     try:
         with open(args.output, "w") as out:
             return print_hand_rules(out)
     except OSError as err:
-        raise usage_error(f"cannot write {args.output}: {err.strerror}") from None
+        raise UsageError(f"cannot write {args.output}: {err.strerror}") from None
 
 
-def _rules_check(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+def _rules_check(args: argparse.Namespace) -> int:
     from kiln.rules import rule_named
 
     for name in args.rule or ():
         try:
             rule_named(name)
         except KeyError as err:
-            raise usage_error(err.args[0]) from None
+            raise UsageError(err.args[0]) from None
     return _guarded(lambda: check_hand_rules(args.rule or (), args.time_limit, sys.stdout,
-                                             args.json), usage_error)
+                                             args.json))
 
 
-def _synth_generate(args: argparse.Namespace, usage_error: type[Exception]) -> int:
+def _synth_generate(args: argparse.Namespace) -> int:
     if args.max_ops < 1:
-        raise usage_error(f"--max-ops must be at least 1, got {args.max_ops}")
+        raise UsageError(f"--max-ops must be at least 1, got {args.max_ops}")
     if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        raise usage_error(f"-o {args.output}: no such directory")
+        raise UsageError(f"-o {args.output}: no such directory")
     names = [n.strip() for n in args.ops.split(",") if n.strip()]
     try:
         return _guarded(lambda: generate_rules(args.max_ops, names, args.seed,
-                                               args.time_limit, args.output, sys.stderr),
-                        usage_error)
+                                               args.time_limit, args.output, sys.stderr))
     except ValueError as err:
-        raise usage_error(str(err)) from None
+        raise UsageError(str(err)) from None
 
 
-def _guarded(job: Callable[[], int], usage_error: type[Exception]) -> int:
+def _guarded(job: Callable[[], int]) -> int:
     """A bad rule file or a missing z3 is the user's to fix: one line, no traceback."""
     try:
         return job()
     except (RuleTextError, SynthUnavailable) as err:
-        raise usage_error(str(err)) from None
+        raise UsageError(str(err)) from None
