@@ -19,7 +19,8 @@ from kiln.rules import rule_named
 
 
 def add_command(commands: argparse._SubParsersAction) -> None:
-    e = commands.add_parser("explain", help="the IR after capture and after each pass")
+    e = commands.add_parser("explain", help="the IR after capture and after each pass",
+                            epilog="example: kiln explain bert --quick --rule merge-parallel-addmm")
     e.add_argument("model", metavar="MODEL", nargs="?",
                    help=f"one of {', '.join(models.names())}")
     e.add_argument("--ir", metavar="FILE",

@@ -154,10 +154,10 @@ def _stage_progress(err: TextIO):  # -> (update(stage, done, total), close())
 def add_commands(commands: argparse._SubParsersAction) -> None:
     """Add `kiln rules` and `kiln synth` to the ``kiln`` parser."""
     r = commands.add_parser("rules", help="kiln's hand-written rules: print them as rule text, "
-                            "or prove and check each")
+                            "or prove and check each", epilog="example: kiln rules check")
     rules = r.add_subparsers(title="rules commands", required=True, metavar="COMMAND")
     rp = rules.add_parser("print", help="every rule's laws in the rule text format "
-                          "(docs/rules.md)")
+                          "(docs/rules.md)", epilog="example: kiln rules print -o rules.txt")
     rp.add_argument("-o", "--output", metavar="FILE", help="write to FILE (default: stdout)")
     rp.set_defaults(run=_rules_print)
     rc = rules.add_parser(
@@ -166,14 +166,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "(axioms for every shape, or the concrete semantics on small shapes), bit-identity "
         "for exact rules (z3's floating-point theory on scalars and runs on special values), "
         "and NaN/inf/signed-zero behaviour for ieee rules. Prints proven / checked / refuted "
-        "/ unknown per law with the tag the evidence supports.")
+        "/ unknown per law with the tag the evidence supports.",
+        epilog="example: kiln rules check --rule conv-bn --time-limit 5 --json verdicts.json")
     rc.add_argument("--rule", nargs="+", action="extend", metavar="NAME",
                     help="only these rules (default: all)")
     _add_check_options(rc)
     rc.set_defaults(run=_rules_check)
 
     s = commands.add_parser("synth", help="rule files: generate, or verify a file of rules in "
-                            "kiln's rule text format")
+                            "kiln's rule text format",
+                            epilog="example: kiln synth generate --max-ops 2 -o rules.txt")
     synth = s.add_subparsers(title="synth commands", required=True, metavar="COMMAND")
     sv = synth.add_parser("verify", help="parse, type-check, prove and check a rule file",
                           epilog="example: kiln synth verify my-rules.txt --json verdicts.json")
