@@ -17,7 +17,8 @@ def test_readme_example_runs(capsys):
 
 def test_readme_setup_commands_use_the_constraints():
     text = README.read_text()
-    commands = [line for line in text.splitlines() if line.startswith("python3 -m venv")]
+    commands = [line for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S)
+                for line in block.splitlines() if "python3 -m venv" in line]
     assert len(commands) == 2
     assert all("-c constraints.txt" in c for c in commands)
     ci = (README.parent / ".ci" / "run").read_text()
