@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import time
+import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kiln.ir.graph import Graph
@@ -16,12 +18,18 @@ from kiln.kernels.decide import Decisions
 from kiln.kernels.outcome import Built, KernelBuild, Skipped
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, gather, partition
-from kiln.passes.pipeline import run_pipeline
+from kiln.passes.pipeline import PIPELINE, run_pipeline
 from kiln.report import GraphReport, KernelInfo
+from kiln.report.details import GraphDetails, planned_buffers, steps_of
+from kiln.report.on_compile import write_after_compile
+from kiln.report.profile import profile_graph
+from kiln.rewrite.passes import RulePass
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import FusedCall, MemoryPlan, plan_memory
 
 GENERATED_KERNELS_LEVEL = 2  # below it every op is a library call, whatever the Options say
+# traced so that the report can say where each rule fired (only the firings are kept)
+PIPELINE_RULES = tuple(r.name for p in PIPELINE if isinstance(p, RulePass) for r in p.rules)
 
 
 @dataclass(frozen=True)
@@ -65,7 +73,8 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     start = time.perf_counter() if started is None else started
     if options.debug:
         verify(graph)
-    optimized, records, _ = run_pipeline(graph, options)
+    optimized, records, _ = run_pipeline(graph, options, trace_rules=PIPELINE_RULES)
+    records = [replace(r, trace=tuple(e for e in r.trace if e.fired)) for r in records]
     built = build_kernels_for(optimized, options)
     kernels = built.kernels
     if kernels:
@@ -73,6 +82,11 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     plan = plan_memory(optimized, [fused_call(k) for k in kernels]) \
         if options.memory_plan else None
     run, source = build_executor(optimized, plan, input_positions, kernels)
+    step_of_node = steps_of(optimized, [k.group.nodes for k in kernels])
+    details = GraphDetails(
+        graph, optimized, step_of_node, planned_buffers(optimized, plan, step_of_node),
+        plan.arena_bytes if plan else 0, functools.partial(profile_graph, optimized, plan,
+                                                           tuple(kernels)))
     report = GraphReport(
         nodes_before=graph.num_ops(), nodes_after=optimized.num_ops(), passes=tuple(records),
         ops=optimized.op_counts(), opaque_ops=tuple(opaque_ops),
@@ -84,8 +98,22 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         kernels=kernel_infos(optimized, kernels, built.skipped),
         packed_weight_bytes=sum(t.numel() * t.element_size() for k in kernels
                                 for t in k.weights.values()) + sum(
-            k.kernel.packed_bytes for k in kernels if not k.generated))  # type: ignore
+            k.kernel.packed_bytes for k in kernels if not k.generated),  # type: ignore
+        details=details)
+    if options.report:
+        write_report_file(report, options.report)
     return CompiledGraph(optimized, graph, plan, source, report, run)
+
+
+def write_report_file(report: GraphReport, path: str) -> None:
+    """``Options(report=path)``: the page of this graph, next to the earlier graphs' pages of
+    this process (`kiln.report.on_compile`). A page that cannot be drawn is one warning: the
+    compiled graph is fine without it."""
+    try:
+        write_after_compile(report, path)
+    except Exception as err:  # noqa: BLE001 - no report failure may fail a compile
+        warnings.warn(f"kiln: could not write the report {path!r} ({type(err).__name__}: "
+                      f"{err}); the model compiled normally", RuntimeWarning, stacklevel=2)
 
 
 def build_kernels_for(graph: Graph, options: Options) -> KernelBuild:

@@ -43,6 +43,10 @@ class Options:
     c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
     kernel_cache_dir: str = ""  # where compiled kernels are kept; "" means ~/.cache/kiln
+    # write the HTML compile report of each compiled graph to this path ("" writes none):
+    # the first graph of a process to it, later ones to name.2.html, name.3.html, ...
+    # (kiln.report.on_compile); a page that cannot be written is a warning, never an error
+    report: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 3:
@@ -76,7 +80,7 @@ class Options:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Options:
         """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_SEARCH,
-        KILN_CACHE_DIR, CC."""
+        KILN_CACHE_DIR, KILN_REPORT, CC."""
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         if "KILN_OPT_LEVEL" in env:
@@ -89,6 +93,8 @@ class Options:
             changes["search"] = env["KILN_SEARCH"].strip().lower()
         if env.get("KILN_CACHE_DIR"):
             changes["kernel_cache_dir"] = env["KILN_CACHE_DIR"]
+        if env.get("KILN_REPORT"):
+            changes["report"] = env["KILN_REPORT"]
         if env.get("CC"):
             changes["c_compiler"] = env["CC"]
         return Options(**changes)

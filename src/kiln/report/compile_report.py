@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kiln.passes.pipeline import PassRecord
+from kiln.report.details import GraphDetails
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class GraphReport:
     planned_peak_bytes_before: int = 0  # the arena the captured graph would need, no rewrites
     kernels: tuple[KernelInfo, ...] = ()  # every computing node's kernel, in run order
     packed_weight_bytes: int = 0  # weights repacked at compile time into kernels' layouts
+    # the graphs, kernels' nodes, buffers and profiler the HTML page draws (kiln.report.html)
+    details: GraphDetails | None = field(default=None, compare=False, repr=False)
 
     def rules_fired(self) -> dict[str, int]:
         """How often each rewrite rule fired, over every rule pass."""
@@ -97,6 +101,12 @@ class CompileReport:
     @property
     def compile_seconds(self) -> float:
         return sum(g.compile_seconds for g in self.graphs)
+
+    def to_html(self, path: str | Path) -> Path:
+        """Write the report as one self-contained HTML page (`kiln.report.write_html`)."""
+        from kiln.report.html import write_html
+
+        return write_html(self, path)
 
     def __str__(self) -> str:
         lines = [f"kiln compile report: {len(self.graphs)} graph(s), "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -49,6 +49,12 @@ class Arena:
         return bufs
 
 
+class StepTimer(Protocol):
+    def start(self) -> None: ...
+
+    def stop(self, step: int) -> None: ...
+
+
 class ThreadSync:
     """Keeps the generated kernels' thread count equal to torch.get_num_threads(), checked
     once per graph call (a changed count is passed on to every kernel)."""
@@ -66,12 +72,14 @@ class ThreadSync:
 
 
 def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Sequence[int],
-                   kernels: Sequence[Built] = ()
+                   kernels: Sequence[Built] = (), step_timer: StepTimer | None = None
                    ) -> tuple[Callable[[list[Any]], list[Any]], str]:
     """A function of the boxed call arguments returning the graph outputs, and its source.
 
     Each of ``kernels`` replaces its group's nodes (gathered together by
-    `kiln.passes.partition.gather`) with one call at the group's last node.
+    `kiln.passes.partition.gather`) with one call at the group's last node. With a
+    ``step_timer``, each step (a library call or a kernel call, numbered in run order) runs
+    between ``step_timer.start()`` and ``step_timer.stop(step)``: the report's profile.
     """
     # v<position>_<label>: the position keeps names distinct whatever the labels are
     names = {node: f"v{i}_{''.join(c if c.isalnum() else '_' for c in node.name)}"
@@ -123,6 +131,17 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         return (f"{targets}{',' if unpack else ''} = "
                 f"{_call_text(env, node, call, ref, out, graph.device)}")
 
+    if step_timer is not None:
+        env["TIMER_start"], env["TIMER_stop"] = step_timer.start, step_timer.stop
+    step = 0
+
+    def timed(step_lines: list[str]) -> list[str]:
+        nonlocal step
+        if step_timer is None:
+            return step_lines
+        step += 1
+        return ["    TIMER_start()", *step_lines, f"    TIMER_stop({step - 1})"]
+
     contiguous = set(slot)  # values known contiguous without a runtime check
     pending: list[str] = []  # deaths inside a group wait for its kernel call
     for i, node in enumerate(graph.nodes):
@@ -133,14 +152,14 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             continue
         gk = member_of.get(node)
         if gk is None:
-            lines.append(f"    {library_line(node)}")
+            lines += timed([f"    {library_line(node)}"])
             if node.op is Op.VIEW and node.inputs[0] in contiguous:
                 contiguous.add(node.out())
         else:
             pending += dies_at.pop(i, [])
             if node is not gk.group.last:
                 continue
-            lines += _kernel_lines(env, gk, graph, ref, slot, contiguous, library_line)
+            lines += timed(_kernel_lines(env, gk, graph, ref, slot, contiguous, library_line))
             if gk.generated:  # a library kernel returns what the library makes (NHWC ...)
                 contiguous.update(gk.outputs)
             dies_at[i] = pending + dies_at.get(i, [])
