@@ -1,0 +1,138 @@
+"""The tuning database: records by workload and target, concurrent writers, refusal of bad
+files, and export/import."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiln.kernels.gemm_schedule import matmul_func
+from kiln.tune.db import SCHEMA_VERSION, Target, TuningDB, TuningDBError, TuningRecord, workload_key
+
+HERE = Target("x86_64 Test CPU", "avx512", "cc 1.0", 2)
+ELSEWHERE = Target("x86_64 Test CPU", "avx512", "cc 1.0", 1)  # same machine, one thread
+
+
+def _record(workload: str, mr: int, times: list[float], target: Target = HERE) -> TuningRecord:
+    return TuningRecord.measured(workload, target, "gemm", json.dumps([{"mr": mr}]),
+                                 {"mr": mr}, times)
+
+
+def test_best_is_the_fastest_record_that_ran_on_that_target(tmp_path: Path) -> None:
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    assert db.add(_record("w", 8, [3e-4, 3.1e-4, 2.9e-4]))
+    assert db.add(_record("w", 14, [2e-4, 2.2e-4, 9e-4]))  # median 2.2e-4: the best
+    assert db.add(TuningRecord.failed("w", HERE, "gemm", "[]", {"mr": 16}, "timeout"))
+    assert db.add(_record("w", 4, [1e-4], target=ELSEWHERE))  # faster, but another target
+    assert not db.add(_record("w", 8, [1e-9]))  # the same decisions again: the first stands
+    best = db.best("w", HERE)
+    assert best is not None and best.decisions == {"mr": 14} and best.median_s == 2.2e-4
+    assert db.best("w", ELSEWHERE).decisions == {"mr": 4}
+    assert db.best("other", HERE) is None
+    (summary,) = [s for s in db.workloads() if s.target == HERE.key()]
+    assert (summary.records, summary.failed, summary.best_s) == (3, 1, 2.2e-4)
+    assert [r.decisions["mr"] for r in db.top(HERE, "gemm", 5)] == [14]
+
+
+def test_the_file_is_in_wal_mode_and_versioned(tmp_path: Path) -> None:
+    TuningDB.open(tmp_path / "t.sqlite")
+    with sqlite3.connect(tmp_path / "t.sqlite") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def _writer(path: str, worker: int, count: int) -> None:
+    db = TuningDB.open(path)
+    for i in range(count):
+        db.add(_record(f"w{i % 5}", worker * 1000 + i, [1e-4 + i * 1e-7]))
+
+
+def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
+    path = str(tmp_path / "t.sqlite")
+    TuningDB.open(path)
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(4)]
+    for p in workers:
+        p.start()
+    for p in workers:
+        p.join(120)
+        assert p.exitcode == 0
+    records = TuningDB.open(path).records()
+    assert len(records) == 160
+    assert len({r.decisions["mr"] for r in records}) == 160
+
+
+@pytest.mark.parametrize("content", [
+    b"SQLite format 3\x00" + b"\x00" * 84 + b"garbage" * 200,  # a damaged header
+    b"not a database at all\n" * 100,
+])
+def test_a_damaged_file_is_refused_and_left_as_it_is(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "t.sqlite"
+    path.write_bytes(content)
+    with pytest.raises(TuningDBError, match="cannot be read.*move it aside"):
+        TuningDB.open(path)
+    assert path.read_bytes() == content
+
+
+def test_a_truncated_database_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "t.sqlite"
+    db = TuningDB.open(path)
+    db.add_many([_record(f"w{i}", i, [1e-4]) for i in range(400)])
+    with sqlite3.connect(path) as conn:  # fold the WAL into the file, then cut the file
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TuningDBError):
+        TuningDB.open(path).records()
+
+
+def test_another_sqlite_file_or_schema_is_refused(tmp_path: Path) -> None:
+    foreign = tmp_path / "foreign.sqlite"
+    with sqlite3.connect(foreign) as conn:
+        conn.execute("CREATE TABLE t (x)")
+    with pytest.raises(TuningDBError, match="not a kiln tuning database"):
+        TuningDB.open(foreign)
+    newer = tmp_path / "newer.sqlite"
+    TuningDB.open(newer)
+    with sqlite3.connect(newer) as conn:
+        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    with pytest.raises(TuningDBError, match=f"schema version {SCHEMA_VERSION + 1}"):
+        TuningDB.open(newer)
+
+
+def test_export_and_import_round_trip(tmp_path: Path) -> None:
+    db = TuningDB.open(tmp_path / "a.sqlite")
+    db.add_many([_record("w", 8, [3e-4, 3e-4]), _record("v", 4, [1e-4]),
+                 TuningRecord.failed("w", HERE, "gemm", "[]", {"mr": 2}, "crashed: SIGSEGV")])
+    assert db.export_jsonl(tmp_path / "records.jsonl") == 3
+    other = TuningDB.open(tmp_path / "b.sqlite")
+    assert other.import_jsonl(tmp_path / "records.jsonl") == 3
+    assert other.import_jsonl(tmp_path / "records.jsonl") == 0  # nothing new the second time
+    assert [r.to_dict() for r in other.records()] == [r.to_dict() for r in db.records()]
+
+
+def test_a_bad_import_line_changes_nothing(tmp_path: Path) -> None:
+    good = _record("w", 8, [3e-4]).to_dict()
+    lines = [json.dumps(good), json.dumps({**good, "decisions": {"mr": 9}, "run_times": [-1]})]
+    (tmp_path / "bad.jsonl").write_text("\n".join(lines) + "\n")
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    with pytest.raises(TuningDBError, match="line 2"):
+        db.import_jsonl(tmp_path / "bad.jsonl")
+    assert db.records() == []
+
+
+def test_workload_key_is_structural_and_stable_across_processes() -> None:
+    key = workload_key(matmul_func(128, 768, 3072))
+    assert key == workload_key(matmul_func(128, 768, 3072))
+    assert key != workload_key(matmul_func(127, 768, 3072))
+    code = ("from kiln.kernels.gemm_schedule import matmul_func; from kiln.tune.db import "
+            "workload_key; print(workload_key(matmul_func(128, 768, 3072)))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True)
+    assert other.stdout.strip() == key
