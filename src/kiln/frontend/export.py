@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,11 +111,24 @@ def _show(shape: Sequence[Size], dtype: torch.dtype) -> str:
     return f"{str(dtype).removeprefix('torch.')}[{', '.join(str(d) for d in shape)}]"
 
 
-def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any],
+def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
                   options: Options | None = None, *,
-                  dynamic_shapes: Any = None) -> CompiledModel:
+                  dynamic_shapes: Any = None,
+                  shapes: Mapping[str, Sequence[int]] | None = None) -> CompiledModel:
     """``dynamic_shapes`` is torch.export's argument (``{0: Dim("batch", max=64)}`` for the
-    first argument's dimension 0, nested as the model's ``forward`` takes its arguments)."""
+    first argument's dimension 0, nested as the model's ``forward`` takes its arguments).
+
+    ``model`` may also be an ONNX model: a path ending in ``.onnx`` or an ``onnx.ModelProto``
+    (kiln.frontend.onnx), whose dynamic dims ``shapes`` or the example inputs specialize."""
+    if _is_onnx(model):
+        from kiln.frontend.onnx import compile_onnx
+
+        return compile_onnx(model, example_inputs, options, shapes=shapes)
+    if shapes is not None:
+        raise TypeError("kiln.compile: shapes= is for ONNX models; a PyTorch model takes "
+                        "example inputs (and dynamic_shapes)")
+    if example_inputs is None:
+        raise TypeError("kiln.compile of a PyTorch model needs example inputs")
     options = options or Options.from_env()
     inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (
         example_inputs,)
@@ -144,6 +158,12 @@ def compile_model(model: Callable[..., Any], example_inputs: Sequence[Any],
     return CompiledModel(run, signature, report, name, check)
 
 
+def _is_onnx(model: Any) -> bool:
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model).lower().endswith(".onnx")
+    return type(model).__name__ == "ModelProto" and type(model).__module__.startswith("onnx")
+
+
 def _fall_back(why: str, model: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
                options: Options, report: CompileReport,
                dynamic_shapes: Any) -> tuple[Callable[..., Any], list[InputSpec], None]:
@@ -167,13 +187,13 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         program = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
-        program = program.run_decompositions(_decompositions())
+        program = program.run_decompositions(decompositions())
     unknown = data_dependent_size(program.graph_module)
     if unknown is not None:
         node, symbols = unknown
         raise UnsupportedGraph(node, f"kiln compiles sizes known before the run; {symbols} "
                                      f"depends on the data")
-    frozen, user_positions = _freeze(program)
+    frozen, user_positions = freeze(program)
     outputs = program.graph_signature.output_specs
     if any(spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN) for spec in outputs):
         raise NotImplementedError("the model mutates its buffers or inputs")
@@ -233,13 +253,13 @@ def _core_aten_table() -> dict[Any, Any]:
     return dict(torch.export.default_decompositions().items())
 
 
-def _decompositions() -> dict[Any, Any]:
+def decompositions() -> dict[Any, Any]:
     """torch.export's default table (to core ATen), materialized once: building it anew costs
     about 0.2 s a compile. A copy each time, since the caller may change the table it gets."""
     return dict(_core_aten_table())
 
 
-def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor]], list[int]]:
+def freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor]], list[int]]:
     frozen: dict[int, tuple[str, torch.Tensor]] = {}
     users: list[int] = []
     for i, spec in enumerate(program.graph_signature.input_specs):

@@ -1,0 +1,14 @@
+"""ONNX import: an ONNX model becomes a kiln Graph, compiled like a PyTorch model.
+
+    compiled = kiln.compile("model.onnx", shapes={"input_ids": (1, 128)})
+    imported = import_onnx(model_proto)       # .graph, .input_names, .example_inputs()
+
+Needs the ``onnx`` package (and uses ``onnxruntime``, where installed, for the nodes kiln
+runs as they are): ``pip install 'kiln[onnx]'``.
+"""
+
+from kiln.frontend.onnx.errors import OnnxImportError
+from kiln.frontend.onnx.importer import ImportedOnnx, compile_onnx, import_onnx
+from kiln.frontend.onnx.load import load_onnx
+
+__all__ = ["ImportedOnnx", "OnnxImportError", "compile_onnx", "import_onnx", "load_onnx"]
