@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from html import escape
 from pathlib import Path
 
+from kiln.ir.ops import Op, OpGroup
 from kiln.passes.pipeline import PassRecord
 from kiln.report.compile_report import CompileReport, GraphReport, KernelInfo
 from kiln.report.details import Profile
@@ -208,20 +209,27 @@ def _kernels(g: GraphReport, profile: Profile | str) -> str:
     times = profile.by_step if isinstance(profile, Profile) else {}
     rows = []
     for step, k in enumerate(g.kernels):
-        colour = KIND_COLOURS.get(k.kind, KIND_COLOURS["library"])[0]
+        colour = KIND_COLOURS[_colour_kind(k)][0]
         measured = time_text(times[step]) if step in times else ""
         covered = ", ".join(f"{escape(n)} ({escape(o)})" for n, o in zip(k.nodes, k.ops))
         code = _code_details(k)
         rows.append(f"<tr><td class='num'>{step}</td><td><span class='kind' style='background:"
-                    f"{colour}'>{escape(k.kind)}</span></td><td>{covered}{code}</td>"
-                    f"<td>{escape(k.decision)}</td><td class='num'>{measured}</td></tr>")
+                    f"{colour}'>{escape(k.kind)}</span></td><td class='num'>{measured}</td>"
+                    f"<td>{escape(k.decision)}</td><td class='code'>{covered}{code}</td></tr>")
     generated = sum(k.kind == "generated" for k in g.kernels)
     return (f"<h2>Kernels</h2><p class='note'>{len(g.kernels)} calls per run: {generated} "
             f"generated kernels, the others library calls. Decision: the measured times that "
             f"chose the kernel (library vs generated, on these shapes, at compile time), or "
             f"why no generated kernel stands there. Time in this run: from the profile below."
-            f"</p><table><tr><th>step</th><th>kind</th><th>nodes (ops)</th><th>decision</th>"
-            f"<th>time in this run</th></tr>" + "".join(rows) + "</table>")
+            f"</p><table><tr><th>step</th><th>kind</th><th>time in this run</th><th>decision</th>"
+            f"<th>nodes (ops)</th></tr>" + "".join(rows) + "</table>")
+
+
+def _colour_kind(k: KernelInfo) -> str:
+    """The kernel's colour class, as the graph picture colours its nodes."""
+    if k.kind == "library" and len(k.ops) == 1 and Op.parse(k.ops[0]).is_a(OpGroup.VIEW):
+        return "view"
+    return k.kind if k.kind in KIND_COLOURS else "library"
 
 
 def _code_details(k: KernelInfo) -> str:
@@ -260,7 +268,7 @@ def _profile_section(g: GraphReport, profile: Profile | str) -> str:
     for s in profile.steps:
         k = g.kernels[s.step]
         label = f"{k.kind}: {'+'.join(k.ops)}" if k.kind != "library" else k.ops[0]
-        colour = KIND_COLOURS.get(k.kind, KIND_COLOURS["library"])[0]
+        colour = KIND_COLOURS[_colour_kind(k)][0]
         seconds, _ = by_op.get(label, (0.0, colour))
         by_op[label] = (seconds + s.seconds, colour)
         where = ", ".join(k.nodes)

@@ -49,6 +49,8 @@ td.where { font-family: monospace; font-size: 12px; max-width: 640px; }
 .timebar { display: inline-block; height: 9px; background: #4e79a7; vertical-align: middle; }
 details pre { background: #f6f8fa; border: 1px solid var(--line); padding: 8px;
               max-height: 420px; overflow: auto; font-size: 12px; }
+td.code { max-width: 760px; }
+td.code pre { max-width: 760px; }
 .kind { padding: 1px 6px; border-radius: 3px; border: 1px solid #999; font-size: 12px; }
 """
 
