@@ -199,6 +199,19 @@ class Schedule:
         self._record(Verb.TRANSFORM_LAYOUT, {"block": _n(block), "buffer": buffer,
                                              "index_map": [tuple(r) for r in imap.to_spec()]})
 
+    # -- sampling (the decisions an autotuner changes) -----------------------------------
+
+    def sample_categorical(self, name: str, candidates: Sequence[Any], decision: Any) -> Any:
+        """Record a decision: ``decision``, one of ``candidates``, named ``name``. The verbs
+        that follow use its value; `kiln.tune.space` re-runs a schedule with other decisions
+        to get a neighbour, and `Trace.decisions` reads them back."""
+        if decision not in candidates:
+            raise ScheduleError(f"sample_categorical {name}: {decision!r} is not one of "
+                                f"{list(candidates)}")
+        self._record(Verb.SAMPLE_CATEGORICAL, {"name": name, "candidates": list(candidates),
+                                               "decision": decision}, [name])
+        return decision
+
     # -- replay --------------------------------------------------------------------------
 
     def replay(self, inst: Instruction) -> None:
@@ -206,6 +219,9 @@ class Schedule:
         a = dict(inst.args)
         v = inst.verb
         out: Any
+        if v is Verb.SAMPLE_CATEGORICAL:  # a decision, not a handle: nothing to compare
+            self.sample_categorical(a["name"], a["candidates"], a["decision"])
+            return
         if v is Verb.GET_BLOCK:
             out = self.get_block(a["name"])
         elif v is Verb.GET_LOOPS:

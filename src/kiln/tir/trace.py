@@ -40,6 +40,7 @@ class Verb(enum.Enum):
     RFACTOR = "rfactor"
     CACHE_INPLACE = "cache_inplace"
     TRANSFORM_LAYOUT = "transform_layout"
+    SAMPLE_CATEGORICAL = "sample_categorical"  # a decision: its value, among its candidates
 
 
 # which arguments hold handles, and of what kind ("loop", "loops", "block")
@@ -105,6 +106,10 @@ class Trace:
             if inst.verb in (Verb.GET_BLOCK, Verb.CACHE_READ, Verb.CACHE_WRITE,
                              Verb.DECOMPOSE_REDUCTION, Verb.RFACTOR):
                 lines.append(f"b_{inst.outputs[0]} = {call}")
+            elif inst.verb is Verb.SAMPLE_CATEGORICAL:
+                name, options = inst.arg("name"), _py(inst.arg("candidates"))
+                lines.append(f"{name} = sch.sample_categorical({name!r}, {options}, "
+                             f"decision={_py(inst.arg('decision'))})")
             elif inst.verb is Verb.CACHE_INPLACE:
                 lines.append(f"{', '.join('b_' + o for o in inst.outputs)} = {call}")
             elif inst.outputs:
@@ -125,6 +130,11 @@ class Trace:
 
     def __len__(self) -> int:
         return len(self.instructions)
+
+    def decisions(self) -> dict[str, Any]:
+        """The sampled decisions, by name, in the order they were made."""
+        return {i.arg("name"): i.arg("decision") for i in self.instructions
+                if i.verb is Verb.SAMPLE_CATEGORICAL}
 
 
 def _py(v: Any) -> str:

@@ -1,0 +1,167 @@
+"""Building and timing candidates for the tuner, where a bad candidate cannot hurt it.
+
+    builder = Builder(options, jobs=2)
+    built = builder.build(space, [point, ...])        # compiled into the kernel cache
+    with Runner(options, timeout_s=20) as runner:
+        results = runner.run(space, [point, ...])     # MeasureResult per point, in order
+
+The builder renders and compiles candidates in worker processes (a C compiler run each; they
+land in the shared kernel cache). The runner times each built candidate in one separate
+worker process, on random operands, with an untimed call first, then interleaved timing
+(`kiln.cost.measure`: repeats and medians). It checks each candidate's output against the
+space's reference once, before timing. A candidate that crashes its process (a wild store
+in generated code) or runs past the timeout comes back as a failed result, the worker is
+replaced, and tuning goes on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as futures
+import multiprocessing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln.options import Options
+
+__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "time_one"]
+
+CHECK_RTOL = 1e-4
+
+
+@dataclass(frozen=True)
+class MeasureResult:
+    decisions: dict[str, Any]
+    run_times: tuple[float, ...] = ()  # seconds per call
+    error: str | None = None  # build, check, crash or timeout: what went wrong
+    source: str = ""  # the generated C
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.run_times)
+
+
+def build_one(space: Any, decisions: Mapping[str, Any], options: Options) -> tuple[str, str]:
+    """Compile one candidate into the kernel cache; returns (source, error or "")."""
+    from kiln.codegen.build import CompileError
+    from kiln.codegen.kernel import compile_kernel
+
+    try:
+        func = space.plan(decisions).build()
+        kernel = compile_kernel(func, options)
+    except (CompileError, ValueError) as err:
+        return "", f"build: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    if not hasattr(kernel, "source"):
+        return "", f"build: no C compiler ({kernel.reason})"
+    return kernel.source, ""
+
+
+def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads: int,
+             budget_s: float) -> MeasureResult:
+    """In the runner's process: load (from the cache), check once, then time."""
+    from kiln.codegen.kernel import compile_kernel
+    from kiln.cost.measure import Budget, interleaved
+
+    torch.set_num_threads(threads)
+    point = dict(decisions)
+    try:
+        kernel = compile_kernel(space.plan(point).build(), options)
+    except Exception as err:  # noqa: BLE001 - a candidate's failure is data, not a crash
+        return MeasureResult(point, error=f"build: {type(err).__name__}: {err}")
+    if not hasattr(kernel, "source"):
+        return MeasureResult(point, error=f"build: no C compiler ({kernel.reason})")
+    kernel.set_num_threads(threads)
+    gen = torch.Generator().manual_seed(0)
+    operands, expected = space.operands(point, gen)
+    kernel(*operands)
+    out = operands[-1]
+    if not torch.allclose(out, expected, rtol=CHECK_RTOL, atol=CHECK_RTOL * _scale(space)):
+        worst = (out - expected).abs().max().item()
+        return MeasureResult(point, error=f"check: differs from the reference by {worst:.3g}",
+                             source=kernel.source)
+    pointers = [t.data_ptr() for t in operands]
+    (timing,) = interleaved([lambda: kernel.run_unchecked(*pointers)],
+                            Budget(min_rounds=5, max_rounds=7, cap_s=budget_s,
+                                   min_sample_s=1e-3, settle_calls=1, collect_first=False))
+    if timing.error is not None or not timing.samples:
+        return MeasureResult(point, error=f"run: {timing.error}", source=kernel.source)
+    return MeasureResult(point, tuple(timing.samples), None, kernel.source)
+
+
+def _scale(space: Any) -> float:
+    return float(getattr(space, "k", 1)) ** 0.5
+
+
+class Builder:
+    """Compiles candidates in ``jobs`` worker processes."""
+
+    def __init__(self, options: Options, jobs: int = 2) -> None:
+        self.options = options
+        self.jobs = max(jobs, 1)
+
+    def build(self, space: Any, points: Sequence[Mapping[str, Any]]) -> list[str]:
+        """The build error of each point, "" where it built."""
+        if self.jobs == 1 or len(points) == 1:
+            return [build_one(space, p, self.options)[1] for p in points]
+        ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
+        with futures.ProcessPoolExecutor(self.jobs, mp_context=ctx) as pool:
+            jobs = [pool.submit(build_one, space, dict(p), self.options) for p in points]
+            errors = []
+            for job in jobs:
+                try:
+                    errors.append(job.result()[1])
+                except Exception as err:  # noqa: BLE001 - the compiler process died
+                    errors.append(f"build: {type(err).__name__}: {err}")
+            return errors
+
+
+class Runner:
+    """Times candidates in one worker process at a time, replaced after a crash or a
+    timeout. Use as a context manager (the worker lives across calls)."""
+
+    def __init__(self, options: Options, timeout_s: float = 30.0, threads: int | None = None,
+                 budget_s: float = 0.5) -> None:
+        self.options = options
+        self.timeout_s = timeout_s
+        self.threads = threads or torch.get_num_threads()
+        self.budget_s = budget_s
+        self._pool: futures.ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def run(self, space: Any, points: Sequence[Mapping[str, Any]]) -> list[MeasureResult]:
+        return [self.run_one(space, p) for p in points]
+
+    def run_one(self, space: Any, point: Mapping[str, Any]) -> MeasureResult:
+        pool = self._worker()
+        job = pool.submit(time_one, space, dict(point), self.options, self.threads,
+                          self.budget_s)
+        try:
+            return job.result(timeout=self.timeout_s)
+        except futures.TimeoutError:
+            self._stop(kill=True)
+            return MeasureResult(dict(point), error=f"timeout: over {self.timeout_s:g} s")
+        except futures.process.BrokenProcessPool:
+            self._stop(kill=True)
+            return MeasureResult(dict(point), error="crash: the kernel killed its process")
+
+    def _worker(self) -> futures.ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")
+            self._pool = futures.ProcessPoolExecutor(1, mp_context=ctx)
+        return self._pool
+
+    def _stop(self, kill: bool = False) -> None:
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:  # a hung kernel never returns: end its process, not just the pool
+            for process in list(getattr(pool, "_processes", {}).values()):
+                process.kill()
+        pool.shutdown(wait=not kill, cancel_futures=True)

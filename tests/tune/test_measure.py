@@ -1,0 +1,60 @@
+"""The tuner's builder and runner: real candidates are checked and timed; a candidate that
+crashes or hangs comes back as a failure and the runner goes on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.options import Options
+from kiln.tune.measure import Builder, Runner
+from kiln.tune.space import GemmSpace, neighbours
+
+
+@pytest.fixture
+def options(tmp_path) -> Options:
+    opts = Options(kernel_cache_dir=str(tmp_path / "kernels"))
+    if isinstance(toolchain(opts), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    return opts
+
+
+@dataclass(frozen=True)
+class Misbehaving:
+    """A space whose candidates crash their process or hang, as a bad kernel would."""
+
+    how: str
+    kind: str = "test"
+
+    def plan(self, decisions):  # noqa: ANN001, ANN201
+        if self.how == "crash":
+            os.kill(os.getpid(), signal.SIGSEGV)
+        time.sleep(60)
+
+
+def test_candidates_build_in_parallel_and_are_checked_and_timed(options: Options) -> None:
+    space = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
+    points = [space.default(), *list(neighbours(space, space.default()))[:2]]
+    assert Builder(options, jobs=2).build(space, points) == ["", "", ""]
+    with Runner(options, timeout_s=60, threads=1, budget_s=0.2) as runner:
+        results = runner.run(space, points)
+    for point, result in zip(points, results):
+        assert result.ok, result.error
+        assert result.decisions == point and len(result.run_times) >= 5
+        assert all(t > 0 for t in result.run_times) and "kiln_" in result.source
+
+
+def test_a_crash_or_a_hang_is_a_failed_result_and_the_runner_goes_on(options: Options) -> None:
+    good = GemmSpace.for_shape(16, 32, 8)
+    with Runner(options, timeout_s=5, threads=1, budget_s=0.1) as runner:
+        crashed = runner.run_one(Misbehaving("crash"), {})
+        hung = runner.run_one(Misbehaving("hang"), {})
+        after = runner.run_one(good, good.default())
+    assert crashed.error is not None and crashed.error.startswith("crash")
+    assert hung.error is not None and hung.error.startswith("timeout")
+    assert after.ok, after.error

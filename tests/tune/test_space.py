@@ -1,0 +1,63 @@
+"""Design spaces: the heuristic is one point, decisions live in the trace, and a record's
+decisions rebuild the identical kernel."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kiln.codegen.isa import Isa
+from kiln.ir.ops import Op
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan
+from kiln.kernels.plan import Epilogue
+from kiln.tir.printer import print_func
+from kiln.tir.trace import Trace
+from kiln.tune.space import GemmSpace, neighbours, random_point, repair
+
+
+@pytest.mark.parametrize("isa", [Isa.AVX512, Isa.AVX2, Isa.SCALAR])
+@pytest.mark.parametrize("shape, packed", [((128, 768, 3072), True), ((7, 15, 129), False),
+                                           ((197, 3072, 768), True)])
+def test_the_heuristic_schedule_is_the_default_point(isa: Isa, shape: tuple[int, int, int],
+                                                     packed: bool) -> None:
+    m, n, k = shape
+    space = GemmSpace.for_shape(m, n, k, isa=isa, threads=2, b_prepacked=packed)
+    heuristic = default_gemm_config(m, n, k, threads=2, base=GemmConfig.for_isa(isa),
+                                    b_prepacked=packed)
+    expected = gemm_plan(m, n, k, heuristic, b_prepacked=packed).build()
+    assert print_func(space.plan(space.default()).build()) == print_func(expected)
+
+
+def test_decisions_are_read_back_from_the_trace_and_rebuild_the_kernel() -> None:
+    space = GemmSpace.for_shape(128, 3072, 768, b_prepacked=True, bias=True)
+    point = random_point(space, random.Random(3))
+    plan = space.plan(point)
+    saved = Trace.from_json(plan.trace.to_json())  # as the tuning database keeps it
+    assert saved.decisions() == point
+    rebuilt = space.plan(saved.decisions())
+    assert rebuilt.trace.to_json() == plan.trace.to_json()
+    assert print_func(rebuilt.build()) == print_func(plan.build())
+    assert "sch.sample_categorical('mr'" in plan.as_python()
+
+
+def test_neighbours_differ_in_one_decision_and_stay_in_the_space() -> None:
+    space = GemmSpace.for_shape(128, 768, 768, b_prepacked=True)
+    point = space.default()
+    found = list(neighbours(space, point))
+    assert found and point not in found
+    for other in found:
+        assert repair(space, other) == other
+        changed = [n for n in space.names() if other[n] != point[n]]
+        assert changed, other
+    # MR is limited by the registers the tile's columns leave: 32 zmm, NR = 2 vectors
+    assert max(space.candidates("mr", {"nr": 32})) == 14
+    assert max(space.candidates("mr", {"nr": 16})) > 14
+
+
+def test_an_epilogue_keeps_one_k_block_and_a_point_outside_is_refused() -> None:
+    space = GemmSpace.for_shape(64, 96, 300, b_prepacked=True,
+                                epilogue=Epilogue(Op.RELU))
+    assert space.candidates("kc", space.default()) == (300,)
+    with pytest.raises(ValueError, match="kc"):
+        space.config({**space.default(), "kc": 128})
