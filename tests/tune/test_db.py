@@ -56,7 +56,8 @@ def _writer(path: str, worker: int, count: int) -> None:
 def test_concurrent_writers_lose_nothing(tmp_path: Path) -> None:
     path = str(tmp_path / "t.sqlite")
     TuningDB.open(path)
-    ctx = multiprocessing.get_context("spawn")
+    # fork: the writers only use sqlite, and a spawned process would import torch again
+    ctx = multiprocessing.get_context("fork")
     workers = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(4)]
     for p in workers:
         p.start()
