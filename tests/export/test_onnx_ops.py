@@ -215,6 +215,13 @@ def _(b):
     return (b.op(Op.EMBEDDING, weight(b, "table", 11, 6), x_in(b, (3, 4), I64, "ids")),)
 
 
+@case("index_select")
+def _(b):
+    table, ids = weight(b, "table", 11, 6), x_in(b, (4,), I64, "ids")
+    call = A.CallAttrs(torch.ops.aten.index_select.default, (A.Operand(0), -2, A.Operand(1)))
+    return (b.op(Op.CALL, table, ids, attrs=call),)
+
+
 # -- pooling and creation ----------------------------------------------------------------------
 
 @case("pooling")
@@ -311,7 +318,7 @@ def test_an_opaque_aten_call_is_a_clear_error() -> None:
     call = A.CallAttrs(torch.ops.aten.cumsum.default, (A.Operand(0), 1))
     b.node(Op.CALL, x, attrs=call, types=(TensorType((3, 5, 7), F32),), name="running_total")
     graph = b.build(b.nodes[-1].out())
-    with pytest.raises(OnnxExportError, match=r"running_total.*aten\.cumsum"):
+    with pytest.raises(OnnxExportError, match=r"running_total \(call\).*aten\.cumsum"):
         export_graph(graph)
 
 

@@ -116,12 +116,6 @@ def _emit_body(graph: Graph, builder: OnnxBuilder, names: dict[Value, str],
 
 
 def _unsupported(node: Node) -> OnnxExportError:
-    if node.op is Op.CALL:
-        target = node.attrs.target  # type: ignore[attr-defined]
-        return OnnxExportError(
-            f"cannot write node {node.name} as ONNX: it calls the ATen op {target}, which kiln "
-            f"does not model and has no ONNX form for; export the model with "
-            f"torch.onnx.export instead, or replace the op in the model")
     return OnnxExportError(f"cannot write node {node.name} as ONNX: kiln has no ONNX form for "
                            f"the op {node.op.text}")
 

@@ -234,6 +234,33 @@ def _pad(ctx: EmitContext) -> Names:
     return [ctx.one("Pad", [x, ctx.b.ints(pads, "pads"), value], mode="constant")]
 
 
+# -- opaque ATen calls ------------------------------------------------------------------------
+
+def _index_select(ctx: EmitContext) -> Names:
+    """index_select(x, dim, index): ONNX import makes it of Gather; a 0-d index keeps dim."""
+    _, dim, index_slot = ctx.attrs.args
+    index = ctx.operand(index_slot.index)
+    if ctx.in_type(index_slot.index).rank == 0:
+        index = ctx.one("Unsqueeze", [index, ctx.b.ints([0], "axes")])
+    return [ctx.one("Gather", [ctx.operand(0), index], axis=dim % ctx.in_type(0).rank)]
+
+
+# ATen ops kiln keeps as opaque calls, by overload; any other is an error naming it
+CALLS = {
+    torch.ops.aten.index_select.default: _index_select,
+}
+
+
+def _call(ctx: EmitContext) -> Names:
+    target = ctx.attrs.target
+    emit = CALLS.get(target)
+    if emit is None or ctx.attrs.kwargs:
+        raise ctx.fail(f"it calls the ATen op {target}, which kiln does not model and has no "
+                       f"ONNX form for; export the model with torch.onnx.export instead, or "
+                       f"replace the op in the model")
+    return emit(ctx)
+
+
 # -- creation ----------------------------------------------------------------------------------
 
 def _full(ctx: EmitContext) -> Names:
@@ -303,4 +330,5 @@ EMITTERS: EmitterTable = {
     Op.PAD: _pad,
     Op.FULL: _full,
     Op.ARANGE: _arange,
+    Op.CALL: _call,
 }
