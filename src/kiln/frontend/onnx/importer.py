@@ -13,6 +13,7 @@ frontends. Passes, kernels and the runtime are the same as for a PyTorch model.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -22,13 +23,15 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import onnx
 from kiln.engine import compile_graph
-from kiln.frontend.export import CompiledModel, InputSpec, decompositions, freeze
+from kiln.frontend.export import CompiledModel, InputSpec
 from kiln.frontend.importer import ImportedGraph, UnsupportedGraph, fill_outputs, import_fx
 from kiln.frontend.onnx.errors import OnnxImportError
-from kiln.frontend.onnx.interpret import OnnxModule, Plan, plan_graph
+from kiln.frontend.onnx.interpret import OnnxProgram, Plan, plan_graph
 from kiln.frontend.onnx.load import MAX_TENSOR_BYTES, load_onnx, opset_version
 from kiln.frontend.onnx.types import torch_dtype
 from kiln.options import Options
@@ -73,9 +76,8 @@ class ImportedOnnx:
     inputs: tuple[InputSlot, ...]
     shapes: dict[str, tuple[int, ...]]  # the specialized input shapes
     plan: Plan
-    program: torch.export.ExportedProgram  # captured and lowered to core ATen
-    frozen: dict[int, tuple[str, torch.Tensor]]  # program inputs that are weights
-    user_positions: list[int]  # program inputs that are the model's inputs
+    gm: torch.fx.GraphModule  # captured in core ATen: (*weights, *inputs) -> outputs
+    frozen: dict[int, tuple[str, torch.Tensor]]  # the weights, by placeholder position
     imported: ImportedGraph | None  # None where kiln's IR cannot hold the graph
     why_not: str = ""  # why ``imported`` is None
 
@@ -142,15 +144,17 @@ def import_onnx(source: Source, *, shapes: Mapping[str, Sequence[int]] | None = 
     slots = input_slots(model)
     values = _example_values(slots, example_inputs, shapes or {}, max_tensor_bytes)
     plan = plan_graph(model, opset, values)
-    program = _capture(OnnxModule(plan), tuple(values.values()))
-    frozen, positions = freeze(program)
+    program = OnnxProgram(plan)
+    weights = program.weights()
+    gm = _capture(program, (*weights, *values.values()))
+    frozen = {i: (name, t) for i, (name, t) in enumerate(zip(program.weight_names, weights))}
     try:
-        imported: ImportedGraph | None = import_fx(program.graph_module, frozen)
+        imported: ImportedGraph | None = import_fx(gm, frozen)
         why_not = ""
     except UnsupportedGraph as err:
         imported, why_not = None, str(err)
     return ImportedOnnx(model, slots, {k: tuple(v.shape) for k, v in values.items()}, plan,
-                        program, frozen, positions, imported, why_not)
+                        gm, frozen, imported, why_not)
 
 
 def _example_values(slots: Sequence[InputSlot], example_inputs: Sequence[Any] | None,
@@ -192,11 +196,17 @@ def as_tensor(x: Any, what: str) -> torch.Tensor:
                     f"numpy arrays")
 
 
-def _capture(module: OnnxModule, inputs: tuple[torch.Tensor, ...],
-             ) -> torch.export.ExportedProgram:
+def _capture(program: OnnxProgram, args: tuple[torch.Tensor, ...]) -> torch.fx.GraphModule:
+    """The program traced to core ATen (the table the Dynamo frontend uses), on fake
+    tensors of the arguments' shapes."""
     with torch.no_grad():
-        program = torch.export.export(module, inputs, strict=False)
-        return program.run_decompositions(decompositions())
+        return make_fx(program, decomposition_table=_decompositions(),
+                       tracing_mode="fake")(*args)
+
+
+@functools.cache
+def _decompositions() -> dict[Any, Any]:
+    return dict(core_aten_decompositions().items())
 
 
 def compile_onnx(source: Source, example_inputs: Sequence[Any] | None = None,
@@ -209,18 +219,12 @@ def compile_onnx(source: Source, example_inputs: Sequence[Any] | None = None,
     imported = import_onnx(source, shapes=shapes, example_inputs=example_inputs)
     report = CompileReport()
     run_graph = _runner(imported, options, report, start)
-    weights = {i: t for i, (_, t) in imported.frozen.items()}
-    n_args = len(imported.program.graph_signature.input_specs)
+    weights = [t for _, t in imported.frozen.values()]
     several = len(imported.output_names) > 1
 
     def run(*args: Any) -> Any:
-        boxed: list[Any] = [None] * n_args
-        for i, t in weights.items():
-            boxed[i] = t
-        for position, arg in zip(imported.user_positions, args):
-            boxed[position] = arg
         with torch.no_grad():
-            outputs = run_graph(boxed)
+            outputs = run_graph([*weights, *args])
         return tuple(outputs) if several else outputs[0]
 
     signature = [InputSpec(imported.shapes[s.name], s.dtype) for s in imported.inputs]
@@ -232,7 +236,7 @@ def _runner(imported: ImportedOnnx, options: Options, report: CompileReport,
             start: float) -> Any:
     """The kiln-compiled graph, or, where kiln's IR cannot hold it, the captured ATen graph
     run as it is (strict options raise instead)."""
-    gm = imported.program.graph_module
+    gm = imported.gm
     if imported.imported is None:
         if options.strict:
             raise OnnxImportError(f"kiln cannot compile this graph: {imported.why_not}")

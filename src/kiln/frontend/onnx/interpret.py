@@ -11,7 +11,8 @@ At import, the graph runs once, eagerly, on the example inputs (``plan_graph``).
 * a handler's result is checked against ONNX's own shape inference: a disagreement runs the
   node as it is instead, so a handler mistake costs speed, not a wrong answer.
 
-``OnnxModule`` replays the steps with torch ops; known values it reads are its buffers.
+``OnnxProgram`` replays the steps with torch ops, taking the known values it reads as
+arguments (they become the captured graph's weights).
 """
 
 from __future__ import annotations
@@ -182,24 +183,25 @@ def _inferred_types(model: onnx.ModelProto, inputs: Mapping[str, torch.Tensor],
     return types
 
 
-class OnnxModule(torch.nn.Module):
-    """The planned steps as a torch module: inputs in the ONNX graph's order, outputs a
-    tuple in its order."""
+class OnnxProgram:
+    """The planned steps as a function of (weights, inputs) -> outputs, for tracing: the
+    weights are the known values the steps read, in ``weight_names`` order; the inputs and
+    outputs are in the ONNX graph's order."""
 
     def __init__(self, plan: Plan) -> None:
-        super().__init__()
         self.plan = plan
-        self._buffer_of: dict[str, str] = {}
         read = {n for s in plan.steps for n in s.node.input} | set(plan.output_names)
-        for name in sorted(read & plan.known.keys()):
-            buffer = f"onnx_{len(self._buffer_of)}"
-            self.register_buffer(buffer, plan.known[name])
-            self._buffer_of[name] = buffer
+        self.weight_names = sorted(read & plan.known.keys())
 
-    def forward(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        env: dict[str, torch.Tensor] = dict(zip(self.plan.input_names, args))
+    def weights(self) -> list[torch.Tensor]:
+        return [self.plan.known[name] for name in self.weight_names]
+
+    def __call__(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        split = len(self.weight_names)
+        env: dict[str, torch.Tensor] = dict(zip(self.weight_names, args[:split]))
+        env.update(zip(self.plan.input_names, args[split:]))
         for step in self.plan.steps:
-            inputs = [self._read(env, name) if name else None for name in step.node.input]
+            inputs = [env[name] if name else None for name in step.node.input]
             if step.key is not None:
                 present = [x for x in inputs if x is not None]
                 results = torch.ops.kiln_onnx.node(present, step.key)
@@ -209,12 +211,9 @@ class OnnxModule(torch.nn.Module):
                 call = NodeCall(step.node, self.plan.opset, self.plan.numbers)
                 outputs = _as_list(HANDLERS[step.node.op_type](call, *inputs))
             env.update((n, o) for n, o in zip(step.node.output, outputs) if n)
-        return tuple(self._output(env, name) for name in self.plan.output_names)
+        # an output that is an input or a weight is copied: the caller may write to it
+        return tuple(env[name] if self._computed(name) else env[name].clone()
+                     for name in self.plan.output_names)
 
-    def _read(self, env: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
-        return env[name] if name in env else getattr(self, self._buffer_of[name])
-
-    def _output(self, env: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
-        if name in env:
-            return env[name]
-        return self._read(env, name).clone()  # a constant output: not the buffer itself
+    def _computed(self, name: str) -> bool:
+        return any(name in s.node.output for s in self.plan.steps)

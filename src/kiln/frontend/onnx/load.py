@@ -75,7 +75,8 @@ def _parse_file(path: Path) -> onnx.ModelProto:
 
 def opset_version(model: onnx.ModelProto) -> int:
     """The default-domain opset kiln reads the model at. A model declaring a newer opset is
-    taken when every op it uses is defined as it was at MAX_OPSET (most ops did not change)."""
+    read at MAX_OPSET when every op it uses has, there, the same inputs, outputs and
+    attributes (newer versions of most ops only admit more element types)."""
     declared = [o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS]
     if not declared:
         raise OnnxImportError("the ONNX model imports no default-domain opset")
@@ -88,7 +89,7 @@ def opset_version(model: onnx.ModelProto) -> int:
     if version <= MAX_OPSET:
         return version
     for op_type in sorted(_op_types(model.graph)):
-        if _since(op_type, version) > MAX_OPSET:
+        if not _same_signature(op_type, version):
             raise OnnxImportError(
                 f"the model uses ONNX opset {version}, and its op {op_type} changed after "
                 f"opset {MAX_OPSET}, the newest kiln takes: export it again with "
@@ -96,11 +97,24 @@ def opset_version(model: onnx.ModelProto) -> int:
     return MAX_OPSET
 
 
-def _since(op_type: str, version: int) -> int:
+def _same_signature(op_type: str, version: int) -> bool:
+    """Whether ``op_type`` at ``version`` has MAX_OPSET's inputs, outputs and attributes."""
     try:
-        return onnx.defs.get_schema(op_type, version, "").since_version
+        newer = onnx.defs.get_schema(op_type, version, "")
+        older = onnx.defs.get_schema(op_type, MAX_OPSET, "")
     except onnx.defs.SchemaError:
-        return version  # not a standard op: the checker names it
+        return False
+    return newer.since_version == older.since_version or _signature(newer) == _signature(older)
+
+
+def _signature(schema: onnx.defs.OpSchema) -> tuple[object, ...]:
+    def params(ps: list[onnx.defs.OpSchema.FormalParameter]) -> tuple[object, ...]:
+        return tuple((p.name, p.option) for p in ps)
+
+    attributes = tuple(sorted((a.name, a.type, a.required, a.default_value.SerializeToString())
+                              for a in schema.attributes.values()))
+    return (params(schema.inputs), params(schema.outputs), attributes,
+            schema.min_input, schema.max_input, schema.min_output, schema.max_output)
 
 
 def _op_types(graph: onnx.GraphProto) -> set[str]:
