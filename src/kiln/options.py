@@ -49,6 +49,8 @@ class Options:
     report: str = ""
 
     def __post_init__(self) -> None:
+        if isinstance(self.report, os.PathLike):  # Options(report=Path("r.html"))
+            object.__setattr__(self, "report", os.fspath(self.report))
         if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 3:
             raise ValueError(f"Options.opt_level must be 0, 1, 2 or 3, got {self.opt_level!r}")
         for f in dataclasses.fields(self):

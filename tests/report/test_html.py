@@ -197,6 +197,9 @@ def test_a_report_that_cannot_be_written_is_one_warning(report_options, tmp_path
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
 
 
-def test_report_path_from_the_environment() -> None:
+def test_report_path_from_the_environment_or_a_path() -> None:
     assert kiln.Options.from_env({"KILN_REPORT": "out/r.html"}).report == "out/r.html"
     assert kiln.Options.from_env({}).report == ""
+    assert kiln.Options(report=Path("out") / "r.html").report == "out/r.html"
+    with pytest.raises(TypeError, match="Options.report must be a string"):
+        kiln.Options(report=1)
