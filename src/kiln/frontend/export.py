@@ -187,13 +187,13 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
         program = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
-        program = program.run_decompositions(decompositions())
+        program = program.run_decompositions(_decompositions())
     unknown = data_dependent_size(program.graph_module)
     if unknown is not None:
         node, symbols = unknown
         raise UnsupportedGraph(node, f"kiln compiles sizes known before the run; {symbols} "
                                      f"depends on the data")
-    frozen, user_positions = freeze(program)
+    frozen, user_positions = _freeze(program)
     outputs = program.graph_signature.output_specs
     if any(spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN) for spec in outputs):
         raise NotImplementedError("the model mutates its buffers or inputs")
@@ -253,13 +253,13 @@ def _core_aten_table() -> dict[Any, Any]:
     return dict(torch.export.default_decompositions().items())
 
 
-def decompositions() -> dict[Any, Any]:
+def _decompositions() -> dict[Any, Any]:
     """torch.export's default table (to core ATen), materialized once: building it anew costs
     about 0.2 s a compile. A copy each time, since the caller may change the table it gets."""
     return dict(_core_aten_table())
 
 
-def freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor]], list[int]]:
+def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor]], list[int]]:
     frozen: dict[int, tuple[str, torch.Tensor]] = {}
     users: list[int] = []
     for i, spec in enumerate(program.graph_signature.input_specs):

@@ -67,6 +67,10 @@ def not_applicable(case: Any) -> str:
     if ops & {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
               "Multinomial", "Bernoulli"}:
         return "random"
+    graph_inputs = {v.name for v in model.graph.input}
+    if any(n.op_type == "Dropout" and len(n.input) > 2 and n.input[2] in graph_inputs
+           for n in model.graph.node):
+        return "random: Dropout with training_mode given at run time"
     return ""
 
 

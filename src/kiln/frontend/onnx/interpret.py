@@ -72,7 +72,7 @@ def plan_graph(model: onnx.ModelProto, opset: int,
     inferred = _inferred_types(model, inputs)
     env: dict[str, torch.Tensor] = {**known, **inputs}
     for node in graph.node:
-        _refuse(node, opset)
+        _refuse(node, opset, numbers)
         args = [env[name] if name else None for name in node.input]
         outputs, key = _evaluate(node, NodeCall(node, opset, numbers), args, model, inferred)
         named = {name: out for name, out in zip(node.output, outputs) if name}
@@ -88,14 +88,22 @@ def plan_graph(model: onnx.ModelProto, opset: int,
     return plan
 
 
-def _refuse(node: onnx.NodeProto, opset: int) -> None:
-    if node.op_type in _RANDOM_OPS:
+def _refuse(node: onnx.NodeProto, opset: int, numbers: Mapping[str, np.ndarray]) -> None:
+    if node.op_type in _RANDOM_OPS or _training_dropout(node, numbers):
         raise OnnxImportError(f"{where(node.name, node.op_type, opset)} draws random numbers; "
                               f"kiln compiles deterministic inference graphs only")
     if node.op_type in _CONTROL_FLOW:
         raise OnnxImportError(f"{where(node.name, node.op_type, opset)} is control flow, "
                               f"which kiln does not compile: export the model without it "
                               f"(trace at fixed shapes)")
+
+
+def _training_dropout(node: onnx.NodeProto, numbers: Mapping[str, np.ndarray]) -> bool:
+    """Dropout whose training_mode is true, or known only at run time."""
+    if node.op_type != "Dropout" or len(node.input) < 3 or not node.input[2]:
+        return False
+    mode = numbers.get(node.input[2])
+    return mode is None or bool(mode.reshape(-1)[0])
 
 
 def _evaluate(node: onnx.NodeProto, call: NodeCall, args: list[torch.Tensor | None],
