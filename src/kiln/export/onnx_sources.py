@@ -98,7 +98,8 @@ def _from_torch(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
 
 def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
     """The graph kiln.compile would optimize: torch.export to core ATen, weights frozen."""
-    from kiln.frontend.export import decompositions, freeze
+    # private names, as kiln.cli and the tests use them: the capture kiln.compile makes
+    from kiln.frontend.export import _decompositions, _freeze
     from kiln.frontend.importer import UnsupportedGraph, import_fx
 
     if not all(isinstance(x, torch.Tensor) for x in inputs):
@@ -106,8 +107,8 @@ def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        program = torch.export.export(model, inputs).run_decompositions(decompositions())
-    frozen, _ = freeze(program)
+        program = torch.export.export(model, inputs).run_decompositions(_decompositions())
+    frozen, _ = _freeze(program)
     try:
         imported = import_fx(program.graph_module, frozen)
     except UnsupportedGraph as err:
