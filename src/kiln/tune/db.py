@@ -48,6 +48,7 @@ CREATE TABLE IF NOT EXISTS records (
     trace TEXT NOT NULL,          -- the schedule's Trace as JSON, its decisions fixed
     decisions TEXT NOT NULL,      -- JSON object: decision name -> value
     run_times TEXT NOT NULL,      -- JSON list of seconds; empty when the candidate failed
+    features TEXT NOT NULL,       -- JSON list: the program's features for the cost model
     error TEXT,                   -- why it failed (build, check, crash, timeout)
     created REAL NOT NULL,
     UNIQUE (workload, target, decisions)
@@ -126,18 +127,22 @@ class TuningRecord:
     run_times: tuple[float, ...] = ()  # seconds per call; empty when it failed
     error: str | None = None
     created: float = 0.0
+    features: tuple[float, ...] = ()  # kiln.tune.features of the built program
 
     @staticmethod
     def measured(workload: str, target: Target | str, kind: str, trace: str,
-                 decisions: dict[str, Any], run_times: Sequence[float]) -> TuningRecord:
+                 decisions: dict[str, Any], run_times: Sequence[float],
+                 features: Sequence[float] = ()) -> TuningRecord:
         return TuningRecord(workload, _target_key(target), kind, trace, dict(decisions),
-                            tuple(float(t) for t in run_times), None, time.time())
+                            tuple(float(t) for t in run_times), None, time.time(),
+                            tuple(features))
 
     @staticmethod
     def failed(workload: str, target: Target | str, kind: str, trace: str,
-               decisions: dict[str, Any], error: str) -> TuningRecord:
+               decisions: dict[str, Any], error: str,
+               features: Sequence[float] = ()) -> TuningRecord:
         return TuningRecord(workload, _target_key(target), kind, trace, dict(decisions), (),
-                            error, time.time())
+                            error, time.time(), tuple(features))
 
     @property
     def ok(self) -> bool:
@@ -151,7 +156,7 @@ class TuningRecord:
         return {"workload": self.workload, "target": self.target, "kind": self.kind,
                 "trace": self.trace, "decisions": self.decisions,
                 "run_times": list(self.run_times), "error": self.error,
-                "created": self.created}
+                "created": self.created, "features": list(self.features)}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TuningRecord:
@@ -162,7 +167,8 @@ class TuningRecord:
                 str(data["trace"]), dict(data["decisions"]),
                 tuple(float(t) for t in data["run_times"]),
                 None if data.get("error") is None else str(data["error"]),
-                float(data.get("created", 0.0)))
+                float(data.get("created", 0.0)),
+                tuple(float(x) for x in data.get("features", ())))
             json.loads(record.trace)
             Target.from_key(record.target)
         except (KeyError, TypeError, ValueError) as err:
@@ -217,13 +223,13 @@ class TuningDB:
     def add_many(self, records: Sequence[TuningRecord]) -> int:
         """Store records in one transaction (all or none); returns how many were new."""
         rows = [(r.workload, r.target, r.kind, r.trace, _canonical(r.decisions),
-                 json.dumps(list(r.run_times)), r.error, r.created or time.time())
-                for r in records]
+                 json.dumps(list(r.run_times)), json.dumps(list(r.features)), r.error,
+                 r.created or time.time()) for r in records]
         with self._connect() as conn:
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO records (workload, target, kind, trace, "
-                             "decisions, run_times, error, created) VALUES "
-                             "(?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                             "decisions, run_times, features, error, created) VALUES "
+                             "(?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             return conn.total_changes - before
 
     # -- reading ---------------------------------------------------------------------------------
@@ -249,6 +255,13 @@ class TuningDB:
         """The record with the lowest median time among those that ran, or None."""
         ran = [r for r in self.records(workload, target) if r.ok]
         return min(ran, key=lambda r: r.median_s) if ran else None
+
+    def on_target(self, target: Target | str) -> list[TuningRecord]:
+        """Every record measured on ``target``: what the cost model learns from."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT * FROM records WHERE target = ? ORDER BY id",
+                                (_target_key(target),)).fetchall()
+        return [self._record(row) for row in rows]
 
     def top(self, target: Target | str, kind: str, count: int) -> list[TuningRecord]:
         """The best record of each of up to ``count`` workloads of one kind on ``target``:
@@ -336,10 +349,11 @@ class TuningDB:
             raise TuningDBError(_explain(self.path, sqlite3.DatabaseError(problem)))
 
     def _record(self, row: tuple) -> TuningRecord:
-        _, workload, target, kind, trace, decisions, run_times, error, created = row
+        _, workload, target, kind, trace, decisions, run_times, features, error, created = row
         try:
             return TuningRecord(workload, target, kind, trace, json.loads(decisions),
-                                tuple(json.loads(run_times)), error, created)
+                                tuple(json.loads(run_times)), error, created,
+                                tuple(json.loads(features)))
         except (TypeError, ValueError) as err:
             raise TuningDBError(f"{self.path}: a record cannot be read ({err}); the file is "
                                 "damaged") from None

@@ -1,0 +1,239 @@
+"""Evolutionary search over a design space, guided by the learned cost model.
+
+    result = tune_kernel(space, session, TuneSettings(trials=64))
+
+Each round, as MetaSchedule's evolutionary search does: a population is seeded from the
+best measured points of this workload, the best records of other workloads of the same kind
+on this target (moved into this space: similar kernels tune alike), the heuristic default,
+and random points; it evolves for a few generations by one-decision mutations, ranked by the
+cost model; the best unmeasured points (and, with probability ε each, a random one instead)
+are built in parallel, timed, stored in the database, and the model is trained again on every
+record of this target. The heuristic default is always measured first, so the best found is
+never slower than it. Without a trained model (too few records) the picks are random.
+
+A run can stop at any point and start again: what was measured is in the database, and a new
+run skips every point already there.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kiln.options import Options
+from kiln.tune.db import Target, TuningDB, TuningRecord, workload_key
+from kiln.tune.features import features
+from kiln.tune.measure import Builder, MeasureResult, Runner
+from kiln.tune.model import CostModel, Measured
+from kiln.tune.space import Decisions, Space, neighbours, random_point, repair
+
+__all__ = ["Session", "TuneResult", "TuneSettings", "space_workload", "tune_kernel"]
+
+
+@dataclass(frozen=True)
+class TuneSettings:
+    trials: int = 64  # candidates measured per kernel (the default included)
+    batch: int = 8  # candidates built and timed between model updates
+    population: int = 32
+    generations: int = 2
+    epsilon: float = 0.05  # chance that a pick is a random point instead of the model's
+    use_model: bool = True  # False: random search (the baseline the model must beat)
+    time_budget_s: float = math.inf  # per kernel
+    seed: int = 0
+
+
+@dataclass
+class Session:
+    """What one tuning run shares across kernels: the database, the target, the builder and
+    runner, and the cost model (saved next to the database)."""
+
+    db: TuningDB
+    target: Target
+    builder: Builder
+    runner: Runner
+    model: CostModel
+    model_path: Path | None = None
+
+    @staticmethod
+    def open(db_path: str | Path, options: Options, jobs: int = 2,
+             timeout_s: float = 30.0) -> Session:
+        db = TuningDB.open(db_path)
+        model_path = Path(f"{db_path}.model.txt")
+        return Session(db, Target.here(options), Builder(options, jobs), Runner(
+            options, timeout_s), CostModel.load_or_new(model_path), model_path)
+
+    def close(self) -> None:
+        self.runner._stop()
+
+    def retrain(self) -> None:
+        records = [Measured(r.workload, r.features, r.median_s)
+                   for r in self.db.on_target(self.target) if r.features]
+        self.model.fit(records)
+        if self.model_path is not None:
+            self.model.save(self.model_path)
+
+
+@dataclass
+class TuneResult:
+    workload: str
+    default_s: float  # median seconds of the heuristic schedule
+    best_s: float
+    best: Decisions
+    measured: int  # candidates measured in this run
+    failed: int
+    history: list[tuple[int, float]] = field(default_factory=list)  # (trials, best so far)
+
+    @property
+    def speedup(self) -> float:
+        return self.default_s / self.best_s if self.best_s > 0 else math.nan
+
+
+def space_workload(space: Space) -> str:
+    """The workload key of a space: its default program's structural hash."""
+    return workload_key(space.plan(space.default()).program)
+
+
+def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSettings(),
+                progress: Callable[[TuneResult], None] | None = None) -> TuneResult:
+    rng = random.Random(settings.seed)
+    workload = space_workload(space)
+    known = {_key(r.decisions): r for r in session.db.records(workload, session.target)}
+    feature_cache: dict[str, tuple[float, ...]] = {}
+    result = TuneResult(workload, math.inf, math.inf, space.default(), 0, 0)
+    start = time.perf_counter()
+
+    def measure(points: list[Decisions]) -> None:
+        errors = session.builder.build(space, points)
+        for point, error in zip(points, errors):
+            outcome = MeasureResult(point, error=error) if error else \
+                session.runner.run_one(space, point)
+            record = _record(space, workload, session.target, point, outcome,
+                             _features(space, point, feature_cache))
+            session.db.add(record)
+            known[_key(point)] = record
+            result.measured += 1
+            result.failed += not record.ok
+            _update(result, known, space)
+            if progress is not None:
+                progress(result)
+
+    if _key(space.default()) not in known:
+        measure([space.default()])
+    _update(result, known, space)
+    while (result.measured < settings.trials
+           and time.perf_counter() - start < settings.time_budget_s):
+        picks = _next_batch(space, session, settings, known, feature_cache, rng)
+        if not picks:  # every point drawn was measured already: a small space, exhausted
+            break
+        measure(picks[: settings.trials - result.measured])
+        if settings.use_model:
+            session.retrain()
+    return result
+
+
+def _update(result: TuneResult, known: Mapping[str, TuningRecord], space: Space) -> None:
+    default = known.get(_key(space.default()))
+    if default is not None:
+        result.default_s = default.median_s
+    best = min(known.values(), key=lambda r: r.median_s, default=None)
+    if best is not None and best.ok:
+        result.best_s, result.best = best.median_s, dict(best.decisions)
+    result.history.append((result.measured, result.best_s))
+
+
+def _next_batch(space: Space, session: Session, settings: TuneSettings,
+                known: Mapping[str, TuningRecord], cache: dict[str, tuple[float, ...]],
+                rng: random.Random) -> list[Decisions]:
+    if not settings.use_model or not session.model.trained:
+        return _fresh([random_point(space, rng) for _ in range(4 * settings.batch)], known,
+                      settings.batch)
+    population = _seeds(space, session, known, settings, rng)
+    for _ in range(settings.generations):
+        scores = _scores(space, session.model, population, cache)
+        ranked = [p for _, p in sorted(zip(scores, range(len(population))), reverse=True)]
+        parents = [population[i] for i in ranked[: max(len(population) // 2, 1)]]
+        children = [_mutate(space, rng.choice(parents), rng) for _ in range(len(parents))]
+        population = _unique(parents + children)
+    scores = _scores(space, session.model, population, cache)
+    ranked = [population[i] for _, i in sorted(zip(scores, range(len(population))),
+                                               reverse=True)]
+    picks: list[Decisions] = []
+    for point in _fresh(ranked, known, len(ranked)):
+        if rng.random() < settings.epsilon:
+            point = random_point(space, rng)
+        if _key(point) not in known and point not in picks:
+            picks.append(point)
+        if len(picks) == settings.batch:
+            break
+    return picks
+
+
+def _seeds(space: Space, session: Session, known: Mapping[str, TuningRecord],
+           settings: TuneSettings, rng: random.Random) -> list[Decisions]:
+    ran = sorted((r for r in known.values() if r.ok), key=lambda r: r.median_s)
+    seeds = [dict(r.decisions) for r in ran[: settings.population // 4]]
+    seeds += [repair(space, r.decisions) for r in
+              session.db.top(session.target, getattr(space, "kind", ""),
+                             settings.population // 4)]
+    seeds.append(space.default())
+    while len(seeds) < settings.population:
+        seeds.append(random_point(space, rng))
+    return _unique(seeds)
+
+
+def _mutate(space: Space, point: Decisions, rng: random.Random) -> Decisions:
+    options = list(neighbours(space, point))
+    return rng.choice(options) if options else dict(point)
+
+
+def _scores(space: Space, model: CostModel, points: list[Decisions],
+            cache: dict[str, tuple[float, ...]]) -> list[float]:
+    return model.predict([_features(space, p, cache) for p in points])
+
+
+def _features(space: Space, point: Decisions, cache: dict[str, tuple[float, ...]]
+              ) -> tuple[float, ...]:
+    key = _key(point)
+    if key not in cache:
+        cache[key] = tuple(features(space.plan(point).build()))
+    return cache[key]
+
+
+def _record(space: Space, workload: str, target: Target, point: Decisions,
+            outcome: MeasureResult, feats: tuple[float, ...]) -> TuningRecord:
+    trace = space.plan(point).trace.to_json()
+    kind = getattr(space, "kind", "kernel")
+    if outcome.ok:
+        return TuningRecord.measured(workload, target, kind, trace, point, outcome.run_times,
+                                     feats)
+    return TuningRecord.failed(workload, target, kind, trace, point,
+                               outcome.error or "no times", feats)
+
+
+def _fresh(points: list[Decisions], known: Mapping[str, Any], count: int) -> list[Decisions]:
+    out: list[Decisions] = []
+    seen = set(known)
+    for p in points:
+        if _key(p) not in seen:
+            seen.add(_key(p))
+            out.append(p)
+        if len(out) == count:
+            break
+    return out
+
+
+def _unique(points: list[Decisions]) -> list[Decisions]:
+    seen: dict[str, Decisions] = {}
+    for p in points:
+        seen.setdefault(_key(p), p)
+    return list(seen.values())
+
+
+def _key(point: Mapping[str, Any]) -> str:
+    return json.dumps(dict(point), sort_keys=True)

@@ -1,0 +1,134 @@
+"""The evolutionary search and the learned cost model, on a synthetic space whose timings
+follow a known formula (no compiler, no timing noise)."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("lightgbm")
+
+from kiln.ir.types import DType  # noqa: E402
+from kiln.kernels.plan import KernelPlan, Recipe  # noqa: E402
+from kiln.tir.nodes import PrimFunc  # noqa: E402
+from kiln.tir.schedule import Schedule  # noqa: E402
+from kiln.tir.te import Builder  # noqa: E402
+from kiln.tune.db import Target, TuningDB  # noqa: E402
+from kiln.tune.measure import MeasureResult  # noqa: E402
+from kiln.tune.model import CostModel, Measured, ranking_quality  # noqa: E402
+from kiln.tune.search import Session, TuneSettings, tune_kernel  # noqa: E402
+from kiln.tune.space import random_point, with_samples  # noqa: E402
+
+TARGET = Target("test cpu", "avx512", "cc", 1)
+
+
+@dataclass(frozen=True)
+class AddSpace:
+    """An elementwise add over [rows, cols]: split of the columns, vector or not, and the
+    parallel loop; its "time" is a known function with one optimum."""
+
+    rows: int = 64
+    cols: int = 512
+    kind: str = "loops"
+
+    def names(self) -> tuple[str, ...]:
+        return ("inner", "vectorize", "parallel")
+
+    def candidates(self, name: str, fixed: dict[str, Any]) -> tuple[Any, ...]:
+        return {"inner": (1, 2, 4, 8, 16, 32, 64), "vectorize": (False, True),
+                "parallel": ("none", "rows", "cols")}[name]
+
+    def default(self) -> dict[str, Any]:
+        return {"inner": 4, "vectorize": False, "parallel": "none"}
+
+    def plan(self, decisions: dict[str, Any]) -> KernelPlan:
+        b = Builder()
+        x = b.buffer("x", (self.rows, self.cols), DType.F32)
+        out = b.buffer("out", (self.rows, self.cols), DType.F32)
+        b.compute("out", out, lambda v: x[v] + x[v])
+        func = PrimFunc("add", (x,), (out,), b.body())
+        sch = Schedule(func)
+        i, j = sch.get_loops(sch.get_block("out"))
+        j0, j1 = sch.split(j, [None, decisions["inner"]])
+        if decisions["vectorize"]:
+            sch.vectorize(j1)
+        if decisions["parallel"] == "rows":
+            sch.parallel(i)
+        elif decisions["parallel"] == "cols":
+            sch.parallel(j0)
+        plan = KernelPlan(Recipe.LOOPS, func, sch.trace)
+        return with_samples(plan, self, decisions)
+
+    def seconds(self, d: dict[str, Any]) -> float:
+        lanes = d["inner"] if d["vectorize"] else 1
+        threads = {"none": 1.0, "rows": 1.9, "cols": 1.3}[d["parallel"]]
+        return 1e-3 * (1 + abs(math.log2(lanes) - 4)) / threads  # best: 16 lanes, rows
+
+
+class FormulaBuilder:
+    def build(self, space: AddSpace, points: list[dict[str, Any]]) -> list[str]:
+        return ["" for _ in points]
+
+
+class FormulaRunner:
+    def run_one(self, space: AddSpace, point: dict[str, Any]) -> MeasureResult:
+        t = space.seconds(point)
+        return MeasureResult(dict(point), (t, t * 1.01, t * 0.99))
+
+    def _stop(self) -> None:
+        pass
+
+
+def _session(tmp_path: Path) -> Session:
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    return Session(db, TARGET, FormulaBuilder(), FormulaRunner(), CostModel(),
+                   tmp_path / "t.sqlite.model.txt")
+
+
+def test_the_search_finds_the_known_optimum_of_a_small_space(tmp_path: Path) -> None:
+    space = AddSpace()
+    session = _session(tmp_path)
+    result = tune_kernel(space, session, TuneSettings(trials=30, batch=6, population=24))
+    assert result.best == {"inner": 16, "vectorize": True, "parallel": "rows"}
+    assert result.best_s == pytest.approx(space.seconds(result.best))
+    assert result.default_s == pytest.approx(space.seconds(space.default()))
+    assert result.best_s <= result.default_s and result.measured <= 30
+    assert [b for _, b in result.history] == sorted((b for _, b in result.history),
+                                                    reverse=True)  # never gets worse
+    assert session.model.trained and (tmp_path / "t.sqlite.model.txt").is_file()
+
+
+def test_a_second_run_resumes_from_the_database(tmp_path: Path) -> None:
+    space = AddSpace()
+    first = tune_kernel(space, _session(tmp_path), TuneSettings(trials=10, batch=5))
+    second = tune_kernel(space, _session(tmp_path), TuneSettings(trials=10, batch=5))
+    records = TuningDB.open(tmp_path / "t.sqlite").records()
+    assert len(records) == first.measured + second.measured == 20  # nothing measured twice
+    assert len({str(sorted(r.decisions.items())) for r in records}) == 20
+    assert second.best_s <= first.best_s
+
+
+def test_the_model_ranks_held_out_candidates(tmp_path: Path) -> None:
+    from kiln.tune.features import features
+
+    space = AddSpace()
+    rng = random.Random(1)
+    points = [random_point(space, rng) for _ in range(60)]
+    rows = [Measured("w", tuple(features(space.plan(p).build())), space.seconds(p))
+            for p in points]
+    model = CostModel().fit(rows[:40])
+    quality = ranking_quality(model, rows[40:], k=5)
+    assert quality.kendall_tau > 0.5 and quality.top_k_recall >= 0.4
+    path = tmp_path / "model.txt"
+    model.save(path)
+    again = CostModel.load_or_new(path)
+    assert again.predict([r.features for r in rows[40:]]) == model.predict(
+        [r.features for r in rows[40:]])
+    path.write_text("not a model")
+    assert not CostModel.load_or_new(path).trained
+    assert CostModel().predict([rows[0].features]) == [0.0]
