@@ -3,8 +3,8 @@
     compiled = kiln.compile("model.onnx", shapes={"input_ids": (1, 128)})
     imported = import_onnx(model_proto)       # .graph, .input_names, .example_inputs()
 
-Needs the ``onnx`` package (and uses ``onnxruntime``, where installed, for the nodes kiln
-runs as they are): ``pip install 'kiln[onnx]'``.
+Needs the ``onnx`` package; a node kiln has no translation for runs as it is, by onnx's
+reference evaluator (or ``onnxruntime``, where that cannot): ``pip install 'kiln[onnx]'``.
 """
 
 from kiln.frontend.onnx.errors import OnnxImportError

@@ -1,7 +1,7 @@
 """An ONNX node kiln has no translation for runs as it is: one torch custom op,
 ``kiln_onnx::node(inputs, key)``, whose ``key`` is the node as a one-node ONNX model (its
-inputs' and outputs' types and shapes included), run by onnxruntime, or by onnx's reference
-evaluator where onnxruntime is missing or cannot run it.
+inputs' and outputs' types and shapes included), run by onnx's reference evaluator, or by
+onnxruntime where the reference cannot run it.
 
 To torch.export and to kiln it is an opaque call whose output types the key states; kiln keeps
 it as a CALL node. The node's output shapes were specialized at import (for NonZero, say,
@@ -20,7 +20,7 @@ import torch
 
 import onnx
 from kiln.frontend.onnx.errors import OnnxImportError
-from kiln.frontend.onnx.types import onnx_dtype, to_numpy, torch_dtype
+from kiln.frontend.onnx.types import from_numpy, onnx_dtype, to_numpy, torch_dtype
 from onnx import helper
 
 
@@ -38,11 +38,11 @@ def node_key(node: onnx.NodeProto, opsets: Sequence[onnx.OperatorSetIdProto],
     copy.output.extend(f"out{i}" if name else "" for i, name in enumerate(node.output))
     graph_inputs = [_value_info(n, tuple(x.shape), x.dtype)
                     for n, x in zip(names, inputs) if x is not None]
+    named = [n for n in copy.output if n]
     if outputs is None:
-        graph_outputs = [helper.make_value_info(n, onnx.TypeProto()) for n in copy.output if n]
-    else:
-        graph_outputs = [_value_info(f"out{i}", shape, dtype)
-                         for i, (shape, dtype) in enumerate(outputs)]
+        graph_outputs = [helper.make_value_info(n, onnx.TypeProto()) for n in named]
+    else:  # one (shape, dtype) per named output, in order
+        graph_outputs = [_value_info(n, shape, dtype) for n, (shape, dtype) in zip(named, outputs)]
     graph = helper.make_graph([copy], "kiln_onnx_node", graph_inputs, graph_outputs)
     model = helper.make_model(graph, opset_imports=list(opsets))
     model.ir_version = min(model.ir_version, 10)  # what the installed onnxruntime reads
@@ -59,31 +59,51 @@ def _model(key: str) -> onnx.ModelProto:
 
 
 @functools.lru_cache(maxsize=512)
-def _runner(key: str) -> Any:
-    """A callable (list of numpy arrays) -> list of numpy arrays for the node."""
-    model = _model(key)
-    try:
-        import onnxruntime as ort
+def _runner(key: str) -> _NodeRunner:
+    return _NodeRunner(_model(key))
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1  # one node: thread start-up costs more than it saves
-        options.log_severity_level = 3
-        session = ort.InferenceSession(model.SerializeToString(), options,
-                                       providers=["CPUExecutionProvider"])
-        names = [i.name for i in session.get_inputs()]
-        return lambda arrays: session.run(None, dict(zip(names, arrays)))
-    except Exception:  # noqa: BLE001 - onnxruntime absent or unable: the reference next
-        from onnx.reference import ReferenceEvaluator
 
-        evaluator = ReferenceEvaluator(model)
-        names = [i.name for i in model.graph.input]
-        return lambda arrays: evaluator.run(None, dict(zip(names, arrays)))
+class _NodeRunner:
+    """Runs the node on numpy arrays by onnx's reference evaluator, which defines what ONNX
+    ops compute (onnxruntime departs from it on some: DFT, STFT, MaxUnpool, Resize with
+    align_corners); by onnxruntime from the first time the reference cannot (an op or a type
+    it lacks), which is at import, where the node first runs."""
+
+    def __init__(self, model: onnx.ModelProto) -> None:
+        self.model = model
+        self.names = [i.name for i in model.graph.input]
+        self.run: Any = None
+
+    def __call__(self, arrays: list[np.ndarray]) -> list[Any]:
+        if self.run is None:
+            try:
+                from onnx.reference import ReferenceEvaluator
+
+                evaluator = ReferenceEvaluator(self.model)
+                results = evaluator.run(None, dict(zip(self.names, arrays)))
+                self.run = lambda a: evaluator.run(None, dict(zip(self.names, a)))
+                return results
+            except Exception:  # noqa: BLE001 - the reference lacks it: onnxruntime then
+                self.run = _onnxruntime(self.model)
+        return self.run(arrays)
+
+
+def _onnxruntime(model: onnx.ModelProto) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # one node: thread start-up costs more than it saves
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options,
+                                   providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+    return lambda arrays: session.run(None, dict(zip(names, arrays)))
 
 
 def run_key(key: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     arrays = [to_numpy(x) for x in inputs]
     results = _runner(key)(arrays)
-    return [torch.from_numpy(np.array(r, copy=True)) for r in results]
+    return [from_numpy(np.asarray(r)) for r in results]
 
 
 def declared_outputs(key: str) -> list[tuple[tuple[int, ...], torch.dtype]]:

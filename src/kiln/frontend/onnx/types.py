@@ -36,20 +36,33 @@ def onnx_dtype(dtype: torch.dtype) -> int:
     return _TO_ONNX[dtype]
 
 
+# torch converts these to and from numpy only as signed integers of the same width
+_UNSIGNED = {torch.uint16: (np.uint16, np.int16, torch.int16),
+             torch.uint32: (np.uint32, np.int32, torch.int32),
+             torch.uint64: (np.uint64, np.int64, torch.int64)}
+_FROM_NUMPY = {np.dtype(u): (t, s) for t, (u, s, _) in _UNSIGNED.items()}
+
+
 def to_numpy(x: torch.Tensor) -> np.ndarray:
     """bfloat16 has no numpy dtype: it travels as onnx's own (ml_dtypes) bfloat16."""
     x = x.detach().cpu().contiguous()
     if x.dtype == torch.bfloat16:
-        bits = x.view(torch.uint16).numpy()
+        bits = x.view(torch.int16).numpy()
         return bits.view(onnx.helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16))
+    if x.dtype in _UNSIGNED:
+        unsigned, _, signed = _UNSIGNED[x.dtype]
+        return x.view(signed).numpy().view(unsigned)
     return x.numpy()
 
 
 def from_numpy(a: np.ndarray, elem_type: int | None = None) -> torch.Tensor:
+    a = np.array(a, copy=True)  # owned and contiguous: torch shares its memory
     if elem_type == TensorProto.BFLOAT16 or str(a.dtype) == "bfloat16":
-        bits = np.ascontiguousarray(a).view(np.uint16)
-        return torch.from_numpy(bits.copy()).view(torch.bfloat16)
-    return torch.from_numpy(np.array(a, copy=True))
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if a.dtype in _FROM_NUMPY:
+        unsigned, signed = _FROM_NUMPY[a.dtype]
+        return torch.from_numpy(a.view(signed)).view(unsigned)
+    return torch.from_numpy(a)
 
 
 def tensor_of(proto: TensorProto) -> torch.Tensor:
