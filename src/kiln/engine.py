@@ -153,7 +153,9 @@ def kernel_infos(graph: Graph, kernels: Sequence[Built],
         elif k is not None and node is k.group.last:
             nodes = k.group.nodes
             kind = "generated" if k.generated else "prepacked"
-            decision = f"{kind}, measured {k.measured}" if k.measured else kind
+            schedule = "tuned" if k.plan is not None and k.plan.trace.decisions() else ""
+            label = f"{kind} ({schedule})" if schedule else kind
+            decision = f"{label}, measured {k.measured}" if k.measured else label
             infos.append(KernelInfo(kind, tuple(n.op.text for n in nodes), k.source,
                                     k.trace, tuple(n.name for n in nodes), decision))
     return tuple(infos)

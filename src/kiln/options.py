@@ -47,10 +47,15 @@ class Options:
     # the first graph of a process to it, later ones to name.2.html, name.3.html, ...
     # (kiln.report.on_compile); a page that cannot be written is a warning, never an error
     report: str = ""
+    # a tuning database (`kiln tune`): each generated kernel with a record for its workload
+    # on this machine and thread count uses the fastest recorded schedule instead of the
+    # heuristic one; compiling only reads it, never tunes ("" reads none)
+    tuning_db: str = ""
 
     def __post_init__(self) -> None:
-        if isinstance(self.report, os.PathLike):  # Options(report=Path("r.html"))
-            object.__setattr__(self, "report", os.fspath(self.report))
+        for name in ("report", "tuning_db"):  # Options(report=Path("r.html"))
+            if isinstance(getattr(self, name), os.PathLike):
+                object.__setattr__(self, name, os.fspath(getattr(self, name)))
         if not isinstance(self.opt_level, int) or not 0 <= self.opt_level <= 3:
             raise ValueError(f"Options.opt_level must be 0, 1, 2 or 3, got {self.opt_level!r}")
         for f in dataclasses.fields(self):
@@ -82,7 +87,7 @@ class Options:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Options:
         """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_SEARCH,
-        KILN_CACHE_DIR, KILN_REPORT, CC."""
+        KILN_CACHE_DIR, KILN_REPORT, KILN_TUNING_DB, CC."""
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         if "KILN_OPT_LEVEL" in env:
@@ -97,6 +102,8 @@ class Options:
             changes["kernel_cache_dir"] = env["KILN_CACHE_DIR"]
         if env.get("KILN_REPORT"):
             changes["report"] = env["KILN_REPORT"]
+        if env.get("KILN_TUNING_DB"):
+            changes["tuning_db"] = env["KILN_TUNING_DB"]
         if env.get("CC"):
             changes["c_compiler"] = env["CC"]
         return Options(**changes)

@@ -7,6 +7,8 @@
     kiln run model.onnx --input x=x.npy            outputs' shapes and timing
     kiln optimize model.onnx -o model.opt.onnx     optimized, standard ONNX
     kiln report bert --quick -o report.html        the HTML report
+    kiln tune bert --trials 32 --db tuning.sqlite  schedules searched, recorded
+    kiln db ls --db tuning.sqlite                 what the tuning database holds
     kiln fuzz --graphs 10000 --jobs 8 --seed 1 --out fuzz-out --json fuzz.json
     kiln rules check --rule conv-bn --time-limit 5
     kiln synth generate --max-ops 3 -o rules.txt
@@ -26,7 +28,7 @@ import warnings
 from collections.abc import Sequence
 
 import kiln
-from kiln.cli import bench_cmd, explain_cmd, fuzz_cmd, model_cmds, synth_cmd
+from kiln.cli import bench_cmd, explain_cmd, fuzz_cmd, model_cmds, synth_cmd, tune_cmd
 from kiln.cli.bench_cmd import markdown_table
 from kiln.cli.errors import USAGE_ERROR, USER_ERROR, UsageError, UserError
 
@@ -84,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--debug", action="store_true",
                         help="on an error, print the traceback too")
     commands = parser.add_subparsers(title="commands", required=True, metavar="COMMAND")
-    for module in (bench_cmd, explain_cmd, model_cmds, fuzz_cmd):
+    for module in (bench_cmd, explain_cmd, model_cmds, tune_cmd, fuzz_cmd):
         module.add_command(commands)
     synth_cmd.add_commands(commands)
     return parser

@@ -16,6 +16,8 @@ and the measurement.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from kiln.codegen.isa import target_isa
@@ -23,26 +25,30 @@ from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.kernels.build import compile_plan
-from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
-from kiln.kernels.plan import Epilogue, KernelPlan, Serial
+from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
+from kiln.tune.apply import tuned_schedule
+from kiln.tune.space import GemmSpace
 
-__all__ = ["SERIAL_MACS", "gemm_candidate", "plan_gemm"]
+__all__ = ["TUNED", "gemm_candidate", "gemm_space", "plan_gemm"]
 
-SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
+TUNED = "tuned: the tuning database's fastest schedule for this workload"
+
 
 
 GemmPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
 
-def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
-    """The plan of the generated GEMM for a one-node mm / addmm / addmm_act group, its
-    inputs, and the weights packed for it."""
+def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace | Skipped:
+    """The design space of the generated GEMM for a one-node mm / addmm / addmm_act group:
+    its shapes, bias, whether B is a constant packed at compile time, and its epilogue. Its
+    default point is the heuristic schedule; `kiln tune` searches the rest."""
     node = group.last
     bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
     (m, k), n = a.type.shape, b.type.shape[1]
@@ -53,17 +59,35 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     if epilogue is not None and k == 0:  # (the result is act(bias); the library does that)
         return Skipped(group, SkipReason.NOT_LOWERABLE, "K = 0: no K block to end with the "
                        "epilogue")
-    packed = b.node.op is Op.CONSTANT
-    base = GemmConfig.for_isa(target_isa(options))
-    config = default_gemm_config(m, n, k, base=base, b_prepacked=packed,
-                                 one_k_block=epilogue is not None)
+    return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
+                     bias=bias is not None, b_prepacked=b.node.op is Op.CONSTANT,
+                     epilogue=epilogue, name=f"kiln_gemm_{m}x{n}x{k}")
+
+
+def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
+    """The plan of the generated GEMM for a one-node mm / addmm / addmm_act group, its
+    inputs, and the weights packed for it: the tuning database's fastest schedule
+    (``Options.tuning_db``) where it has one, else the heuristic."""
+    space = gemm_space(graph, group, options)
+    if isinstance(space, Skipped):
+        return space
+    m, n, k = space.m, space.n, space.k
+    node = group.last
+    bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
+    tuned = tuned_schedule(space, options)
+    if tuned is None:  # the heuristic as it always was: sized for every core
+        config = default_gemm_config(m, n, k, base=GemmConfig.for_isa(space.isa),
+                                     b_prepacked=space.b_prepacked,
+                                     one_k_block=space.epilogue is not None)
+        plan = space.plan_config(config)
+    else:  # the decisions head the trace: the plan says it was tuned
+        config = space.config(tuned[0])
+        plan = space.plan(tuned[0])
+        plan = dataclasses.replace(plan, notes=plan.notes + f"\n# {TUNED} (recorded median "
+                                   f"{tuned[1] * 1e6:.1f} us)")
     weights = {}
-    if packed:  # packed once, here: the kernel reads B's panels in place on every call
+    if space.b_prepacked:  # packed once, here: the kernel reads B's panels in place
         weights[b] = pack_b(graph.constant(b.node), config.nr)
-    plan = gemm_plan(m, n, k, config, bias=bias is not None, name=f"kiln_gemm_{m}x{n}x{k}",
-                     b_prepacked=packed, epilogue=epilogue or None)
-    if m * n * k < SERIAL_MACS:
-        plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
     return plan, ((a, b) if bias is None else (a, b, bias)), weights
 
 

@@ -63,10 +63,11 @@ from kiln.tir.primitives.common import find_block
 from kiln.tir.schedule import Schedule
 from kiln.tir.te import Builder
 
-__all__ = ["GemmConfig", "default_gemm_config", "gemm_func", "gemm_plan", "matmul_func",
-           "schedule_gemm"]
+__all__ = ["SERIAL_MACS", "GemmConfig", "default_gemm_config", "gemm_func", "gemm_plan",
+           "matmul_func", "schedule_gemm"]
 
 F32 = DType.F32
+SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
 
 
 @dataclass(frozen=True)

@@ -109,10 +109,13 @@ def cpu_name() -> str:
 
 def workload_key(program: Any) -> str:
     """A structural hash of a lowered loop program (a kiln.tir PrimFunc): the same kernel of
-    the same shapes has the same key in every process."""
+    the same shapes has the same key in every process, whatever the function is named."""
+    import dataclasses
+
     from kiln.tir.printer import print_func
 
-    return hashlib.sha256(print_func(program).encode()).hexdigest()[:32]
+    text = print_func(dataclasses.replace(program, name="kernel"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True)

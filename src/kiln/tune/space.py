@@ -29,8 +29,14 @@ import torch
 
 from kiln.codegen.isa import Isa
 from kiln.ir.fused import apply_activation
-from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
-from kiln.kernels.plan import Epilogue, KernelPlan
+from kiln.kernels.gemm_schedule import (
+    SERIAL_MACS,
+    GemmConfig,
+    default_gemm_config,
+    gemm_plan,
+    pack_b,
+)
+from kiln.kernels.plan import Epilogue, KernelPlan, Serial
 from kiln.tir.schedule import Schedule
 from kiln.tir.trace import Trace
 
@@ -198,11 +204,17 @@ class GemmSpace:
         return [*operands, torch.empty(self.m, self.n)], expected
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
-        cfg = self.config(decisions)
+        return with_samples(self.plan_config(self.config(decisions)), self, decisions)
+
+    def plan_config(self, cfg: GemmConfig) -> KernelPlan:
+        """The plan of one tile configuration, without recorded decisions (the compile's
+        heuristic path); a small GEMM runs on one thread, as compiled."""
         plan = gemm_plan(self.m, self.n, self.k, cfg, b_transposed=self.b_transposed,
                          bias=self.bias, name=self.name, b_prepacked=self.b_prepacked,
                          epilogue=self.epilogue)
-        return with_samples(plan, self, decisions)
+        if self.m * self.n * self.k < SERIAL_MACS:
+            plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
+        return plan
 
 
 def _default_context(space: GemmSpace, name: str, fixed: Mapping[str, Any],

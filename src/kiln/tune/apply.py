@@ -1,0 +1,68 @@
+"""Tuned schedules at compile time: ``Options(tuning_db=PATH)`` makes each generated GEMM use
+the fastest schedule recorded for its workload on this target, where there is one.
+
+    tuned = tuned_gemm(space, options)    # (decisions, record's median s) or None
+
+Compiling never tunes and never fails because of the database: one that cannot be read is
+one warning per process, and every kernel keeps its heuristic schedule.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from typing import Any
+
+from kiln.options import Options
+from kiln.tune.db import Target, TuningDB, TuningDBError
+from kiln.tune.space import Space, repair
+
+__all__ = ["Tuned", "tuned_schedule"]
+
+Tuned = tuple[dict[str, Any], float]  # the decisions, and their measured median seconds
+
+
+def tuned_schedule(space: Space, options: Options) -> Tuned | None:
+    """The best record's decisions for ``space``'s workload on this target, or None (no
+    database, no record, or a record that no longer fits the space)."""
+    if not options.tuning_db:
+        return None
+    from kiln.tune.search import space_workload
+
+    db = _open(options.tuning_db)
+    if db is None:
+        return None
+    try:
+        best = db.best(space_workload(space), _target(options))
+    except TuningDBError as err:
+        _warn_once(str(err))
+        return None
+    if best is None or repair(space, best.decisions) != best.decisions:
+        return None
+    return dict(best.decisions), best.median_s
+
+
+@functools.lru_cache(maxsize=8)
+def _open(path: str) -> TuningDB | None:
+    try:
+        return TuningDB.open(path)
+    except TuningDBError as err:
+        _warn_once(str(err))
+        return None
+
+
+def _target(options: Options) -> Target:
+    import torch
+
+    return _target_for(options.c_compiler, options.c_flags, torch.get_num_threads())
+
+
+@functools.lru_cache(maxsize=8)
+def _target_for(compiler: str, flags: tuple[str, ...], threads: int) -> Target:
+    return Target.here(Options(c_compiler=compiler, c_flags=flags), threads)
+
+
+@functools.lru_cache(maxsize=32)
+def _warn_once(message: str) -> None:
+    warnings.warn(f"kiln: {message}; kernels keep their default schedules", RuntimeWarning,
+                  stacklevel=4)

@@ -1,0 +1,60 @@
+"""`kiln tune` and `kiln db` through ``main(argv)``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kiln.cli import main
+from kiln.cli.errors import UsageError
+from kiln.cli.tune_cmd import parse_duration
+
+pytest.importorskip("lightgbm")
+
+
+def test_tune_records_then_db_lists_shows_exports_imports(tmp_path: Path, capsys,
+                                                          monkeypatch) -> None:
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kernels"))
+    db = str(tmp_path / "t.sqlite")
+    assert main(["tune", "mlp", "--quick", "--trials", "2", "--jobs", "1", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "| mlp   | gemm 8x128x128 +bias, relu, B packed" in out and "3 kernels in" in out
+    assert main(["db", "ls", "--db", db]) == 0
+    listing = capsys.readouterr().out.splitlines()
+    assert len(listing) == 2 + 3  # header, rule, one row per workload
+    workload = listing[2].split("|")[1].strip()
+    assert main(["db", "show", workload[:8], "--db", db]) == 0
+    assert "median us" in capsys.readouterr().out
+    assert main(["db", "export", str(tmp_path / "r.jsonl"), "--db", db]) == 0
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and all(json.loads(line)["kind"] == "gemm" for line in lines)
+    other = str(tmp_path / "other.sqlite")
+    assert main(["db", "import", str(tmp_path / "r.jsonl"), "--db", other]) == 0
+    assert "6 new records" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, code, says", [
+    (["tune"], 2, "MODEL or --all"),
+    (["tune", "no_such_model"], 2, "known models"),
+    (["tune", "mlp", "--time-budget", "soon"], 2, "--time-budget"),
+    (["db", "show", "--db", "/no/such.sqlite"], 2, "needs a workload"),
+    (["db", "ls", "--db", "/no/such.sqlite"], 1, "no such tuning database"),
+])
+def test_mistakes(argv: list[str], code: int, says: str, capsys) -> None:
+    assert main(argv) == code
+    assert says in capsys.readouterr().err
+
+
+def test_a_damaged_database_is_a_user_error(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not sqlite" * 50)
+    assert main(["db", "ls", "--db", str(bad)]) == 1
+    assert "cannot be read" in capsys.readouterr().err
+
+
+def test_parse_duration() -> None:
+    assert [parse_duration(t) for t in ("90s", "10m", "1.5h", "30")] == [90, 600, 5400, 30]
+    with pytest.raises(UsageError):
+        parse_duration("ten minutes")

@@ -1,0 +1,63 @@
+"""Options(tuning_db=...): a compile uses the database's fastest schedule for each GEMM
+workload on this target, says so in the report, and never fails because of the database."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import kiln
+from kiln import models
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.tune.db import Target, TuningDB, TuningRecord
+from kiln.tune.search import space_workload
+from kiln.tune.space import neighbours
+from kiln.tune.workloads import model_workloads
+
+
+@pytest.fixture
+def options(tmp_path: Path) -> kiln.Options:
+    opts = kiln.Options(kernel_cache_dir=str(tmp_path / "kernels"), measure_kernels=False)
+    if isinstance(toolchain(opts), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    return opts
+
+
+def test_a_compile_uses_the_recorded_schedule(tmp_path: Path, options: kiln.Options) -> None:
+    model, inputs = models.build("mlp", quick=True)
+    workload = model_workloads(model, inputs, options)[0]
+    space = workload.space
+    point = list(neighbours(space, space.default()))[-1]  # not the heuristic's choice
+    target = Target.here(options, torch.get_num_threads())
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm",
+                                 space.plan(point).trace.to_json(), point, [1e-6]))
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
+                                 space.default(), [2e-6]))
+    tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
+    with torch.no_grad():
+        compiled = kiln.compile(model, inputs, options=tuned)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    kernels = [k for k in compiled.report.kernels if k.nodes and k.nodes[-1] in workload.nodes]
+    assert kernels and all(k.decision.startswith("generated (tuned)") for k in kernels)
+    recorded = [f"sch.sample_categorical({name!r}, " for name in point]
+    assert all(line in kernels[0].trace for line in recorded)
+    assert f"decision={json.dumps(point['mr'])})" in kernels[0].trace
+    others = [k for k in compiled.report.kernels if k.kind == "generated" and k not in kernels]
+    assert all("tuned" not in k.decision for k in others)  # no record: the heuristic
+
+
+def test_a_damaged_database_is_one_warning_and_the_default_schedules(
+        tmp_path: Path, options: kiln.Options) -> None:
+    path = tmp_path / "t.sqlite"
+    path.write_bytes(b"damaged" * 100)
+    model, inputs = models.build("mlp", quick=True)
+    tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(path)})
+    with pytest.warns(RuntimeWarning, match="default schedules"), torch.no_grad():
+        compiled = kiln.compile(model, inputs, options=tuned)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    assert not any("tuned" in k.decision for k in compiled.report.kernels)
+    assert path.read_bytes() == b"damaged" * 100
