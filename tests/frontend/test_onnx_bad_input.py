@@ -153,3 +153,16 @@ def test_dynamic_dims_need_shapes():
     assert "--shape x=" in message
     with pytest.raises(OnnxImportError, match="not inputs"):
         kiln.compile(model, shapes={"nope": (2, 3)})
+
+
+def test_node_making_a_huge_tensor_is_refused_before_it_runs():
+    """ConstantOfShape to 2**40 floats: ONNX's shape inference says so, kiln refuses."""
+    shape = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "shape")
+    nodes = [helper.make_node("ConstantOfShape", ["shape"], ["big"], name="fill"),
+             helper.make_node("ReduceSum", ["big"], ["s"], keepdims=0),
+             helper.make_node("Add", ["x", "s"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    _refused(model, "ConstantOfShape node 'fill'", "limit")

@@ -18,6 +18,7 @@ arguments (they become the captured graph's weights).
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -27,6 +28,7 @@ import torch
 import onnx
 from kiln.frontend.onnx import ops_math, ops_nn, ops_shape  # noqa: F401 - fill HANDLERS
 from kiln.frontend.onnx.errors import OnnxImportError, where
+from kiln.frontend.onnx.load import MAX_TENSOR_BYTES
 from kiln.frontend.onnx.opaque import node_key, run_key
 from kiln.frontend.onnx.optable import HANDLERS, Decline, NodeCall
 from kiln.frontend.onnx.types import tensor_of, to_numpy, torch_dtype
@@ -63,8 +65,8 @@ class Plan:
         return [s.node.op_type for s in self.steps if s.key is not None]
 
 
-def plan_graph(model: onnx.ModelProto, opset: int,
-               inputs: Mapping[str, torch.Tensor]) -> Plan:
+def plan_graph(model: onnx.ModelProto, opset: int, inputs: Mapping[str, torch.Tensor],
+               max_tensor_bytes: int = MAX_TENSOR_BYTES) -> Plan:
     graph = model.graph
     known = {t.name: tensor_of(t) for t in graph.initializer}
     numbers = {name: to_numpy(t) for name, t in known.items()}
@@ -73,6 +75,7 @@ def plan_graph(model: onnx.ModelProto, opset: int,
     env: dict[str, torch.Tensor] = {**known, **inputs}
     for node in graph.node:
         _refuse(node, opset, numbers)
+        _check_output_sizes(node, opset, inferred, max_tensor_bytes)
         args = [env[name] if name else None for name in node.input]
         outputs, key = _evaluate(node, NodeCall(node, opset, numbers), args, model, inferred)
         named = {name: out for name, out in zip(node.output, outputs) if name}
@@ -98,6 +101,21 @@ def _refuse(node: onnx.NodeProto, opset: int, numbers: Mapping[str, np.ndarray])
                               f"(trace at fixed shapes)")
 
 
+def _check_output_sizes(node: onnx.NodeProto, opset: int,
+                        inferred: Mapping[str, tuple[torch.dtype, tuple | None]],
+                        limit: int) -> None:
+    """Refuses, before it runs, a node ONNX infers to make a tensor past the size limit
+    (ConstantOfShape or Expand to a huge shape: a known way to exhaust a loader's memory)."""
+    for name in node.output:
+        dtype, shape = inferred.get(name, (None, None))
+        if dtype is not None and shape is not None:
+            size = math.prod(shape) * dtype.itemsize
+            if size > limit:
+                raise OnnxImportError(
+                    f"{where(node.name, node.op_type, opset)} would make output '{name}' of "
+                    f"shape {list(shape)}, {size} bytes, more than kiln's limit of {limit}")
+
+
 def _training_dropout(node: onnx.NodeProto, numbers: Mapping[str, np.ndarray]) -> bool:
     """Dropout whose training_mode is true, or known only at run time."""
     if node.op_type != "Dropout" or len(node.input) < 3 or not node.input[2]:
@@ -116,6 +134,8 @@ def _evaluate(node: onnx.NodeProto, call: NodeCall, args: list[torch.Tensor | No
             outputs = _as_list(handler(call, *args))
             _check(node, outputs, inferred)
             return outputs, None
+        except OnnxImportError:
+            raise
         except Decline as why:
             log.debug("kiln: %s runs as it is: %s", node.name, why)
         except (RuntimeError, ValueError, TypeError, IndexError, NotImplementedError) as err:
