@@ -23,3 +23,18 @@ def test_readme_setup_commands_use_the_constraints():
     assert all("-c constraints.txt" in c for c in commands)
     ci = (README.parent / ".ci" / "run").read_text()
     assert commands[1] in ci, ".ci/run must run exactly the README's test command"
+
+
+def test_readme_onnx_example_runs(tmp_path, monkeypatch):
+    """The second example: ONNX import, the HTML report and ONNX export."""
+    import pytest
+
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    monkeypatch.chdir(tmp_path)  # it writes its files where it runs
+    exec(compile(blocks[1], "README.md", "exec"), {})  # noqa: S102 - our own README
+    assert (tmp_path / "resnet18.html").stat().st_size > 10_000
+    import onnx
+
+    onnx.checker.check_model(onnx.load(str(tmp_path / "resnet18.opt.onnx")), full_check=True)

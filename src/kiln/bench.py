@@ -197,8 +197,11 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
               kernels: Sequence[str] = (DEFAULT_KERNELS,), threads: int | None = None,
               seed: int = 0, timing: TimingConfig | None = None,
               progress: ProgressFn | None = None,
-              searches: Sequence[str] = ("greedy",)) -> list[BenchResult]:
-    """Benchmark each model (all built-in ones by default); one failure never stops the run."""
+              searches: Sequence[str] = ("greedy",),
+              tuning_db: str | None = None) -> list[BenchResult]:
+    """Benchmark each model (all built-in ones by default); one failure never stops the run.
+    ``tuning_db``: a kiln-O<N>-tuned row per level, compiled with that tuning database (the
+    other kiln rows then use none)."""
     names = list(model_names) if model_names is not None else models.names()
     timing = timing or TimingConfig.for_size(quick)
     old_threads = torch.get_num_threads()
@@ -213,7 +216,8 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
 
             results.append(bench_model(name, quick=quick, peers=peers, opt_levels=opt_levels,
                                        kernels=kernels, seed=seed, timing=timing,
-                                       report=report, searches=searches))
+                                       report=report, searches=searches,
+                                       tuning_db=tuning_db))
         return results
     finally:
         torch.set_num_threads(old_threads)
@@ -230,7 +234,8 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
                 opt_levels: Sequence[int] = (2,), kernels: Sequence[str] = (DEFAULT_KERNELS,),
                 seed: int = 0, timing: TimingConfig | None = None,
                 report: Callable[[str, float], None] | None = None,
-                searches: Sequence[str] = ("greedy",)) -> BenchResult:
+                searches: Sequence[str] = ("greedy",),
+                tuning_db: str | None = None) -> BenchResult:
     """Benchmark one model; errors land in the result instead of propagating."""
     timing = timing or TimingConfig.for_size(quick)
     step = report or (lambda _step, _done: None)
@@ -249,8 +254,13 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
         return result
     torch._dynamo.reset()  # a fresh Dynamo cache per model, so no recompile limits carry over
     runners = [_Runner(ContenderResult(EAGER), model)]
-    candidates = [(kiln_name(level, mode, search), _kiln_compiler(level, mode, search))
+    untuned = None if tuning_db is None else ""
+    candidates = [(kiln_name(level, mode, search),
+                   _kiln_compiler(level, mode, search, untuned))
                   for level in opt_levels for mode in kernels for search in searches]
+    if tuning_db is not None:
+        candidates += [(f"{kiln_name(level)}-tuned",
+                        _kiln_compiler(level, tuning_db=tuning_db)) for level in opt_levels]
     candidates += [(peer, PEERS.get(peer)) for peer in peers]
     for i, (contender, make) in enumerate(candidates):
         step(f"compile {contender}", 0.6 * i / len(candidates))
@@ -273,11 +283,14 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
     return result
 
 
-def _kiln_compiler(level: int, kernels: str = DEFAULT_KERNELS,
-                   search: str = "greedy") -> Callable[..., Any]:
-    # the environment still picks the compiler and the kernel cache (CC, KILN_CACHE_DIR)
+def _kiln_compiler(level: int, kernels: str = DEFAULT_KERNELS, search: str = "greedy",
+                   tuning_db: str | None = None) -> Callable[..., Any]:
+    # the environment still picks the compiler and the kernel cache (CC, KILN_CACHE_DIR);
+    # ``tuning_db``: this database ("" none), else KILN_TUNING_DB's
     options = dataclasses.replace(kiln.Options.from_env(), opt_level=level, search=search,
                                   **KERNEL_MODES[kernels])
+    if tuning_db is not None:
+        options = dataclasses.replace(options, tuning_db=tuning_db)
 
     def make(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Callable[..., Any]:
         return kiln.compile(model, inputs, options=options)

@@ -30,6 +30,12 @@ def test_tune_records_then_db_lists_shows_exports_imports(tmp_path: Path, capsys
     assert main(["db", "export", str(tmp_path / "r.jsonl"), "--db", db]) == 0
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
     assert len(lines) == 6 and all(json.loads(line)["kind"] == "gemm" for line in lines)
+    bench_json = tmp_path / "bench.json"
+    assert main(["bench", "--models", "mlp", "--quick", "--tuning-db", db, "--json",
+                 str(bench_json)]) == 0
+    assert "| mlp -O2-tuned " in capsys.readouterr().out
+    names = [c["name"] for c in json.loads(bench_json.read_text())["results"][0]["contenders"]]
+    assert names == ["eager", "kiln-O2", "kiln-O2-tuned"]
     other = str(tmp_path / "other.sqlite")
     assert main(["db", "import", str(tmp_path / "r.jsonl"), "--db", other]) == 0
     assert "6 new records" in capsys.readouterr().out

@@ -38,6 +38,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                    metavar="STRATEGY", dest="searches", help="how kiln applies its rules, one "
                    "contender each: greedy (the default), backtrack (TASO's search), saturate "
                    "(equality saturation and extraction, as Tensat does)")
+    b.add_argument("--tuning-db", metavar="PATH",
+                   help="add a kiln-O<N>-tuned row compiled with this tuning database "
+                        "(`kiln tune`); the other kiln rows then use none")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)
@@ -52,6 +55,8 @@ def _bench(args: argparse.Namespace) -> int:
     unknown = [p for p in peers if p not in bench.PEERS]
     if unknown:
         raise UsageError(f"unknown peer {unknown[0]!r}; known peers: {', '.join(bench.PEERS)}")
+    if args.tuning_db and not os.path.isfile(args.tuning_db):
+        raise UsageError(f"--tuning-db {args.tuning_db}: no such file (make one with kiln tune)")
     if args.threads is not None and args.threads < 1:
         raise UsageError(f"--threads must be at least 1, got {args.threads}")
     # find out now, not after minutes of benchmarking, that the JSON cannot be written
@@ -67,13 +72,15 @@ def _bench(args: argparse.Namespace) -> int:
 
         results = bench.run_bench(names, quick=args.quick, peers=peers, opt_levels=opt_levels,
                                   kernels=kernel_modes, threads=args.threads,
-                                  progress=progress, searches=searches)
+                                  progress=progress, searches=searches,
+                                  tuning_db=args.tuning_db)
     print(markdown_table(results))
     if args.json:
         document = {
             "kiln": kiln.__version__, "torch": torch.__version__, "quick": args.quick,
             "threads": args.threads or torch.get_num_threads(), "opt_levels": opt_levels,
             "kernels": kernel_modes, "searches": searches, "peers": peers,
+            "tuning_db": args.tuning_db,
             "results": [r.to_dict() for r in results],
         }
         try:
