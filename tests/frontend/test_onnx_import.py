@@ -152,3 +152,31 @@ def test_a_failing_handler_falls_back_to_running_as_is():
     compiled = kiln.compile(model, options=FAST)
     np.testing.assert_array_equal(compiled(x, y).numpy(), _ort(model, x, y)[0])
     assert "onnx::Pow" in compiled.report.graphs[0].opaque_ops
+
+
+@pytest.mark.parametrize("factor", [2, 3])
+def test_nearest_upsampling_is_translated(factor, tmp_path):
+    """nn.Upsample exports as Resize (asymmetric, floor): kiln translates whole-factor
+    nearest upsampling itself and matches eager PyTorch exactly."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1),
+                                torch.nn.Upsample(scale_factor=factor, mode="nearest")).eval()
+    x = torch.randn(1, 3, 5, 7)
+    path = _export(model, (x,), tmp_path / "up.onnx")
+    compiled = kiln.compile(str(path), options=FAST)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    assert "onnx::Resize" not in compiled.report.graphs[0].opaque_ops
+
+
+def test_resize_half_pixel_matches_the_reference():
+    """The default Resize rule (half_pixel, round_prefer_floor) with constant scales."""
+    from onnx.reference import ReferenceEvaluator
+
+    scales = onnx.numpy_helper.from_array(np.array([1, 1, 3, 2], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest")
+    model = _model([node], [_value("x", [1, 2, 3, 4])], [_value("y", [1, 2, 9, 8])], [scales])
+    x = np.random.default_rng(2).standard_normal((1, 2, 3, 4)).astype(np.float32)
+    compiled = kiln.compile(model, options=FAST)
+    expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(compiled(x).numpy(), expected)
+    assert "onnx::Resize" not in compiled.report.graphs[0].opaque_ops

@@ -199,3 +199,44 @@ def _lrn(n: NodeCall, x: torch.Tensor) -> torch.Tensor:
         raise Decline("LRN of an even size")
     return F.local_response_norm(x, size, n.attr("alpha", 1e-4), n.attr("beta", 0.75),
                                  n.attr("bias", 1.0))
+
+
+# Nearest-neighbour coordinate rules under which an integer upscale by s maps output index
+# x to input index x // s exactly: asymmetric (x / s) floored, and half-pixel
+# ((x + 0.5) / s - 0.5, within 0.5 of x // s) rounded either way.
+_NEAREST_BY_REPEAT = {("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"),
+                      ("half_pixel", "round_prefer_ceil"),
+                      ("pytorch_half_pixel", "round_prefer_floor"),
+                      ("pytorch_half_pixel", "round_prefer_ceil")}
+
+
+@onnx_op("Resize")
+def _resize(n: NodeCall, x: torch.Tensor, *rest: torch.Tensor | None) -> torch.Tensor:
+    """Nearest upsampling by whole factors only (each pixel repeated); the rest runs as is."""
+    rule = (n.attr("coordinate_transformation_mode", "half_pixel"),
+            n.attr("nearest_mode", "round_prefer_floor"))
+    if n.attr("mode", "nearest") != "nearest" or rule not in _NEAREST_BY_REPEAT or n.attr(
+            "axes") is not None or n.attr("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise Decline("Resize other than nearest upsampling by whole factors")
+    factors = _resize_factors(n, x)
+    for axis, factor in enumerate(factors):
+        if factor != 1:
+            shape = list(x.shape)
+            x = x.unsqueeze(axis + 1).expand(*shape[:axis + 1], factor, *shape[axis + 1:])
+            shape[axis] *= factor
+            x = x.reshape(shape)
+    return x
+
+
+def _resize_factors(n: NodeCall, x: torch.Tensor) -> list[int]:
+    scales = n.value(2)
+    if scales is not None and scales.size:
+        ratios = [float(s) for s in scales.reshape(-1)]
+    else:
+        sizes = n.ints(3)
+        if not sizes:
+            raise Decline("Resize without scales or sizes")
+        ratios = [out / size if size else 0.0 for out, size in zip(sizes, x.shape)]
+    if len(ratios) != x.dim() or any(r < 1 or r != int(r) for r in ratios):
+        raise Decline("Resize by a factor that is not a whole number >= 1")
+    return [int(r) for r in ratios]
