@@ -180,3 +180,20 @@ def test_resize_half_pixel_matches_the_reference():
     expected = ReferenceEvaluator(model).run(None, {"x": x})[0]
     np.testing.assert_array_equal(compiled(x).numpy(), expected)
     assert "onnx::Resize" not in compiled.report.graphs[0].opaque_ops
+
+
+@pytest.mark.parametrize("name,dynamo", [("hf_bert", False), ("gpt2", True)])
+def test_hf_model_and_dynamo_exporter(name, dynamo, tmp_path):
+    """A Hugging Face architecture, and the torch.export-based ONNX exporter (opset 18+)."""
+    if name.startswith("hf_"):
+        pytest.importorskip("transformers")
+    model, inputs = models.build(name, quick=True)
+    path = tmp_path / f"{name}.onnx"
+    with torch.no_grad():
+        torch.onnx.export(model, inputs, str(path), dynamo=dynamo,
+                          **({} if dynamo else {"opset_version": 17}))
+    compiled = kiln.compile(str(path), options=FAST)
+    other = torch.randint(0, 100, inputs[0].shape)  # not the inputs kiln specialized on
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(other), model(other), rtol=1e-4, atol=1e-4)
+    assert not [op for op in compiled.report.graphs[0].opaque_ops if op.startswith("onnx::")]
