@@ -1,6 +1,8 @@
 """kiln.compile of ONNX models: the zoo exported by torch.onnx.export matches eager PyTorch;
 dynamic dims specialize; nodes kiln has no translation for run as they are, correctly."""
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -18,9 +20,14 @@ ZOO = ["mlp", "resnet18", "mobilenet_v2", "inception", "bert", "gpt2", "vit_b16"
 FAST = kiln.Options(opt_level=1)  # passes and runtime, no generated kernels: fast compiles
 
 
-def _export(model, inputs, path, **kwargs):
-    with torch.no_grad():
-        torch.onnx.export(model, inputs, str(path), dynamo=False, opset_version=17, **kwargs)
+def _export(model, inputs, path, dynamo=False, **kwargs):
+    if dynamo:
+        pytest.importorskip("onnxscript")  # the torch.export-based exporter needs it
+    else:
+        kwargs["opset_version"] = 17
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter's notice
+        torch.onnx.export(model, inputs, str(path), dynamo=dynamo, **kwargs)
     return path
 
 
@@ -188,10 +195,7 @@ def test_hf_model_and_dynamo_exporter(name, dynamo, tmp_path):
     if name.startswith("hf_"):
         pytest.importorskip("transformers")
     model, inputs = models.build(name, quick=True)
-    path = tmp_path / f"{name}.onnx"
-    with torch.no_grad():
-        torch.onnx.export(model, inputs, str(path), dynamo=dynamo,
-                          **({} if dynamo else {"opset_version": 17}))
+    path = _export(model, inputs, tmp_path / f"{name}.onnx", dynamo=dynamo)
     compiled = kiln.compile(str(path), options=FAST)
     other = torch.randint(0, 100, inputs[0].shape)  # not the inputs kiln specialized on
     with torch.no_grad():
