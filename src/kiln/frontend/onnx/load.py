@@ -8,8 +8,10 @@ directory (``../``, an absolute path, a symlink out: a known attack on ONNX load
 
 from __future__ import annotations
 
+import functools
 import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
@@ -44,16 +46,26 @@ def load_onnx(source: str | os.PathLike[str] | onnx.ModelProto, *,
     if base is None and _external_tensors(model):
         raise OnnxImportError("this ModelProto refers to external data files; pass the .onnx "
                               "file's path instead, so kiln can find them next to it")
-    if base is not None:  # parsed here, so nobody else holds it: filled in place
-        load_external_data(model, base)
+    if base is None:
+        _check(model)
+    else:
+        reads = external_reads(model, base)  # refuses a bad reference before anything
+        # the checker takes the file itself: it finds external data from the model's folder,
+        # and checks a model past 2 GiB as stored
+        _check(os.fspath(source))  # type: ignore[arg-type]
+        for read in reads:  # parsed here, so nobody else holds it: filled in place
+            read()
+    if model.functions:
+        model = onnx.inliner.inline_local_functions(model)
+    return model
+
+
+def _check(model: onnx.ModelProto | str) -> None:
     try:
         onnx.checker.check_model(model)
     except (onnx.checker.ValidationError, ValueError) as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise OnnxImportError(f"the ONNX model is not valid: {first}") from None
-    if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
-    return model
 
 
 def _parse_file(path: Path) -> onnx.ModelProto:
@@ -193,9 +205,11 @@ def _external_tensors(model: onnx.ModelProto) -> list[TensorProto]:
     return [t for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL]
 
 
-def load_external_data(model: onnx.ModelProto, base: Path) -> None:
-    """Reads each external tensor's bytes into the model, from files inside ``base`` only."""
+def external_reads(model: onnx.ModelProto, base: Path) -> list[Callable[[], None]]:
+    """For each external tensor, checked now (a file inside ``base``, long enough for its
+    dims), a call that reads its bytes into the model."""
     root = base.resolve()
+    reads = []
     for tensor in _external_tensors(model):
         info = {e.key: e.value for e in tensor.external_data}
         location = info.get("location", "")
@@ -209,11 +223,16 @@ def load_external_data(model: onnx.ModelProto, base: Path) -> None:
         if offset < 0 or available < size:
             raise OnnxImportError(f"external data file '{location}' is too short for tensor "
                                   f"'{tensor.name}' ({size} bytes at offset {offset})")
-        with path.open("rb") as f:
-            f.seek(offset)
-            tensor.raw_data = f.read(size)
-        del tensor.external_data[:]
-        tensor.data_location = TensorProto.DEFAULT
+        reads.append(functools.partial(_read, tensor, path, offset, size))
+    return reads
+
+
+def _read(tensor: TensorProto, path: Path, offset: int, size: int) -> None:
+    with path.open("rb") as f:
+        f.seek(offset)
+        tensor.raw_data = f.read(size)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.DEFAULT
 
 
 def _inside(root: Path, location: str, tensor: str) -> Path:
