@@ -166,6 +166,8 @@ def _normalized(n: NodeCall, index: torch.Tensor, size: int, at: int) -> torch.T
 def _gather(n: NodeCall, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     axis = axis_of(n.attr("axis", 0), x.dim())
     index = _normalized(n, index, x.shape[axis], 1)
+    if axis == 0 and x.dim() == 2 and x.dtype.is_floating_point:  # a lookup table's rows
+        return F.embedding(index.to(torch.int64), x)
     picked = torch.index_select(x, axis, index.reshape(-1).to(torch.int64))
     return torch.reshape(picked, (*x.shape[:axis], *index.shape, *x.shape[axis + 1:]))
 
