@@ -13,7 +13,7 @@ from onnx import TensorProto, helper  # noqa: E402
 
 import kiln  # noqa: E402
 from kiln import models  # noqa: E402
-from kiln.frontend.onnx import OnnxImportError, import_onnx  # noqa: E402
+from kiln.frontend.onnx import OnnxImportError, import_onnx, parse_shapes  # noqa: E402
 from kiln.ir.graph import Graph  # noqa: E402
 
 ZOO = ["mlp", "resnet18", "mobilenet_v2", "inception", "bert", "gpt2", "vit_b16"]
@@ -201,3 +201,11 @@ def test_hf_model_and_dynamo_exporter(name, dynamo, tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(compiled(other), model(other), rtol=1e-4, atol=1e-4)
     assert not [op for op in compiled.report.graphs[0].opaque_ops if op.startswith("onnx::")]
+
+
+def test_parse_shapes_for_the_cli():
+    assert parse_shapes(["input_ids=1x128", "mask=2X8", "scale="]) == {
+        "input_ids": (1, 128), "mask": (2, 8), "scale": ()}
+    for bad in ["input_ids", "=1x2", "x=1xa", "x=1x-2"]:
+        with pytest.raises(OnnxImportError, match="NAME=DIMS"):
+            parse_shapes([bad])

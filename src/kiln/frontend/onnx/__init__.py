@@ -8,7 +8,8 @@ reference evaluator (or ``onnxruntime``, where that cannot): ``pip install 'kiln
 """
 
 from kiln.frontend.onnx.errors import OnnxImportError
-from kiln.frontend.onnx.importer import ImportedOnnx, compile_onnx, import_onnx
+from kiln.frontend.onnx.importer import ImportedOnnx, compile_onnx, import_onnx, parse_shapes
 from kiln.frontend.onnx.load import load_onnx
 
-__all__ = ["ImportedOnnx", "OnnxImportError", "compile_onnx", "import_onnx", "load_onnx"]
+__all__ = ["ImportedOnnx", "OnnxImportError", "compile_onnx", "import_onnx", "load_onnx",
+           "parse_shapes"]

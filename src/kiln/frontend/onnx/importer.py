@@ -116,6 +116,23 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype,
     return torch.randint(0, INT_INPUT_BOUND, shape, generator=generator).to(dtype)
 
 
+def parse_shapes(texts: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """``["input_ids=1x128", "mask=1x128"]`` (the CLI's ``--shape``) -> ``shapes=``; a scalar
+    input is ``name=`` with nothing after the sign."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for text in texts:
+        name, sign, dims = text.partition("=")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x")) if dims.strip() else ()
+        except ValueError:
+            shape = (-1,)
+        if not sign or not name or any(d < 0 for d in shape):
+            raise OnnxImportError(f"--shape {text!r}: write NAME=DIMS, dims joined by x, as "
+                                  f"input_ids=1x128")
+        shapes[name] = shape
+    return shapes
+
+
 def input_slots(model: onnx.ModelProto) -> tuple[InputSlot, ...]:
     initialized = {t.name for t in model.graph.initializer}
     slots = []
