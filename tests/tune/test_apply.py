@@ -61,3 +61,32 @@ def test_a_damaged_database_is_one_warning_and_the_default_schedules(
         torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
     assert not any("tuned" in k.decision for k in compiled.report.kernels)
     assert path.read_bytes() == b"damaged" * 100
+
+
+def test_row_kernels_share_one_workload_and_use_its_record(tmp_path: Path,
+                                                          options: kiln.Options) -> None:
+    from kiln.tune.measure import Runner
+    from kiln.tune.space_groups import GroupSpace
+
+    model, inputs = models.build("bert", quick=True)
+    (rows,) = [w for w in model_workloads(model, inputs, options)
+               if isinstance(w.space, GroupSpace) and w.space.kind == "rows"]
+    assert len(rows.nodes) > 1  # every layer's residual add + layer norm: one workload
+    space = rows.space
+    point = {**space.default(), "lanes": 8, "parallel": not space.default()["parallel"]}
+    with Runner(options, timeout_s=60, threads=1, budget_s=0.1) as runner:
+        measured = runner.run_one(space, point)
+    assert measured.ok, measured.error  # checked against the library calls, then timed
+    target = Target.here(options, torch.get_num_threads())
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(TuningRecord.measured(space.workload(), target, "rows",
+                                 space.plan(point).trace.to_json(), point,
+                                 measured.run_times))
+    tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
+    with torch.no_grad():
+        compiled = kiln.compile(model, inputs, options=tuned)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    layer_norms = [k for k in compiled.report.kernels if k.ops[-1:] == ("layer_norm",)
+                   and k.kind == "generated"]
+    assert layer_norms and all("(tuned)" in k.decision for k in layer_norms)
+    assert all("decision=8)" in k.trace for k in layer_norms)

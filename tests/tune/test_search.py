@@ -64,6 +64,9 @@ class AddSpace:
         plan = KernelPlan(Recipe.LOOPS, func, sch.trace)
         return with_samples(plan, self, decisions)
 
+    def workload(self) -> str:
+        return f"add {self.rows}x{self.cols}"
+
     def seconds(self, d: dict[str, Any]) -> float:
         lanes = d["inner"] if d["vectorize"] else 1
         threads = {"none": 1.0, "rows": 1.9, "cols": 1.3}[d["parallel"]]

@@ -17,37 +17,27 @@ never a crash, never a wrong answer.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 from kiln.codegen.build import CompileError, CompilerUnavailable
 from kiln.codegen.c import UnsupportedForC
 from kiln.codegen.kernel import compile_kernel, prebuild
 from kiln.ir.graph import Graph, Value
 from kiln.kernels.decide import Decisions, faster_than_library
-from kiln.kernels.loops import plan_loops
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
-from kiln.kernels.plan import BoolsAsBytes, KernelPlan, Serial
-from kiln.kernels.rows import ROW_OPS, NoRowKernel, plan_rows
+from kiln.kernels.plan import GRAIN, KernelPlan
+from kiln.kernels.rows import NoRowKernel
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, without_last
 from kiln.tir.primitives.common import ScheduleError
 from kiln.tir.te import NotLowerable
+from kiln.tune.apply import TUNED, tuned_schedule
+from kiln.tune.space_groups import GroupSpace
 
 __all__ = ["GRAIN", "build_group_kernel", "build_kernels", "compile_plan"]
-
-# below this many output elements a kernel runs on one thread, as ATen's parallel_for does
-# (at::internal::GRAIN_SIZE): waking the OpenMP team costs more than it saves, and on a busy
-# machine a descheduled team member stalls the call for a whole scheduler time slice
-GRAIN = 32768
-
-Planner = Callable[[Graph, KernelGroup], tuple[KernelPlan, Sequence[Value], Sequence[Value]]]
-
-
-def recipe_for(group: KernelGroup) -> Planner:
-    return plan_rows if group.last.op in ROW_OPS else plan_loops
-
 
 def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
                   decisions: Decisions | None = None) -> KernelBuild:
@@ -88,12 +78,19 @@ Planned = tuple[KernelPlan, tuple[Value, ...], tuple[Value, ...]]
 
 
 def plan_group(graph: Graph, group: KernelGroup, options: Options) -> Planned | Skipped:
-    """The group's plan and the values its parameters stand for, or why there is none."""
+    """The group's plan and the values its parameters stand for, or why there is none: the
+    tuning database's fastest schedule (``Options.tuning_db``) where it has one, else the
+    default (`kiln.tune.space_groups.GroupSpace`: the recipe's schedule, bool inputs read
+    as bytes, one thread below `GRAIN` output elements)."""
     try:
-        plan, ins, outs = recipe_for(group)(graph, group)
-        plan = plan.with_post(BoolsAsBytes())
-        if sum(v.type.numel for v in outs) < GRAIN:
-            plan = plan.with_post(Serial(f"fewer than {GRAIN} output elements"))
+        space = GroupSpace.of(graph, group)
+        tuned = tuned_schedule(space, options)
+        if tuned is None:
+            plan, ins, outs = space.planned_in_source(space.default(), record=False)
+        else:
+            plan, ins, outs = space.planned_in_source(tuned[0])
+            plan = dataclasses.replace(plan, notes=plan.notes + f"\n# {TUNED} (recorded "
+                                       f"median {tuned[1] * 1e6:.1f} us)")
         plan.build()  # (a primitive that refuses does so here)
     except NoRowKernel as err:
         return Skipped(group, SkipReason.NO_RECIPE, str(err))

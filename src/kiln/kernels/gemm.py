@@ -33,12 +33,10 @@ from kiln.options import Options
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
-from kiln.tune.apply import tuned_schedule
+from kiln.tune.apply import TUNED, tuned_schedule
 from kiln.tune.space import GemmSpace
 
-__all__ = ["TUNED", "gemm_candidate", "gemm_space", "plan_gemm"]
-
-TUNED = "tuned: the tuning database's fastest schedule for this workload"
+__all__ = ["gemm_candidate", "gemm_space", "plan_gemm"]
 
 
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from kiln.ir.graph import Graph, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
-from kiln.kernels.loops_schedule import default_schedule
+from kiln.kernels.loops_schedule import VECTOR, default_schedule
 from kiln.kernels.plan import Compact, KernelPlan, Recipe
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower import lower_chain
@@ -23,14 +23,15 @@ from kiln.tir.visit import map_stmt
 __all__ = ["inline_scalars", "plan_loops"]
 
 
-def plan_loops(graph: Graph, group: KernelGroup
+def plan_loops(graph: Graph, group: KernelGroup, vector: int = VECTOR
                ) -> tuple[KernelPlan, Sequence[Value], Sequence[Value]]:
-    """The group's plan, and the values its parameters stand for (inputs, outputs)."""
+    """The group's plan, and the values its parameters stand for (inputs, outputs).
+    ``vector``: the lanes a single long loop is split into (`default_schedule`)."""
     lowered = lower_chain(group.nodes, outputs=group.outputs)
     body, params, values = inline_scalars(graph, lowered.func.body, lowered.func.inputs,
                                           lowered.inputs)
     program = PrimFunc(lowered.func.name, params, lowered.func.outputs, body)
-    scheduled, trace = default_schedule(program)
+    scheduled, trace = default_schedule(program, vector)
     plan = KernelPlan(Recipe.LOOPS, program, trace, (Compact(),),
                       notes="# kiln.kernels.loops_schedule.default_schedule",
                       scheduled=scheduled)

@@ -22,21 +22,22 @@ from kiln.tir.primitives.common import ScheduleError, find_block
 from kiln.tir.schedule import Schedule
 from kiln.tir.trace import Trace
 
-__all__ = ["default_schedule"]
+__all__ = ["VECTOR", "default_schedule"]
 
 VECTOR = 16  # fp32 lanes of AVX-512
 MIN_PARALLEL = 2
 
 
-def default_schedule(func: PrimFunc) -> tuple[PrimFunc, Trace]:
-    """``func`` with the default schedule applied, and the trace that applies it."""
+def default_schedule(func: PrimFunc, vector: int = VECTOR) -> tuple[PrimFunc, Trace]:
+    """``func`` with the default schedule applied, and the trace that applies it;
+    ``vector``: the lanes a single long loop is split into (rule 3)."""
     sch = Schedule(func)
     for name in sch.blocks():
         if name in _intermediate_writers(sch):
             _try(sch.compute_inline, name)
     parallel_done: set[str] = set()
     for name in sch.blocks():
-        _schedule_block(sch, name, parallel_done)
+        _schedule_block(sch, name, parallel_done, vector)
     return sch.func, sch.trace
 
 
@@ -59,7 +60,8 @@ def _written(block: Block) -> str | None:
     return body.buffer.name if isinstance(body, BufferStore) else None
 
 
-def _schedule_block(sch: Schedule, name: str, parallel_done: set[str]) -> None:
+def _schedule_block(sch: Schedule, name: str, parallel_done: set[str],
+                    vector: int = VECTOR) -> None:
     try:
         loc = find_block(sch.func, name)
     except ScheduleError:
@@ -74,8 +76,8 @@ def _schedule_block(sch: Schedule, name: str, parallel_done: set[str]) -> None:
     spatial = [lp for lp in loops if lp.var.name not in reduce_vars]
     inner = loops[-1]
     if inner in spatial and inner.kind is ForKind.SERIAL and _walks_last_axis(block, inner):
-        if len(loops) == 1 and inner.extent >= 4 * VECTOR:
-            outer, vec = _try(sch.split, inner.var.name, [None, VECTOR]) or (None, None)
+        if len(loops) == 1 and inner.extent >= 4 * vector:
+            outer, vec = _try(sch.split, inner.var.name, [None, vector]) or (None, None)
             if vec is not None:
                 _try(sch.vectorize, vec)
                 if outer is not None and outer.name not in parallel_done:

@@ -49,9 +49,15 @@ from kiln.tir.tails import drop_dead_guards, version_tails
 from kiln.tir.trace import Trace
 from kiln.tir.visit import map_stmt, replace_buffer, substitute
 
-__all__ = ["BoolsAsBytes", "Compact", "DropDeadGuards", "Epilogue", "InlineRowPrologue",
+__all__ = ["GRAIN", "BoolsAsBytes", "Compact", "DropDeadGuards", "Epilogue", "InlineRowPrologue",
            "KernelPlan", "PostPass", "Recipe", "RenameParams", "Serial", "SimplifyIndices",
            "VersionTails"]
+
+
+# below this many output elements a kernel runs on one thread, as ATen's parallel_for does
+# (at::internal::GRAIN_SIZE): waking the OpenMP team costs more than it saves, and on a busy
+# machine a descheduled team member stalls the call for a whole scheduler time slice
+GRAIN = 32768
 
 
 class Recipe(enum.Enum):

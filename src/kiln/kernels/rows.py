@@ -42,17 +42,17 @@ class NoRowKernel(Exception):
     """The group has a shape the rows recipe does not take."""
 
 
-def plan_rows(graph: Graph, group: KernelGroup
+def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None
               ) -> tuple[KernelPlan, Sequence[Value], Sequence[Value]]:
-    """The group's plan, and the values its parameters stand for (inputs, outputs)."""
+    """The group's plan, and the values its parameters stand for (inputs, outputs).
+    ``lanes``: the width of the partial reductions (default: `default_lanes`)."""
     norm = group.last
     x, y = norm.inputs[0], norm.out(0)
     shape = x.type.shape
     n = shape[-1]
     rows = math.prod(shape[:-1])
     prologue = group.nodes[:-1]
-    reads_bytes = any(v.type.dtype is DType.BOOL for node in prologue for v in node.inputs)
-    lanes = rows_schedule.BYTE_LANES if reads_bytes else rows_schedule.LANES
+    lanes = lanes or default_lanes(group)
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRowKernel(f"{norm.name}: the group has outputs besides the row input and result")
     if norm.op is Op.SOFTMAX:
@@ -80,6 +80,13 @@ def plan_rows(graph: Graph, group: KernelGroup
     plan = dataclasses.replace(plan, post=(*plan.post, inline), notes=notes)
     outs = (x, y) if inline.write_x else (y,)
     return plan, (*values, *extra), outs
+
+
+def default_lanes(group: KernelGroup) -> int:
+    """A vector of fp32 lanes, or of bytes where a row pass also reads a bool mask."""
+    reads_bytes = any(v.type.dtype is DType.BOOL for node in group.nodes[:-1]
+                      for v in node.inputs)
+    return rows_schedule.BYTE_LANES if reads_bytes else rows_schedule.LANES
 
 
 @functools.lru_cache(maxsize=64)

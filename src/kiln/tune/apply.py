@@ -17,7 +17,9 @@ from kiln.options import Options
 from kiln.tune.db import Target, TuningDB, TuningDBError
 from kiln.tune.space import Space, repair
 
-__all__ = ["Tuned", "tuned_schedule"]
+__all__ = ["TUNED", "Tuned", "tuned_schedule"]
+
+TUNED = "tuned: the tuning database's fastest schedule for this workload"  # in plan notes
 
 Tuned = tuple[dict[str, Any], float]  # the decisions, and their measured median seconds
 
@@ -27,13 +29,11 @@ def tuned_schedule(space: Space, options: Options) -> Tuned | None:
     database, no record, or a record that no longer fits the space)."""
     if not options.tuning_db:
         return None
-    from kiln.tune.search import space_workload
-
     db = _open(options.tuning_db)
     if db is None:
         return None
     try:
-        best = db.best(space_workload(space), _target(options))
+        best = db.best(space.workload(), _target(options))
     except TuningDBError as err:
         _warn_once(str(err))
         return None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.options import Options
-from kiln.tune.db import Target, TuningDB, TuningRecord, workload_key
+from kiln.tune.db import Target, TuningDB, TuningRecord
 from kiln.tune.features import features
 from kiln.tune.measure import Builder, MeasureResult, Runner
 from kiln.tune.model import CostModel, Measured
@@ -95,8 +95,8 @@ class TuneResult:
 
 
 def space_workload(space: Space) -> str:
-    """The workload key of a space: its default program's structural hash."""
-    return workload_key(space.plan(space.default()).program)
+    """The key a space's records are filed under (with the target)."""
+    return space.workload()
 
 
 def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSettings(),

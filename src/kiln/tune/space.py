@@ -39,6 +39,7 @@ from kiln.kernels.gemm_schedule import (
 from kiln.kernels.plan import Epilogue, KernelPlan, Serial
 from kiln.tir.schedule import Schedule
 from kiln.tir.trace import Trace
+from kiln.tune.db import workload_key
 
 __all__ = ["Decisions", "GemmSpace", "Space", "neighbours", "random_point"]
 
@@ -55,6 +56,11 @@ class Space(Protocol):
     def default(self) -> Decisions: ...
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan: ...
+
+    def workload(self) -> str: ...  # the key its records are filed under, with the target
+
+    def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]: ...
 
 
 def with_samples(plan: KernelPlan, space: Space, decisions: Mapping[str, Any]) -> KernelPlan:
@@ -189,7 +195,7 @@ class GemmSpace:
     def operands(self, decisions: Mapping[str, Any],
                  gen: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Random operands in the kernel's parameter order (B packed for this point's NR
-        where the space packs it; the output last, empty), and the expected output."""
+        where the space packs it; the output last, empty), and the expected outputs."""
         a = torch.randn(self.m, self.k, generator=gen)
         b = torch.randn(self.k, self.n, generator=gen)  # [K, N]
         bias = torch.randn(self.n, generator=gen) if self.bias else None
@@ -201,7 +207,11 @@ class GemmSpace:
         else:
             b_param = b.t().contiguous() if self.b_transposed else b
         operands = [a, b_param] + ([bias] if bias is not None else [])
-        return [*operands, torch.empty(self.m, self.n)], expected
+        return [*operands, torch.empty(self.m, self.n)], [expected]
+
+    def workload(self) -> str:
+        """The structural hash of the default plan's unscheduled program."""
+        return workload_key(self.plan(self.default()).program)
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)

@@ -5,8 +5,9 @@
 
 The graph is the one `kiln.compile` would build kernels for (captured, then the pass
 pipeline at ``options.opt_level``), so a tuned record's workload is exactly the one the
-compile looks up. Today the GEMMs have a design space (`kiln.tune.space.GemmSpace`); row and
-elementwise kernels keep their heuristic schedules.
+compile looks up: the fused row and elementwise kernels of the partitioner
+(`kiln.tune.space_groups.GroupSpace`), then the GEMMs of the nodes left
+(`kiln.tune.space.GemmSpace`), as `kiln.engine.KERNEL_STAGES` takes them.
 """
 
 from __future__ import annotations
@@ -15,39 +16,54 @@ from dataclasses import dataclass
 
 import torch
 
-from kiln.ir.graph import Graph
+from kiln.ir.graph import Graph, Node
 from kiln.kernels.gemm import gemm_space
 from kiln.kernels.outcome import Skipped
 from kiln.options import Options
-from kiln.passes.partition import gemms
+from kiln.passes.partition import gemms, partition
 from kiln.passes.pipeline import run_pipeline
-from kiln.tune.space import GemmSpace
+from kiln.tune.space import GemmSpace, Space
+from kiln.tune.space_groups import GroupSpace
 
 __all__ = ["KernelWorkload", "graph_workloads", "model_workloads"]
 
 
 @dataclass(frozen=True)
 class KernelWorkload:
-    space: GemmSpace
-    nodes: tuple[str, ...]  # the graph nodes that run this kernel
+    space: Space
+    nodes: tuple[str, ...]  # the graph nodes whose kernels are this workload (last nodes)
 
     @property
     def label(self) -> str:
         s = self.space
-        extras = [x for x in ("+bias" if s.bias else "",
-                              s.epilogue.activation.text if s.epilogue else "",
-                              "B packed" if s.b_prepacked else "") if x]
-        return f"{s.kind} {s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}" if extras else "")
+        if isinstance(s, GemmSpace):
+            extras = [x for x in ("+bias" if s.bias else "",
+                                  s.epilogue.activation.text if s.epilogue else "",
+                                  "B packed" if s.b_prepacked else "") if x]
+            return f"gemm {s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}" if extras else "")
+        assert isinstance(s, GroupSpace)
+        ops = " ".join(n.op.text for n in s.group.nodes)
+        shape = "x".join(map(str, s.group.last.out().type.shape))
+        return f"{s.kind} {ops} {shape}"
 
 
 def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
     """The tunable kernels of an optimized graph, most frequent first."""
-    found: dict[GemmSpace, list[str]] = {}
+    found: dict[str, tuple[Space, list[str]]] = {}
+    taken: set[Node] = set()
+    for group in partition(graph):
+        space = GroupSpace.of(graph, group)
+        try:
+            space.planned(space.default(), record=False)[0].build()
+        except Exception:  # noqa: BLE001 - no kernel for this group: nothing to tune
+            continue
+        taken.update(group.nodes)
+        found.setdefault(space.workload(), (space, []))[1].append(group.last.name)
     for group in gemms(graph):
-        space = gemm_space(graph, group, options)
-        if not isinstance(space, Skipped):
-            found.setdefault(space, []).append(group.last.name)
-    workloads = [KernelWorkload(space, tuple(nodes)) for space, nodes in found.items()]
+        gemm = gemm_space(graph, group, options)
+        if group.last not in taken and not isinstance(gemm, Skipped):
+            found.setdefault(gemm.workload(), (gemm, []))[1].append(group.last.name)
+    workloads = [KernelWorkload(space, tuple(nodes)) for space, nodes in found.values()]
     return sorted(workloads, key=lambda w: (-len(w.nodes), w.label))
 
 

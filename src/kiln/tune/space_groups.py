@@ -1,0 +1,190 @@
+"""Design spaces of the partitioner's fused kernels: row kernels (softmax, layer norm, with
+their inlined prologue) and elementwise chains.
+
+    space = GroupSpace.of(graph, group)
+    planned = space.planned(space.default())     # (plan, inputs, outputs), as compiled
+
+Decisions:
+
+* a row kernel: ``lanes``, the width of its partial reductions (8 to 64 fp32 lanes; a row
+  pass that reads a bool mask needs 64 byte lanes to vectorize under gcc, so 32 or 64
+  there), and ``parallel``, whether its rows are split over the threads;
+* an elementwise chain: ``vector``, the lanes a single long loop is split into, and
+  ``parallel``.
+
+The default point is what `kiln.kernels.build` compiles untuned: the row schedule's lanes,
+and threads only for kernels with at least `GRAIN` output elements.
+
+A space holds its group as a graph of its own (the group's nodes, its inputs as graph
+inputs, the weights it reads), so it travels to the runner's process as IR text and those
+weights. Its workload key is the group's structure (ops, attributes, types and wiring), not
+its node names: the twelve layer norms of a BERT share one workload and one tuning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from kiln.ir.builder import GraphBuilder
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op
+from kiln.ir.parser import parse_graph
+from kiln.ir.printer import print_graph
+from kiln.kernels.loops import plan_loops
+from kiln.kernels.loops_schedule import VECTOR
+from kiln.kernels.plan import GRAIN, BoolsAsBytes, KernelPlan, Serial
+from kiln.kernels.rows import ROW_OPS, default_lanes, plan_rows
+from kiln.kernels.validate import library_results, random_operands
+from kiln.passes.partition import KernelGroup
+from kiln.tune.space import with_samples
+
+__all__ = ["GroupSpace"]
+
+Planned = tuple[KernelPlan, tuple[Value, ...], tuple[Value, ...]]
+
+
+@dataclass(frozen=True, eq=False)
+class GroupSpace:
+    graph: Graph  # the group alone: its inputs, the weights it reads, its nodes
+    group: KernelGroup
+    kind: str = field(default="")
+    # the standalone graph's values -> the values of the graph the space was made from
+    origin: dict[Value, Value] = field(default_factory=dict)
+
+    @staticmethod
+    def of(graph: Graph, group: KernelGroup) -> GroupSpace:
+        alone, alone_group, origin = standalone(graph, group)
+        return GroupSpace(alone, alone_group, "rows" if group.last.op in ROW_OPS else "loops",
+                          origin)
+
+    def planned_in_source(self, decisions: Mapping[str, Any], record: bool = True) -> Planned:
+        """`planned`, with inputs and outputs as values of the graph the space came from."""
+        plan, ins, outs = self.planned(decisions, record)
+        return plan, tuple(self.origin[v] for v in ins), tuple(self.origin[v] for v in outs)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # IR nodes refuse pickle's setattr: send text
+        return (_from_text, (print_graph(self.graph), self.graph.constants, self.kind))
+
+    @property
+    def rows(self) -> bool:
+        return self.kind == "rows"
+
+    def names(self) -> tuple[str, ...]:
+        return ("lanes", "parallel") if self.rows else ("vector", "parallel")
+
+    def default(self) -> dict[str, Any]:
+        width = default_lanes(self.group) if self.rows else VECTOR
+        return {self.names()[0]: width, "parallel": self._elements() >= GRAIN}
+
+    def candidates(self, name: str, fixed: Mapping[str, Any]) -> tuple[Any, ...]:
+        if name == "parallel":
+            return (False, True)
+        if name in ("lanes", "vector"):
+            if self.rows and default_lanes(self.group) > 16:  # a mask: byte vectors
+                return (32, 64)
+            return (8, 16, 32, 64)
+        raise KeyError(f"the {self.kind} space has no decision {name!r}")
+
+    def planned(self, decisions: Mapping[str, Any], record: bool = True) -> Planned:
+        """The plan (with its decisions at the head of its trace where ``record``) and the
+        values its parameters stand for."""
+        if self.rows:
+            plan, ins, outs = plan_rows(self.graph, self.group, lanes=decisions["lanes"])
+        else:
+            plan, ins, outs = plan_loops(self.graph, self.group, vector=decisions["vector"])
+        plan = plan.with_post(BoolsAsBytes())
+        if not decisions["parallel"]:
+            why = (f"fewer than {GRAIN} output elements" if self._elements() < GRAIN
+                   else "tuned: one thread is faster")
+            plan = plan.with_post(Serial(why))
+        if record:
+            plan = with_samples(plan, self, decisions)
+        return plan, tuple(ins), tuple(outs)
+
+    def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
+        return self.planned(decisions)[0]
+
+    def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Random operands in parameter order (the real weights), empty outputs last, and
+        the library's results for those outputs."""
+        _, ins, outs = self.planned(decisions, record=False)
+        env = library_results(self.graph, self.group, random_operands(self.graph, self.group))
+        inputs = [self.graph.constant(v.node) if v.node.op is Op.CONSTANT else env[v]
+                  for v in ins]
+        results = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) for v in outs]
+        return [*inputs, *results], [env[v] for v in outs]
+
+    def workload_text(self) -> str:
+        """The group's structure: each node's op, attributes, operand wiring and types."""
+        position = {v: f"%{i}" for i, v in enumerate(self.group.inputs)}
+        lines = [f"{self.kind} in: " + ", ".join(str(v.type) for v in self.group.inputs)]
+        for j, node in enumerate(self.group.nodes):
+            for k, out in enumerate(node.outputs):
+                position[out] = f"n{j}.{k}"
+            args = ", ".join(position.get(v, _literal(v)) for v in node.inputs)
+            types = ", ".join(str(v.type) for v in node.outputs)
+            lines.append(f"n{j} = {node.op.text}({args}) {node.attrs} -> {types}")
+        lines.append("out: " + ", ".join(position[v] for v in self.group.outputs))
+        return "\n".join(lines)
+
+    def workload(self) -> str:
+        return hashlib.sha256(self.workload_text().encode()).hexdigest()[:32]
+
+    def _elements(self) -> int:
+        return sum(v.type.numel for v in self.group.outputs)
+
+
+def standalone(graph: Graph, group: KernelGroup
+               ) -> tuple[Graph, KernelGroup, dict[Value, Value]]:
+    """``group`` as a graph of its own: its inputs become graph inputs (weights stay
+    constants, numbers stay numbers), its outputs the graph's outputs; and the map from its
+    values back to ``graph``'s."""
+    b = GraphBuilder(graph.device)
+    mapping: dict[Value, Value] = {}
+
+    def source(v: Value) -> Value:
+        if v not in mapping:
+            node = v.node
+            if node.op is Op.CONSTANT:
+                mapping[v] = b.constant(node.attrs.name, graph.constant(node))  # type: ignore
+            elif node.op is Op.SCALAR:
+                mapping[v] = b.scalar(node.attrs.value)  # type: ignore[attr-defined]
+            else:
+                mapping[v] = b.input(f"in{len(b.inputs)}", v.type)
+        return mapping[v]
+
+    for v in group.inputs:
+        source(v)
+    nodes = []
+    for node in group.nodes:
+        new = b.add(Node(node.op, [mapping.get(v) or source(v) for v in node.inputs],
+                         node.attrs, node.types, node.name))
+        mapping.update(zip(node.outputs, new.outputs))
+        nodes.append(new)
+    alone = b.build(*(mapping[v] for v in group.outputs))
+    alone_group = KernelGroup(tuple(nodes), tuple(mapping[v] for v in group.inputs),
+                              tuple(mapping[v] for v in group.outputs))
+    return alone, alone_group, {new: old for old, new in mapping.items()}
+
+
+def _from_text(text: str, constants: dict[str, torch.Tensor], kind: str) -> GroupSpace:
+    graph = parse_graph(text, constants)
+    body = tuple(n for n in graph.nodes if n.op not in (Op.CONSTANT, Op.SCALAR))
+    made_here = {v for n in body for v in n.outputs}
+    inputs = tuple(dict.fromkeys(v for n in body for v in n.inputs
+                                 if v not in made_here and v.node.op is not Op.SCALAR))
+    return GroupSpace(graph, KernelGroup(body, inputs, graph.outputs), kind)
+
+
+def _literal(value: Value) -> str:
+    node = value.node
+    if node.op is Op.SCALAR:
+        return repr(node.attrs.value)  # type: ignore[attr-defined]
+    return f"const {value.type}"
+
