@@ -41,6 +41,10 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                    help=f"the tuning database (default {DEFAULT_DB})")
     t.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J",
                    help="compiler processes (default: one per core)")
+    t.add_argument("--ray", metavar="ADDRESS",
+                   help="build and measure on a Ray cluster: auto (the one this machine "
+                        "belongs to), local (one started here on this machine's cores), or "
+                        "an address; records are filed under the machine each ran on")
     t.add_argument("--random", action="store_true",
                    help="random search instead of the cost model (the baseline)")
     t.add_argument("--seed", type=int, default=0)
@@ -66,6 +70,7 @@ def parse_duration(text: str) -> float:
 
 def _tune(args: argparse.Namespace) -> int:
     from kiln.tune.db import TuningDBError
+    from kiln.tune.ray_runner import RayUnavailable
     from kiln.tune.search import Session, TuneSettings, tune_kernel
     from kiln.tune.workloads import model_workloads
 
@@ -82,8 +87,10 @@ def _tune(args: argparse.Namespace) -> int:
     budget = parse_duration(args.time_budget) if args.time_budget else math.inf
     options = kiln.Options(opt_level=args.opt_level)
     try:
-        session = Session.open(args.db, options, jobs=args.jobs)
+        session = Session.open(args.db, options, jobs=args.jobs, ray=args.ray)
     except TuningDBError as err:
+        raise UserError(str(err)) from None
+    except RayUnavailable as err:
         raise UserError(str(err)) from None
     except ImportError as err:
         raise UserError(f"tuning needs the tune extra ({err}): pip install 'kiln[tune]'") \

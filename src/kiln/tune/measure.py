@@ -37,6 +37,7 @@ class MeasureResult:
     run_times: tuple[float, ...] = ()  # seconds per call
     error: str | None = None  # build, check, crash or timeout: what went wrong
     source: str = ""  # the generated C
+    target: str | None = None  # Target.key() of where it ran, when not this machine's
 
     @property
     def ok(self) -> bool:

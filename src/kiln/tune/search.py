@@ -55,18 +55,29 @@ class Session:
 
     db: TuningDB
     target: Target
-    builder: Builder
-    runner: Runner
+    builder: Any  # Builder, or a RayRunner
+    runner: Any  # Runner, or a RayRunner
     model: CostModel
     model_path: Path | None = None
 
     @staticmethod
-    def open(db_path: str | Path, options: Options, jobs: int = 2,
-             timeout_s: float = 30.0) -> Session:
+    def open(db_path: str | Path, options: Options, jobs: int = 2, timeout_s: float = 30.0,
+             ray: str | None = None) -> Session:
+        """``ray``: a Ray cluster's address ("auto": the one this machine belongs to;
+        "local": a cluster of this machine's cores, started here) to build and measure on,
+        instead of local worker processes."""
         db = TuningDB.open(db_path)
         model_path = Path(f"{db_path}.model.txt")
-        return Session(db, Target.here(options), Builder(options, jobs), Runner(
-            options, timeout_s), CostModel.load_or_new(model_path), model_path)
+        target = Target.here(options)
+        if ray:
+            from kiln.tune.ray_runner import RayRunner
+
+            remote = RayRunner(options, None if ray == "local" else ray, timeout_s,
+                               threads=target.threads)
+            return Session(db, target, remote, remote, CostModel.load_or_new(model_path),
+                           model_path)
+        return Session(db, target, Builder(options, jobs), Runner(options, timeout_s),
+                       CostModel.load_or_new(model_path), model_path)
 
     def close(self) -> None:
         self.runner._stop()
@@ -104,6 +115,7 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
     rng = random.Random(settings.seed)
     workload = space_workload(space)
     known = {_key(r.decisions): r for r in session.db.records(workload, session.target)}
+    tried = set(known)  # measured anywhere (a Ray worker may be another machine)
     feature_cache: dict[str, tuple[float, ...]] = {}
     result = TuneResult(workload, math.inf, math.inf, space.default(), 0, 0)
     start = time.perf_counter()
@@ -113,10 +125,14 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
         for point, error in zip(points, errors):
             outcome = MeasureResult(point, error=error) if error else \
                 session.runner.run_one(space, point)
-            record = _record(space, workload, session.target, point, outcome,
+            where = session.target if outcome.target in (None, session.target.key()) \
+                else Target.from_key(outcome.target)
+            record = _record(space, workload, where, point, outcome,
                              _features(space, point, feature_cache))
-            session.db.add(record)
-            known[_key(point)] = record
+            session.db.add(record)  # filed under the target it ran on: never mixed
+            tried.add(_key(point))
+            if where == session.target:
+                known[_key(point)] = record
             result.measured += 1
             result.failed += not record.ok
             _update(result, known, space)
@@ -128,7 +144,7 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
     _update(result, known, space)
     while (result.measured < settings.trials
            and time.perf_counter() - start < settings.time_budget_s):
-        picks = _next_batch(space, session, settings, known, feature_cache, rng)
+        picks = _next_batch(space, session, settings, known, tried, feature_cache, rng)
         if not picks:  # every point drawn was measured already: a small space, exhausted
             break
         measure(picks[: settings.trials - result.measured])
@@ -148,10 +164,10 @@ def _update(result: TuneResult, known: Mapping[str, TuningRecord], space: Space)
 
 
 def _next_batch(space: Space, session: Session, settings: TuneSettings,
-                known: Mapping[str, TuningRecord], cache: dict[str, tuple[float, ...]],
-                rng: random.Random) -> list[Decisions]:
+                known: Mapping[str, TuningRecord], tried: set[str],
+                cache: dict[str, tuple[float, ...]], rng: random.Random) -> list[Decisions]:
     if not settings.use_model or not session.model.trained:
-        return _fresh([random_point(space, rng) for _ in range(4 * settings.batch)], known,
+        return _fresh([random_point(space, rng) for _ in range(4 * settings.batch)], tried,
                       settings.batch)
     population = _seeds(space, session, known, settings, rng)
     for _ in range(settings.generations):
@@ -164,10 +180,10 @@ def _next_batch(space: Space, session: Session, settings: TuneSettings,
     ranked = [population[i] for _, i in sorted(zip(scores, range(len(population))),
                                                reverse=True)]
     picks: list[Decisions] = []
-    for point in _fresh(ranked, known, len(ranked)):
+    for point in _fresh(ranked, tried, len(ranked)):
         if rng.random() < settings.epsilon:
             point = random_point(space, rng)
-        if _key(point) not in known and point not in picks:
+        if _key(point) not in tried and point not in picks:
             picks.append(point)
         if len(picks) == settings.batch:
             break
@@ -216,9 +232,9 @@ def _record(space: Space, workload: str, target: Target, point: Decisions,
                                outcome.error or "no times", feats)
 
 
-def _fresh(points: list[Decisions], known: Mapping[str, Any], count: int) -> list[Decisions]:
+def _fresh(points: list[Decisions], tried: set[str], count: int) -> list[Decisions]:
     out: list[Decisions] = []
-    seen = set(known)
+    seen = set(tried)
     for p in points:
         if _key(p) not in seen:
             seen.add(_key(p))

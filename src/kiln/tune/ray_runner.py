@@ -1,0 +1,110 @@
+"""Builds and measurements spread over a Ray cluster (`kiln tune ... --ray auto|ADDRESS`).
+
+    with RayRunner(options, address="auto") as runner:   # or None: a local cluster
+        errors = runner.build(space, points)              # compiled on the workers, in parallel
+        result = runner.run_one(space, point)             # built (cached) and timed on a worker
+
+Each task runs `kiln.tune.measure.time_one` in a Ray worker process: a candidate that
+crashes its worker or runs past the timeout is a failed result, as with the local runner.
+Every result carries the target it was measured on (the worker's CPU, ISA, compiler and
+threads), and the tuner files it under that target, so times from different machines never
+mix: on a cluster of unlike machines, only the records of this machine's target guide this
+machine's search.
+
+Ray is optional (the tune extra's `ray` package); `RayUnavailable` says how to get it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kiln.options import Options
+from kiln.tune.measure import MeasureResult, build_one, time_one
+
+__all__ = ["RayRunner", "RayUnavailable"]
+
+
+class RayUnavailable(RuntimeError):
+    pass
+
+
+def _measure_remote(space: Any, point: dict[str, Any], options: Options, threads: int,
+                    budget_s: float) -> tuple[MeasureResult, str]:
+    from kiln.tune.db import Target
+
+    result = time_one(space, point, options, threads, budget_s)
+    return result, Target.here(options, threads).key()
+
+
+def _build_remote(space: Any, point: dict[str, Any], options: Options) -> str:
+    return build_one(space, point, options)[1]
+
+
+class RayRunner:
+    """The Builder and Runner of `kiln.tune.measure`, on Ray workers."""
+
+    def __init__(self, options: Options, address: str | None = "auto", timeout_s: float = 30.0,
+                 threads: int = 1, budget_s: float = 0.5, num_cpus: int | None = None) -> None:
+        try:
+            import ray
+        except ImportError as err:
+            raise RayUnavailable(f"--ray needs Ray ({err}): pip install 'kiln[tune]'") from None
+        self.ray = ray
+        self.options = options
+        self.timeout_s = timeout_s
+        self.threads = threads
+        self.budget_s = budget_s
+        self.started_here = not ray.is_initialized()
+        if self.started_here:
+            if address is None:  # a cluster of this machine's cores, for this process only
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(address=address, log_to_driver=False)
+        # one CPU per task: a measurement must not share its cores with another
+        self._measure = ray.remote(num_cpus=max(threads, 1), max_retries=0)(_measure_remote)
+        self._build = ray.remote(num_cpus=1, max_retries=0)(_build_remote)
+        self.last_target: str | None = None
+
+    def __enter__(self) -> RayRunner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop()
+
+    def _stop(self) -> None:
+        if self.started_here and self.ray.is_initialized():
+            self.ray.shutdown()
+
+    def build(self, space: Any, points: Sequence[Mapping[str, Any]]) -> list[str]:
+        refs = [self._build.remote(space, dict(p), self.options) for p in points]
+        errors = []
+        for ref in refs:
+            try:
+                errors.append(self.ray.get(ref, timeout=self.timeout_s * 4))
+            except Exception as err:  # noqa: BLE001 - a build that died is a failed build
+                errors.append(f"build: {type(err).__name__}: {_first_line(err)}")
+        return errors
+
+    def run_one(self, space: Any, point: Mapping[str, Any]) -> MeasureResult:
+        ref = self._measure.remote(space, dict(point), self.options, self.threads,
+                                   self.budget_s)
+        ready, _ = self.ray.wait([ref], timeout=self.timeout_s)
+        if not ready:
+            self.ray.cancel(ref, force=True)  # ends the worker running the hung kernel
+            return MeasureResult(dict(point), error=f"timeout: over {self.timeout_s:g} s")
+        try:
+            result, target = self.ray.get(ref)
+        except self.ray.exceptions.WorkerCrashedError:
+            return MeasureResult(dict(point), error="crash: the kernel killed its worker")
+        except Exception as err:  # noqa: BLE001 - a task error is a failed candidate
+            return MeasureResult(dict(point), error=f"run: {type(err).__name__}: "
+                                 f"{_first_line(err)}")
+        self.last_target = target
+        return MeasureResult(result.decisions, result.run_times, result.error, result.source,
+                             target)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

@@ -1,0 +1,50 @@
+"""The Ray builder/runner on a local cluster of two workers, started here: the same records
+as the local runner, and a crashing candidate is a failed result."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from kiln.codegen.build import CompilerUnavailable, toolchain  # noqa: E402
+from kiln.options import Options  # noqa: E402
+from kiln.tune.db import Target  # noqa: E402
+from kiln.tune.measure import Runner  # noqa: E402
+from kiln.tune.ray_runner import RayRunner  # noqa: E402
+from kiln.tune.space import GemmSpace, neighbours  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Crashing:
+    kind: str = "test"
+
+    def plan(self, decisions):  # noqa: ANN001, ANN201
+        os.kill(os.getpid(), signal.SIGSEGV)
+
+
+def test_a_local_ray_cluster_gives_the_local_runner_s_records(tmp_path: Path) -> None:
+    options = Options(kernel_cache_dir=str(tmp_path / "kernels"))
+    if isinstance(toolchain(options), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers lack this file
+    space = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
+    points = [space.default(), next(iter(neighbours(space, space.default())))]
+    with RayRunner(options, address=None, num_cpus=2, timeout_s=120, threads=1,
+                   budget_s=0.1) as remote:
+        assert remote.build(space, points) == ["", ""]
+        on_ray = [remote.run_one(space, p) for p in points]
+        crashed = remote.run_one(Crashing(), {})
+    with Runner(options, timeout_s=120, threads=1, budget_s=0.1) as local:
+        here = local.run(space, points)
+    for r, h in zip(on_ray, here):
+        assert r.ok and h.ok, (r.error, h.error)
+        assert r.decisions == h.decisions and r.source == h.source  # the same kernel
+        assert r.target == Target.here(options, 1).key()
+    assert crashed.error is not None and crashed.error.startswith(("crash", "run"))
