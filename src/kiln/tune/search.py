@@ -139,6 +139,8 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
             if progress is not None:
                 progress(result)
 
+    if settings.use_model and not session.model.trained:
+        session.retrain()  # records of other workloads guide this one's first picks
     if _key(space.default()) not in known:
         measure([space.default()])
     _update(result, known, space)
