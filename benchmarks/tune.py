@@ -91,12 +91,14 @@ def transfer(source_dbs: list[Path], target: str, kernels: int, trials: int, out
     rows = []
     for w in model_workloads(model, inputs, options)[:kernels]:
         results = {}
-        for mode, use in (("prior", records), ("cold", None)):
+        # a kernel both models share (the same shapes) is not a transfer: leave its records out
+        others = [r for r in records if r.workload != w.space.workload()]
+        for mode, use in (("prior", others), ("cold", None)):
             db = out / f"{target}-{w.space.workload()[:8]}-{mode}.sqlite"
             results[mode] = run(w.space, db, options, TuneSettings(trials=trials, batch=8),
                                 prior=use)
         best = min(r.best_s for r in results.values())
-        row = {"model": target, "kernel": w.label, "prior_records": len(records)}
+        row = {"model": target, "kernel": w.label, "prior_records": len(others)}
         for mode, r in results.items():
             row[f"{mode}_best_us"] = r.best_s * 1e6
             row[f"{mode}_trials_to_95"] = trials_to(r, best / 0.95)
@@ -112,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=40)
     p.add_argument("--transfer-to", metavar="MODEL", help="also measure the transfer to MODEL")
     p.add_argument("--out", help="folder for the databases (default: a temporary one)")
+    p.add_argument("--skip-compare", action="store_true",
+                   help="only the transfer, from the *-model.sqlite databases in --out")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args(argv)
     torch.set_num_threads(torch.get_num_threads())
@@ -119,9 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     document = {"threads": torch.get_num_threads(), "trials": args.trials,
-                "compare": compare(names, args.kernels, args.trials, out)}
+                "compare": [] if args.skip_compare else compare(names, args.kernels,
+                                                                  args.trials, out)}
     if args.transfer_to:
-        sources = sorted(p for p in out.glob("*-model.sqlite"))
+        sources = sorted(p for p in out.glob("*-model.sqlite")
+                         if not p.name.startswith(args.transfer_to + "-"))
         document["transfer"] = transfer(sources, args.transfer_to, args.kernels, args.trials,
                                         out)
     for row in document["compare"]:
