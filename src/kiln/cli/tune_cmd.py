@@ -85,6 +85,12 @@ def _tune(args: argparse.Namespace) -> int:
     if args.trials < 1 or args.jobs < 1:
         raise UsageError("--trials and --jobs must be at least 1")
     budget = parse_duration(args.time_budget) if args.time_budget else math.inf
+    if not args.random:  # the cost model; random search needs none
+        try:
+            import lightgbm  # noqa: F401
+        except ImportError as err:
+            raise UserError(f"the cost model needs LightGBM ({err}): pip install "
+                            "'kiln[tune]', or search at random with --random") from None
     options = kiln.Options(opt_level=args.opt_level)
     try:
         session = Session.open(args.db, options, jobs=args.jobs, ray=args.ray)
