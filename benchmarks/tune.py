@@ -107,6 +107,36 @@ def transfer(source_dbs: list[Path], target: str, kernels: int, trials: int, out
     return rows
 
 
+def ranking(db_path: str, sizes: tuple[int, ...] = (16, 32, 64, 128)) -> list[dict]:
+    """The cost model's ranking quality on kernels it never saw, as records accumulate: for
+    each workload with at least 20 records, train on a growing random sample of the other
+    workloads' records and rank this one's (Kendall tau, top-5 recall)."""
+    import random
+
+    from kiln.tune.model import CostModel, Measured, ranking_quality
+
+    records = [r for r in TuningDB.open(db_path).records() if r.features]
+    by_workload: dict[str, list] = {}
+    for r in records:
+        by_workload.setdefault(r.workload, []).append(r)
+    rows = []
+    for held, own in by_workload.items():
+        if len(own) < 20:
+            continue
+        pool = [r for r in records if r.workload != held]
+        random.Random(0).shuffle(pool)
+        test = [Measured(r.workload, r.features, r.median_s) for r in own]
+        for n in (*[n for n in sizes if n < len(pool)], len(pool)):
+            model = CostModel().fit([Measured(r.workload, r.features, r.median_s)
+                                     for r in pool[:n]])
+            q = ranking_quality(model, test, k=5)
+            rows.append({"workload": held, "kind": own[0].kind, "candidates": len(test),
+                         "train_records": n, "all": n == len(pool),
+                         "kendall_tau": q.kendall_tau,
+                         "top5_recall": q.top_k_recall})
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="bert", help="comma-separated zoo models")
@@ -114,10 +144,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trials", type=int, default=40)
     p.add_argument("--transfer-to", metavar="MODEL", help="also measure the transfer to MODEL")
     p.add_argument("--out", help="folder for the databases (default: a temporary one)")
+    p.add_argument("--ranking-db", metavar="PATH",
+                   help="only the cost model's ranking quality on this database's records")
     p.add_argument("--skip-compare", action="store_true",
                    help="only the transfer, from the *-model.sqlite databases in --out")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args(argv)
+    if args.ranking_db:
+        rows = ranking(args.ranking_db)
+        def label(r: dict) -> str:
+            return "all other" if r["all"] else str(r["train_records"])
+
+        for n in dict.fromkeys(label(r) for r in sorted(rows, key=lambda r: r["all"])):
+            at = [r for r in rows if label(r) == n]
+            print(f"{n:>9} training records: mean Kendall tau "
+                  f"{sum(r['kendall_tau'] for r in at) / len(at):.2f}, mean top-5 recall "
+                  f"{sum(r['top5_recall'] for r in at) / len(at):.2f} over {len(at)} "
+                  "held-out workloads")
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     torch.set_num_threads(torch.get_num_threads())
     out = Path(args.out or tempfile.mkdtemp(prefix="kiln-tune-bench-"))
     out.mkdir(parents=True, exist_ok=True)
