@@ -63,3 +63,15 @@ def test_an_epilogue_keeps_one_k_block_and_a_point_outside_is_refused() -> None:
     assert space.candidates("kc", space.default()) == (300,)
     with pytest.raises(ValueError, match="kc"):
         space.config({**space.default(), "kc": 128})
+
+
+def test_the_epilogue_is_part_of_the_workload() -> None:
+    plain = GemmSpace.for_shape(128, 3072, 768, bias=True, b_prepacked=True)
+    gelu = GemmSpace.for_shape(128, 3072, 768, bias=True, b_prepacked=True,
+                               epilogue=Epilogue(Op.GELU, ("none",)))
+    relu = GemmSpace.for_shape(128, 3072, 768, bias=True, b_prepacked=True,
+                               epilogue=Epilogue(Op.RELU))
+    assert len({plain.workload(), gelu.workload(), relu.workload()}) == 3
+    assert gelu.workload() == GemmSpace.for_shape(128, 3072, 768, bias=True, b_prepacked=True,
+                                                  epilogue=Epilogue(Op.GELU, ("none",))
+                                                  ).workload()

@@ -19,6 +19,8 @@ depend on its columns NR, through the register count), so spaces list decisions 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import math
 import random
 from collections.abc import Iterator, Mapping
@@ -34,6 +36,7 @@ from kiln.kernels.gemm_schedule import (
     GemmConfig,
     default_gemm_config,
     gemm_plan,
+    matmul_func,
     pack_b,
 )
 from kiln.kernels.plan import Epilogue, KernelPlan, Serial
@@ -210,8 +213,11 @@ class GemmSpace:
         return [*operands, torch.empty(self.m, self.n)], [expected]
 
     def workload(self) -> str:
-        """The structural hash of the default plan's unscheduled program."""
-        return workload_key(self.plan(self.default()).program)
+        """The structural hash of the unscheduled program (the default's B layout) and of
+        the epilogue, which runs as a post-pass and so is not in that program."""
+        return _gemm_workload(self.m, self.n, self.k, self.b_transposed, self.bias,
+                              self.default()["nr"] if self.b_prepacked else 0,
+                              repr(self.epilogue))
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)
@@ -225,6 +231,13 @@ class GemmSpace:
         if self.m * self.n * self.k < SERIAL_MACS:
             plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
         return plan
+
+
+@functools.lru_cache(maxsize=1024)
+def _gemm_workload(m: int, n: int, k: int, b_transposed: bool, bias: bool, b_panels: int,
+                   epilogue: str) -> str:
+    program = matmul_func(m, n, k, b_transposed, bias, "gemm", b_panels)
+    return workload_key(program) + hashlib.sha256(epilogue.encode()).hexdigest()[:8]
 
 
 def _default_context(space: GemmSpace, name: str, fixed: Mapping[str, Any],
