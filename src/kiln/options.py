@@ -40,6 +40,12 @@ class Options:
     # greedy result in an e-graph with every law egglog can state and extracts the cheapest
     # graph (Tensat's method); both in kiln.search
     search: str = "greedy"
+    # at opt level 2 and up: partially equivalent transformations (kiln.pet, as PET does it):
+    # a subprogram is replaced by a faster mutant plus corrections of the positions where it
+    # differs, where the measured cost says so; every one is tested first (random integer
+    # tests for the regions, float tests with NaN/inf for the result). Costs up to ~25 s per
+    # graph, so off unless asked for
+    pet: bool = False
     c_compiler: str = ""  # C compiler to call; "" means $CC, then cc, gcc, clang on PATH
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp")
     kernel_cache_dir: str = ""  # where compiled kernels are kept; "" means ~/.cache/kiln
@@ -86,13 +92,13 @@ class Options:
 
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Options:
-        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_SEARCH,
+        """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_PET, KILN_SEARCH,
         KILN_CACHE_DIR, KILN_REPORT, KILN_TUNING_DB, CC."""
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         if "KILN_OPT_LEVEL" in env:
             changes["opt_level"] = int(env["KILN_OPT_LEVEL"])
-        for name in ("debug", "strict"):
+        for name in ("debug", "strict", "pet"):
             key = f"KILN_{name.upper()}"
             if key in env:
                 changes[name] = env[key].strip().lower() in ("1", "true", "yes", "on")

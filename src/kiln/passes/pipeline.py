@@ -15,11 +15,13 @@ from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
 from kiln.passes.layout import to_channels_last
+from kiln.passes.pet import PetPass
 from kiln.passes.search import SearchPass, SearchSummary, with_search
+from kiln.pet.select import PetSummary
 from kiln.rewrite.engine import RuleStats, TraceEvent
 from kiln.rewrite.passes import RulePass
 
-PIPELINE: tuple[Pass | RulePass, ...] = (
+PIPELINE: tuple[Pass | RulePass | PetPass, ...] = (
     Pass("dce", eliminate_dead_code, 0, "drop what capture left unused before spending time on it"),
     Pass("cse", eliminate_common_subexpressions, 0, "merge duplicates so folding sees each once"),
     Pass("fold", fold_constants, 0, "precompute weight-only subgraphs (e.g. weight transposes)"),
@@ -29,6 +31,7 @@ PIPELINE: tuple[Pass | RulePass, ...] = (
     RulePass("fuse.epilogue", rules.EPILOGUE, 2,
              "bias/residual/activation onto their contraction, before merging siblings"),
     RulePass("merge.parallel", rules.MERGE, 2, "one wide GEMM/conv per shared input"),
+    PetPass(),  # Options(pet=True) only: see its `why`
     Pass("layout", to_channels_last, 2, "NHWC convolutions where measured faster (ATen's or "
          "oneDNN's, as the kernel stage may pick); after merging: merged weights convert once"),
     Pass("fold.rewritten", fold_constants, 1, "compute the weights the rules built"),
@@ -48,10 +51,11 @@ class PassRecord:
     rules: dict[str, RuleStats] = field(default_factory=dict)  # rule passes: per-rule stats
     trace: tuple[TraceEvent, ...] = ()  # rule passes: events of the traced rules
     search: SearchSummary | None = None  # the search pass: costs, rewrites, effort
+    pet: PetSummary | None = None  # the PET pass, when Options.pet: mutants tried and applied
 
 
 def run_pipeline(graph: Graph, options: Options,
-                 passes: Sequence[Pass | RulePass | SearchPass] = PIPELINE,
+                 passes: Sequence[Pass | RulePass | SearchPass | PetPass] = PIPELINE,
                  keep_snapshots: bool = False, trace_rules: Iterable[str] = ()
                  ) -> tuple[Graph, list[PassRecord], list[Graph]]:
     """Run every pass enabled at ``options.opt_level``; verify after each when debugging.
@@ -64,8 +68,13 @@ def run_pipeline(graph: Graph, options: Options,
             continue
         start = time.perf_counter()
         before = graph.num_ops()
-        summary = None
-        if isinstance(p, RulePass):
+        summary, pet = None, None
+        if isinstance(p, PetPass):
+            if not options.pet:
+                continue
+            graph, pet = p.run(graph, options)
+            stats, trace = {}, ()
+        elif isinstance(p, RulePass):
             result = p.rewrite(graph, options, traced)
             graph = result.graph
             stats, trace = result.stats, tuple(result.trace)
@@ -75,7 +84,7 @@ def run_pipeline(graph: Graph, options: Options,
         else:
             graph, stats, trace = p(graph, options), {}, ()
         records.append(PassRecord(p.name, before, graph.num_ops(), time.perf_counter() - start,
-                                  stats, trace, summary))
+                                  stats, trace, summary, pet))
         if options.debug:
             verify(graph)
         if keep_snapshots:
