@@ -198,10 +198,11 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
               seed: int = 0, timing: TimingConfig | None = None,
               progress: ProgressFn | None = None,
               searches: Sequence[str] = ("greedy",),
-              tuning_db: str | None = None) -> list[BenchResult]:
+              tuning_db: str | None = None, pet: bool = False) -> list[BenchResult]:
     """Benchmark each model (all built-in ones by default); one failure never stops the run.
     ``tuning_db``: a kiln-O<N>-tuned row per level, compiled with that tuning database (the
-    other kiln rows then use none)."""
+    other kiln rows then use none). ``pet``: a kiln-O<N>-pet row per level, with the PET
+    pass on."""
     names = list(model_names) if model_names is not None else models.names()
     timing = timing or TimingConfig.for_size(quick)
     old_threads = torch.get_num_threads()
@@ -217,7 +218,7 @@ def run_bench(model_names: Sequence[str] | None = None, *, quick: bool = False,
             results.append(bench_model(name, quick=quick, peers=peers, opt_levels=opt_levels,
                                        kernels=kernels, seed=seed, timing=timing,
                                        report=report, searches=searches,
-                                       tuning_db=tuning_db))
+                                       tuning_db=tuning_db, pet=pet))
         return results
     finally:
         torch.set_num_threads(old_threads)
@@ -235,7 +236,7 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
                 seed: int = 0, timing: TimingConfig | None = None,
                 report: Callable[[str, float], None] | None = None,
                 searches: Sequence[str] = ("greedy",),
-                tuning_db: str | None = None) -> BenchResult:
+                tuning_db: str | None = None, pet: bool = False) -> BenchResult:
     """Benchmark one model; errors land in the result instead of propagating."""
     timing = timing or TimingConfig.for_size(quick)
     step = report or (lambda _step, _done: None)
@@ -261,6 +262,10 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
     if tuning_db is not None:
         candidates += [(f"{kiln_name(level)}-tuned",
                         _kiln_compiler(level, tuning_db=tuning_db)) for level in opt_levels]
+    if pet:
+        candidates += [(f"{kiln_name(level)}-pet", _kiln_compiler(level, tuning_db=untuned,
+                                                                  pet=True))
+                       for level in opt_levels]
     candidates += [(peer, PEERS.get(peer)) for peer in peers]
     for i, (contender, make) in enumerate(candidates):
         step(f"compile {contender}", 0.6 * i / len(candidates))
@@ -284,11 +289,11 @@ def bench_model(name: str, *, quick: bool = False, peers: Sequence[str] = (),
 
 
 def _kiln_compiler(level: int, kernels: str = DEFAULT_KERNELS, search: str = "greedy",
-                   tuning_db: str | None = None) -> Callable[..., Any]:
+                   tuning_db: str | None = None, pet: bool = False) -> Callable[..., Any]:
     # the environment still picks the compiler and the kernel cache (CC, KILN_CACHE_DIR);
     # ``tuning_db``: this database ("" none), else KILN_TUNING_DB's
     options = dataclasses.replace(kiln.Options.from_env(), opt_level=level, search=search,
-                                  **KERNEL_MODES[kernels])
+                                  pet=pet, **KERNEL_MODES[kernels])
     if tuning_db is not None:
         options = dataclasses.replace(options, tuning_db=tuning_db)
 

@@ -41,6 +41,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     b.add_argument("--tuning-db", metavar="PATH",
                    help="add a kiln-O<N>-tuned row compiled with this tuning database "
                         "(`kiln tune`); the other kiln rows then use none")
+    b.add_argument("--pet", action="store_true",
+                   help="add a kiln-O<N>-pet row with the PET pass on (partially equivalent "
+                        "mutants with corrections, where measured faster)")
     b.add_argument("--json", metavar="FILE", help="also write every number to FILE")
     b.add_argument("--threads", type=int, metavar="N", help="torch intra-op threads")
     b.set_defaults(run=_bench)
@@ -73,14 +76,14 @@ def _bench(args: argparse.Namespace) -> int:
         results = bench.run_bench(names, quick=args.quick, peers=peers, opt_levels=opt_levels,
                                   kernels=kernel_modes, threads=args.threads,
                                   progress=progress, searches=searches,
-                                  tuning_db=args.tuning_db)
+                                  tuning_db=args.tuning_db, pet=args.pet)
     print(markdown_table(results))
     if args.json:
         document = {
             "kiln": kiln.__version__, "torch": torch.__version__, "quick": args.quick,
             "threads": args.threads or torch.get_num_threads(), "opt_levels": opt_levels,
             "kernels": kernel_modes, "searches": searches, "peers": peers,
-            "tuning_db": args.tuning_db,
+            "tuning_db": args.tuning_db, "pet": args.pet,
             "results": [r.to_dict() for r in results],
         }
         try:

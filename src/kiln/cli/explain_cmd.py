@@ -42,6 +42,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     e.add_argument("--search", choices=list(SEARCH_STRATEGIES), default="greedy",
                    help="how the rules are applied (default: greedy); the search pass shows "
                         "the estimated cost before and after and the rewrites it chose")
+    e.add_argument("--pet", action="store_true",
+                   help="run the PET pass (partially equivalent mutants with corrections); "
+                        "its summary says what it tried and applied")
     e.add_argument("--kernels", action="store_true",
                    help="the kernels with generated kernels on: generated (C source and "
                         "schedule) or library, covering every computing node")
@@ -57,7 +60,7 @@ def _explain(args: argparse.Namespace) -> int:
     if args.model is not None:
         check_model(args.model)
     options = kiln.Options(opt_level=args.opt_level, fast_math=args.fast_math,
-                           search=args.search)
+                           search=args.search, pet=args.pet)
     if args.rule is not None:
         try:
             rule_named(args.rule)
@@ -98,6 +101,8 @@ def _explain(args: argparse.Namespace) -> int:
             fired = ", ".join(f"{name} x{s.fired}" for name, s in record.rules.items() if s.fired)
             if record.search is not None:
                 title += f"; {record.search.describe()}"
+            if record.pet is not None:
+                title += f"; {record.pet.describe()}"
             _show(title + (f"; rules fired: {fired}" if fired else ""), snapshot,
                   args.counts_only)
     if args.check:

@@ -124,6 +124,8 @@ class CompileReport:
                     if p.search.path:
                         steps = ", ".join(f"{rule} at {node}" for rule, node in p.search.path)
                         lines.append(f"    rewrites after the {p.search.seed} graph: {steps}")
+                if p.pet is not None:
+                    lines.extend(f"    {line}" for line in p.pet.describe().splitlines())
             generated = sum(k.kind == "generated" for k in g.kernels)
             if g.kernels:
                 lines.append(f"  kernels: {generated} generated, "

@@ -166,6 +166,8 @@ def _passes(passes: Sequence[PassRecord]) -> str:
         for p in passes)
     search = "".join(f"<p class='note'>{escape(p.name)}: {escape(p.search.describe())}</p>"
                      for p in passes if p.search is not None)
+    search += "".join(f"<pre class='note'>{escape(p.pet.describe())}</pre>"
+                      for p in passes if p.pet is not None)
     return ("<h2>Passes</h2><p class='note'>In pipeline order; node counts leave out weights "
             "and numbers.</p><table><tr><th>pass</th><th>nodes before</th><th>nodes after"
             "</th><th>time</th><th></th><th>rewrites</th></tr>" + rows + "</table>" + search)
