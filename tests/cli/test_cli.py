@@ -65,10 +65,16 @@ def test_explain_prints_captured_ir_and_every_pass(capsys) -> None:
     assert main(["explain", "mlp", "--quick"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("== captured: ") and "graph(" in out and "addmm" in out
-    default_passes = [p for p in PIPELINE if p.min_level <= 2]
+    default_passes = [p for p in PIPELINE if p.min_level <= 2 and p.name != "pet"]
     for p in default_passes:
         assert f"== after {p.name}: " in out
     assert out.count("graph(") == len(default_passes) + 1
+
+
+def test_explain_pet_shows_what_the_pet_pass_tried(capsys) -> None:
+    assert main(["explain", "mlp", "--quick", "--pet", "--after", "pet", "--counts-only"]) == 0
+    out = capsys.readouterr().out
+    assert "== after pet: " in out and "pet: 3 subprograms" in out
 
 
 def test_explain_after_one_pass(capsys) -> None:
