@@ -21,6 +21,7 @@ from kiln.cost.graph import GraphCost
 from kiln.cost.measured import MeasuredCost
 from kiln.ir.graph import Graph
 from kiln.options import Options
+from kiln.pet.moves import PetMoves
 from kiln.rewrite.engine import RuleStats, TraceEvent
 from kiln.rewrite.passes import RulePass
 from kiln.search.backtrack import Limits, Outcome, Step, backtrack
@@ -126,8 +127,9 @@ class SearchPass:
                      "matched": tuple(sorted(sat.matched.items()))}
             rule_count = sat.rules
         else:
+            extra = PetMoves(options) if options.pet else None  # PET: one more move
             outcome = backtrack(graph, rules, options, model, LIMITS,
-                                seeds=[("greedy", greedy)])
+                                seeds=[("greedy", greedy)], moves=extra)
             rule_count = len(rules)
         chosen, graph_out, path, seed = "search", outcome.graph, outcome.path, outcome.seed
         if outcome.graph is greedy:

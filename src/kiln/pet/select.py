@@ -40,11 +40,12 @@ from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
 from kiln.options import Options
 from kiln.pet.correct import NoRegion, corrected
-from kiln.pet.mutate import MAX_MUTANTS, mutants
-from kiln.pet.regions import differing_regions
+from kiln.pet.mutate import MAX_MUTANTS, Mutant, mutants
+from kiln.pet.regions import Regions, differing_regions
 from kiln.pet.split import MAX_OPS, Subprogram, split_program
 
-__all__ = ["Applied", "PetSettings", "PetSummary", "optimize"]
+__all__ = ["Applied", "PetSettings", "PetSummary", "optimize", "parented", "structure",
+           "verify_mutant"]
 
 MARGIN = 0.95  # a replacement must cost at most this fraction of the original
 MAX_FRACTION = 0.5  # a mutant wrong on more of its output than this is not corrected
@@ -145,13 +146,13 @@ def optimize(graph: Graph, options: Options, settings: PetSettings = PetSettings
         if time.perf_counter() - start > settings.seconds:
             stopped = "time"
             break
-        key = _structure(sub)
+        key = structure(sub)
         if key not in state.decided:
             state.decided[key] = _decide(sub, costs[id(sub)], state)
         choice = state.decided[key]
         if choice is None or (choice.safety == "fast_math" and not options.fast_math):
             continue
-        values = _parented(sub, choice.fixed)
+        values = parented(sub, choice.fixed)
         mapping.update(zip(sub.outputs, values))
         applied.append(Applied(sub.describe(), choice.name, choice.boxes, choice.differing,
                                costs[id(sub)], choice.cost, choice.correction, choice.measured,
@@ -180,26 +181,18 @@ def _decide(sub: Subprogram, cost_before: float, state: _State) -> _Choice | Non
             state.counts["rejected: slower before correction"] += 1
             continue
         state.counts["analyzed"] += 1
-        regions = differing_regions(sub.graph, mutant.graph)
-        if regions is None or regions.fraction > MAX_FRACTION:
-            state.counts["rejected: wrong on too much of the output"] += 1
+        checked = verify_mutant(sub, mutant)
+        if isinstance(checked, str):
+            state.counts[f"rejected: {checked}"] += 1
             continue
-        try:
-            fixed = corrected(sub.graph, mutant.graph, regions.boxes)
-        except NoRegion:
-            state.counts["rejected: no correction"] += 1
-            continue
+        fixed, regions, safety = checked
         cost = state.scorer.seconds(_as_graph(_nodes_of(sub, fixed)))
         choice = _Choice(mutant.name, fixed, cost, max(0.0, cost - bare),
-                         sum(len(b) for b in regions.boxes), regions.fraction, forced)
+                         sum(len(b) for b in regions.boxes), regions.fraction, forced,
+                         safety=safety)
         if not forced and (cost > MARGIN * cost_before or (best and cost >= best.cost)):
             state.counts["rejected: slower with corrections"] += 1
             continue
-        if not _agrees(sub, fixed, specials=False):
-            state.counts["rejected: wrong on float inputs"] += 1  # regions said equal: a bug
-            continue
-        if not _agrees(sub, fixed, specials=True):
-            choice.safety = "fast_math"
         state.counts["correct"] += 1
         if forced:
             return choice
@@ -212,10 +205,25 @@ def _decide(sub: Subprogram, cost_before: float, state: _State) -> _Choice | Non
     return best
 
 
+def verify_mutant(sub: Subprogram, mutant: Mutant) -> tuple[Graph, Regions, str] | str:
+    """The mutant with its corrections, its regions and its safety tag ("ieee" or
+    "fast_math"); or why it cannot be used."""
+    regions = differing_regions(sub.graph, mutant.graph)
+    if regions is None or regions.fraction > MAX_FRACTION:
+        return "wrong on too much of the output"
+    try:
+        fixed = corrected(sub.graph, mutant.graph, regions.boxes)
+    except NoRegion:
+        return "no correction"
+    if not _agrees(sub, fixed, specials=False):
+        return "wrong on float inputs"  # the regions said equal: a bug, never used
+    return fixed, regions, "ieee" if _agrees(sub, fixed, specials=True) else "fast_math"
+
+
 def _nodes_of(sub: Subprogram, standalone: Graph) -> list[Node]:
     """The nodes ``standalone`` would add to the parent graph, its inputs bound to the
     subprogram's operands (so weight-only nodes are recognized and not costed)."""
-    values = _parented(sub, standalone)
+    values = parented(sub, standalone)
     seen: set[Node] = set()
     nodes: list[Node] = []
     stack = [v.node for v in values]
@@ -234,7 +242,7 @@ def _as_graph(nodes, outputs=()) -> Graph:
     return Graph([], list(nodes), list(outputs))
 
 
-def _parented(sub: Subprogram, standalone: Graph) -> list[Value]:
+def parented(sub: Subprogram, standalone: Graph) -> list[Value]:
     """``standalone``'s outputs rebuilt over the parent graph's values."""
     env: dict[Value, Value] = {n.out(): v for n, v in zip(standalone.inputs, sub.inputs)}
     for node in standalone.nodes:
@@ -246,7 +254,7 @@ def _parented(sub: Subprogram, standalone: Graph) -> list[Value]:
     return [env.get(v, v) for v in standalone.outputs]
 
 
-def _structure(sub: Subprogram) -> tuple:
+def structure(sub: Subprogram) -> tuple:
     """Equal for subprograms with the same ops, attributes and types (names ignored)."""
     index: dict[Value, int] = {n.out(): i for i, n in enumerate(sub.graph.inputs)}
     rows = []

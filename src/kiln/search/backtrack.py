@@ -20,14 +20,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from kiln.cost.graph import CostModel, GraphCost
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.options import Options
-from kiln.rewrite.engine import rules_by_root, single_rewrites
+from kiln.rewrite.engine import Move, rules_by_root, single_rewrites
 from kiln.rewrite.rule import Rule
 
 __all__ = ["GraphKeys", "Limits", "Outcome", "Step", "backtrack", "graph_key"]
@@ -81,7 +81,9 @@ class Outcome:
 
 
 def backtrack(graph: Graph, rules: Sequence[Rule], options: Options, model: CostModel,
-              limits: Limits = Limits(), seeds: Sequence[tuple[str, Graph]] = ()) -> Outcome:
+              limits: Limits = Limits(), seeds: Sequence[tuple[str, Graph]] = (),
+              moves: Callable[[Graph], Iterable[Move]] | None = None) -> Outcome:
+    """``moves``: more neighbours of a graph besides the rules' (e.g. `kiln.pet.moves`)."""
     start = time.perf_counter()
     by_root = rules_by_root(rules, options)
     scorer, keys = GraphCost(model), GraphKeys()
@@ -109,7 +111,8 @@ def backtrack(graph: Graph, rules: Sequence[Rule], options: Options, model: Cost
             break
         _, _, current, path, seed = heapq.heappop(queue)
         expanded += 1
-        for move in single_rewrites(current, by_root):
+        extra = moves(current) if moves is not None else ()
+        for move in itertools.chain(single_rewrites(current, by_root), extra):
             key = keys.key(move.graph)
             if key in seen:
                 continue
