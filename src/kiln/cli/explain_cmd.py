@@ -66,7 +66,10 @@ def _explain(args: argparse.Namespace) -> int:
             rule_named(args.rule)
         except KeyError as err:
             raise UsageError(err.args[0]) from None
-    enabled = [p.name for p in PIPELINE if options.opt_level >= p.min_level]
+    enabled = [p.name for p in PIPELINE if options.opt_level >= p.min_level
+               and (p.name != "pet" or options.pet)]
+    if args.after == "pet" and not options.pet:
+        raise UsageError("pass 'pet' runs only with --pet")
     if args.after is not None and args.after not in enabled:
         known = ", ".join(p.name for p in PIPELINE)
         if any(p.name == args.after for p in PIPELINE):

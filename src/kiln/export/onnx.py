@@ -35,8 +35,10 @@ from kiln.passes.pipeline import PIPELINE, PassRecord, run_pipeline
 __all__ = ["DEFAULT_OPSET", "EXPORT_PIPELINE", "OnnxExportError", "OptimizeResult",
            "check_model", "export_graph", "op_counts", "optimize", "run_onnxruntime"]
 
-# The graph passes minus "layout": channels-last is a memory layout, which ONNX cannot say.
-EXPORT_PIPELINE = tuple(p for p in PIPELINE if p.name != "layout")
+# The graph passes minus "layout": channels-last is a memory layout, which ONNX cannot say;
+# and minus "pet": its mutants are chosen by timing this machine's ATen calls, not the kernels
+# of whichever runtime loads the file.
+EXPORT_PIPELINE = tuple(p for p in PIPELINE if p.name not in ("layout", "pet"))
 
 
 @dataclass
