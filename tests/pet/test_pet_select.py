@@ -72,7 +72,7 @@ def test_unforced_pet_keeps_only_what_pays_and_says_so():
     # the roofline gives a mutant the same work plus its copies: none pays on it
     assert summary.applied == () and result is graph
     assert sum(n for _, n in summary.rejected) == summary.mutants
-    assert "3 subprograms" in summary.describe()
+    assert "3 subprograms (3 distinct)" in summary.describe() and summary.distinct == 3
 
 
 def test_the_pass_runs_only_when_asked_and_is_reported():

@@ -81,7 +81,8 @@ class Applied:
 @dataclass(frozen=True)
 class PetSummary:
     subprograms: int = 0
-    mutants: int = 0  # generated
+    distinct: int = 0  # subprogram structures decided (a repeated block is decided once)
+    mutants: int = 0  # generated, over the distinct subprograms
     analyzed: int = 0  # region analysis run (the others were not cheaper even uncorrected)
     correct: int = 0  # corrected and shown correct
     applied: tuple[Applied, ...] = ()
@@ -91,7 +92,8 @@ class PetSummary:
     model: str = "analytic"
 
     def describe(self) -> str:
-        text = (f"pet: {self.subprograms} subprograms, {self.mutants} mutants, "
+        text = (f"pet: {self.subprograms} subprograms ({self.distinct} distinct), "
+                f"{self.mutants} mutants, "
                 f"{self.analyzed} tested, {self.correct} correct, {len(self.applied)} applied "
                 f"({self.model} costs, {self.seconds:.2f} s, {self.stopped})")
         for a in self.applied:
@@ -160,9 +162,9 @@ def optimize(graph: Graph, options: Options, settings: PetSettings = PetSettings
     if mapping:
         graph = substitute(graph, mapping)
     counts = state.counts
-    summary = PetSummary(len(subs), counts["mutants"], counts["analyzed"], counts["correct"],
-                         tuple(applied), tuple(sorted((k, v) for k, v in counts.items()
-                                                      if k.startswith("rejected:"))),
+    rejected = tuple(sorted((k, v) for k, v in counts.items() if k.startswith("rejected:")))
+    summary = PetSummary(len(subs), len(state.decided), counts["mutants"], counts["analyzed"],
+                         counts["correct"], tuple(applied), rejected,
                          time.perf_counter() - start, stopped, getattr(model, "name", "analytic"))
     return graph, summary
 
@@ -186,6 +188,7 @@ def _decide(sub: Subprogram, cost_before: float, state: _State) -> _Choice | Non
             state.counts[f"rejected: {checked}"] += 1
             continue
         fixed, regions, safety = checked
+        state.counts["correct"] += 1
         cost = state.scorer.seconds(_as_graph(_nodes_of(sub, fixed)))
         choice = _Choice(mutant.name, fixed, cost, max(0.0, cost - bare),
                          sum(len(b) for b in regions.boxes), regions.fraction, forced,
@@ -193,7 +196,6 @@ def _decide(sub: Subprogram, cost_before: float, state: _State) -> _Choice | Non
         if not forced and (cost > MARGIN * cost_before or (best and cost >= best.cost)):
             state.counts["rejected: slower with corrections"] += 1
             continue
-        state.counts["correct"] += 1
         if forced:
             return choice
         best = choice
