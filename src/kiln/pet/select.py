@@ -119,6 +119,7 @@ class _Choice:
     forced: bool
     measured: tuple[float, float] | None = None
     safety: str = "ieee"
+    cost_before: float = 0.0  # the original's, under the same model
 
 
 @dataclass
@@ -140,7 +141,9 @@ def optimize(graph: Graph, options: Options, settings: PetSettings = PetSettings
         model = MeasuredCost.open(options, analytic, settings.measure_s)
     state = _State(options, settings, GraphCost(model), start)
     subs = split_program(graph, settings.max_ops)
-    costs = {id(s): state.scorer.seconds(_as_graph(s.nodes, s.outputs)) for s in subs}
+    # ordered by the roofline estimate, so that measuring is spent on the subprograms decided
+    estimate = GraphCost(analytic)
+    costs = {id(s): estimate.seconds(_as_graph(s.nodes, s.outputs)) for s in subs}
     applied: list[Applied] = []
     mapping: dict[Value, Value] = {}
     stopped = "done"
@@ -150,14 +153,15 @@ def optimize(graph: Graph, options: Options, settings: PetSettings = PetSettings
             break
         key = structure(sub)
         if key not in state.decided:
-            state.decided[key] = _decide(sub, costs[id(sub)], state)
+            cost_before = state.scorer.seconds(_as_graph(sub.nodes, sub.outputs))
+            state.decided[key] = _decide(sub, cost_before, state)
         choice = state.decided[key]
         if choice is None or (choice.safety == "fast_math" and not options.fast_math):
             continue
         values = parented(sub, choice.fixed)
         mapping.update(zip(sub.outputs, values))
         applied.append(Applied(sub.describe(), choice.name, choice.boxes, choice.differing,
-                               costs[id(sub)], choice.cost, choice.correction, choice.measured,
+                               choice.cost_before, choice.cost, choice.correction, choice.measured,
                                choice.safety, choice.forced))
     if mapping:
         graph = substitute(graph, mapping)
@@ -192,7 +196,7 @@ def _decide(sub: Subprogram, cost_before: float, state: _State) -> _Choice | Non
         cost = state.scorer.seconds(_as_graph(_nodes_of(sub, fixed)))
         choice = _Choice(mutant.name, fixed, cost, max(0.0, cost - bare),
                          sum(len(b) for b in regions.boxes), regions.fraction, forced,
-                         safety=safety)
+                         safety=safety, cost_before=cost_before)
         if not forced and (cost > MARGIN * cost_before or (best and cost >= best.cost)):
             state.counts["rejected: slower with corrections"] += 1
             continue
