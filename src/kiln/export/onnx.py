@@ -36,9 +36,9 @@ __all__ = ["DEFAULT_OPSET", "EXPORT_PIPELINE", "OnnxExportError", "OptimizeResul
            "check_model", "export_graph", "op_counts", "optimize", "run_onnxruntime"]
 
 # The graph passes minus "layout": channels-last is a memory layout, which ONNX cannot say;
-# and minus "pet": its mutants are chosen by timing this machine's ATen calls, not the kernels
-# of whichever runtime loads the file.
-EXPORT_PIPELINE = tuple(p for p in PIPELINE if p.name not in ("layout", "pet"))
+# and minus "pet" and "attention": their choices are timed on this machine's ATen calls, not
+# the kernels of whichever runtime loads the file (which fuses attention itself).
+EXPORT_PIPELINE = tuple(p for p in PIPELINE if p.name not in ("layout", "pet", "attention"))
 
 
 @dataclass

@@ -68,3 +68,31 @@ def conv_act(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list
         y.add_(residual)
     apply_activation(y, activation, act_args)
     return y
+
+
+# Above this, |scores| could overflow float32 (or come close): the guard of `attention` then
+# takes the decomposition, which is the graph's own definition.
+_SCORE_BOUND = 1e30
+
+
+@torch.library.custom_op("kiln::attention", mutates_args=())
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+              scale: float) -> torch.Tensor:
+    """softmax(q kᵀ · scale + mask) v: ATen's fused attention where every input is finite and
+    no score can overflow, so that it equals the decomposition up to rounding; otherwise the
+    decomposition itself. (The fused kernel returns 0 where a NaN or an infinity makes the
+    decomposition's row NaN.) The guard costs one pass over q, k and v."""
+    bound = q.abs().amax() * k.abs().amax() * (q.shape[-1] * abs(scale))
+    if bool(bound < _SCORE_BOUND) and bool(torch.isfinite(v).all()):
+        return aten.scaled_dot_product_attention.default(q, k, v, mask, 0.0, False,
+                                                         scale=scale)
+    scores = torch.matmul(q, k.transpose(-2, -1)) * scale
+    if mask is not None:
+        scores = scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+@attention.register_fake
+def _attention_shape(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))

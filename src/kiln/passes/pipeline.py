@@ -10,6 +10,7 @@ from kiln import rules
 from kiln.ir.graph import Graph
 from kiln.ir.verify import verify
 from kiln.options import Options
+from kiln.passes.attention import fuse_attention
 from kiln.passes.base import Pass
 from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
@@ -26,6 +27,8 @@ PIPELINE: tuple[Pass | RulePass | PetPass, ...] = (
     Pass("cse", eliminate_common_subexpressions, 0, "merge duplicates so folding sees each once"),
     Pass("fold", fold_constants, 0, "precompute weight-only subgraphs (e.g. weight transposes)"),
     RulePass("simplify", rules.SIMPLIFY, 1, "neutral elements, moves, arithmetic: fewer nodes"),
+    Pass("attention", fuse_attention, 2, "softmax(Q K^T s + M) V as the library's fused "
+         "attention where measured faster; after simplify has cleaned the views around it"),
     RulePass("fuse.weights", rules.FOLD_INTO_WEIGHTS, 2,
              "batch norms, biases, scales into weights, before epilogues claim the convs"),
     RulePass("fuse.epilogue", rules.EPILOGUE, 2,

@@ -127,9 +127,9 @@ class SearchPass:
                      "matched": tuple(sorted(sat.matched.items()))}
             rule_count = sat.rules
         else:
-            extra = PetMoves(options) if options.pet else None  # PET: one more move
+            pet_moves = PetMoves(options) if options.pet else None  # PET: one more move
             outcome = backtrack(graph, rules, options, model, LIMITS,
-                                seeds=[("greedy", greedy)], moves=extra)
+                                seeds=[("greedy", greedy)], moves=pet_moves)
             rule_count = len(rules)
         chosen, graph_out, path, seed = "search", outcome.graph, outcome.path, outcome.seed
         if outcome.graph is greedy:

@@ -1,0 +1,189 @@
+"""Attention as one library call: the decomposed softmax(Q Kᵀ · s + M) V that capture leaves
+becomes `kiln.ir.fused.attention`, which runs ATen's fused ``scaled_dot_product_attention``
+(flash attention on CPU: the scores are never written to memory), where that measures faster.
+
+    %s  = bmm(view(Q), view(permute(K)))          %o = kiln::attention(Q, K, V, M, c)
+    %a  = add(mul(view(%s), c), M)        ->
+    %p  = softmax(%a) {dim=-1}
+    %o3 = bmm(view(clone(%p)), view(V))          (and views that keep %o3's shape)
+
+Eager PyTorch runs HF models' attention through that same call; capture decomposes it, and
+at long sequences the decomposition writes and reads the L x S score matrix twice (Whisper's
+encoder: 1500 x 1500 per head).
+
+When it applies, and why it is safe:
+* float32, softmax over the last axis, every intermediate read by the chain only;
+* the scale is a number multiplying (or dividing) the scores before the mask is added;
+* the mask, if any, is a constant (a causal mask folded at compile time) with no NaN, no +inf
+  and no row that masks every key: the fused kernel returns 0 for a fully masked row where
+  the decomposition returns NaN, and an input-dependent mask cannot be checked here.
+The fused kernel returns 0 where a NaN or infinity in Q, K or V makes the decomposition's row
+NaN, so `fused.attention` checks at run time that its inputs are finite and no score can
+overflow, and runs the decomposition otherwise: results differ by rounding only (a different
+summation order of the softmax), and NaN and infinities propagate exactly as in the graph
+(tests/passes/test_passes_attention.py).
+With ``Options.measure_kernels`` the fused call replaces the chain only where the op timings of
+this machine (`kiln.cost.measured`) say it is faster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kiln.cost.analytic import AnalyticCost, Roofline
+from kiln.cost.graph import GraphCost
+from kiln.cost.measured import MeasuredCost
+from kiln.ir import fused
+from kiln.ir.attrs import CallAttrs, Operand, PermuteAttrs, ShapeAttrs, SoftmaxAttrs
+from kiln.ir.graph import Graph, Node, Value, substitute
+from kiln.ir.ops import Op
+from kiln.ir.types import DType, TensorType
+from kiln.options import Options
+
+__all__ = ["fuse_attention"]
+
+MARGIN = 0.95  # the fused call must measure at most this fraction of the chain's time
+
+
+@dataclass(frozen=True)
+class _Match:
+    q: Value  # (BH, L, E), the first bmm's left operand
+    kt: Value  # (BH, E, S), its right operand
+    v: Value  # (BH, S, E)
+    scale: float
+    mask: Value | None
+    out: Value  # the second bmm's output, (BH, L, E)
+    shape: tuple[int, int, int, int, int]  # B, H, L, S, E
+    chain: tuple[Node, ...]  # the nodes the fused call replaces
+
+
+def fuse_attention(graph: Graph, options: Options) -> Graph:
+    users = graph.users()
+    outputs = {v.node for v in graph.outputs}
+    matches = [m for n in graph.nodes if n.op is Op.SOFTMAX
+               for m in [_match(n, users, outputs, graph)] if m is not None]
+    if not matches:
+        return graph
+    scorer = None
+    if options.measure_kernels:
+        analytic = AnalyticCost(Roofline.of_machine(options))
+        scorer = GraphCost(MeasuredCost.open(options, analytic, budget_s=2.0))
+    mapping: dict[Value, Value] = {}
+    for m in matches:
+        fused, new_nodes = _fused(m)
+        if scorer is not None:
+            chain = scorer.seconds(Graph([], list(m.chain), []))
+            if scorer.seconds(Graph([], new_nodes, [])) > MARGIN * chain:
+                continue
+        mapping[m.out] = fused
+    return substitute(graph, mapping) if mapping else graph
+
+
+def _only_user(value: Value, users: dict[Node, list[Node]], outputs: set[Node]) -> Node | None:
+    found = users.get(value.node, [])
+    if len(found) != 1 or value.node in outputs or len(value.node.types) != 1:
+        return None
+    return found[0]
+
+
+def _skip_clones(value: Value) -> Value:
+    while value.node.op is Op.CLONE:
+        value = value.node.inputs[0]
+    return value
+
+
+def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
+    attrs = softmax.attrs
+    assert isinstance(attrs, SoftmaxAttrs)
+    t = softmax.type
+    if t.dtype is not DType.F32 or len(t.shape) != 4 or attrs.dim not in (3, -1):
+        return None
+    chain = [softmax]
+    x, mask, scale = softmax.inputs[0], None, 1.0
+    if x.node.op is Op.ADD and _only_user(x, users, outputs):
+        a, b = x.node.inputs
+        if a.node.op is Op.CONSTANT:
+            a, b = b, a
+        if b.node.op is Op.CONSTANT and _safe_mask(graph, b, t.shape):
+            chain.append(x.node)
+            x, mask = a, b
+    if x.node.op in (Op.MUL, Op.DIV) and x.node.inputs[1].node.op is Op.SCALAR \
+            and _only_user(x, users, outputs):
+        c = float(x.node.inputs[1].node.attrs.value)  # type: ignore[attr-defined]
+        if c == 0.0:
+            return None
+        chain.append(x.node)
+        scale = c if x.node.op is Op.MUL else 1.0 / c
+        x = x.node.inputs[0]
+    if x.node.op is not Op.VIEW or not _only_user(x, users, outputs):
+        return None
+    chain.append(x.node)
+    scores = x.node.inputs[0]
+    if scores.node.op is not Op.BMM or not _only_user(scores, users, outputs):
+        return None
+    chain.append(scores.node)
+    q, kt = scores.node.inputs
+    batch, heads, length, keys = t.shape
+    if scores.type.shape != (batch * heads, length, keys):
+        return None
+    # forward: softmax -> [clone] -> view -> bmm(., V)
+    node = _only_user(softmax.out(), users, outputs)
+    while node is not None and node.op is Op.CLONE:
+        chain.append(node)
+        node = _only_user(node.out(), users, outputs)
+    if node is None or node.op is not Op.VIEW or node.type.shape != scores.type.shape:
+        return None
+    chain.append(node)
+    bmm = _only_user(node.out(), users, outputs)
+    if bmm is None or bmm.op is not Op.BMM or bmm.inputs[0] != node.out():
+        return None
+    chain.append(bmm)
+    v = bmm.inputs[1]
+    depth = q.type.shape[2]
+    if v.type.shape[1] != keys or kt.type.shape != (batch * heads, depth, keys):
+        return None
+    return _Match(q, kt, v, scale, mask, bmm.out(), (batch, heads, length, keys, depth),
+                  tuple(chain))
+
+
+def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
+    m = graph.constant(mask.node)
+    if m.dtype != torch.float32 or m.dim() > 4:
+        return False
+    try:
+        full = m.expand(shape[-2:] if m.dim() <= 2 else (*m.shape[:-2], *shape[-2:]))
+    except RuntimeError:
+        return False
+    if bool(torch.isnan(m).any()) or bool((m == float("inf")).any()):
+        return False
+    return not bool((full == -float("inf")).all(dim=-1).any())
+
+
+def _fused(m: _Match) -> tuple[Value, list[Node]]:
+    batch, heads, length, keys, depth = m.shape
+    f32 = DType.F32
+    nodes: list[Node] = []
+
+    def add(op: Op, inputs, attrs, shape, name: str) -> Value:
+        node = Node(op, inputs, attrs, (TensorType(shape, f32),), name)
+        nodes.append(node)
+        return node.out()
+
+    q = add(Op.VIEW, (m.q,), ShapeAttrs((batch, heads, length, depth)), (batch, heads, length,
+                                                                           depth), "attn_q")
+    kt = add(Op.VIEW, (m.kt,), ShapeAttrs((batch, heads, depth, keys)),
+             (batch, heads, depth, keys), "attn_kt")
+    k = add(Op.PERMUTE, (kt,), PermuteAttrs((0, 1, 3, 2)), (batch, heads, keys, depth),
+            "attn_k")
+    v = add(Op.VIEW, (m.v,), ShapeAttrs((batch, heads, keys, depth)), (batch, heads, keys,
+                                                                         depth), "attn_v")
+    operands = (q, k, v) if m.mask is None else (q, k, v, m.mask)
+    mask_arg = None if m.mask is None else Operand(3)
+    attrs = CallAttrs(fused.attention._opoverload,
+                      (Operand(0), Operand(1), Operand(2), mask_arg, m.scale))
+    out = add(Op.CALL, operands, attrs, (batch, heads, length, depth), "attention")
+    out3 = add(Op.VIEW, (out,), ShapeAttrs((batch * heads, length, depth)),
+               (batch * heads, length, depth), "attn_out")
+    return out3, nodes

@@ -1,0 +1,101 @@
+"""The decomposed attention chain becomes one fused library call only where that is safe,
+and computes the same values (NaN and infinities included)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.ir.attrs import PermuteAttrs, ShapeAttrs, SoftmaxAttrs
+from kiln.ir.builder import GraphBuilder
+from kiln.ir.interp import interpret
+from kiln.ir.ops import Op
+from kiln.ir.types import DType, TensorType
+from kiln.options import Options
+from kiln.passes.attention import fuse_attention
+
+B, H, L, S, E = 2, 3, 5, 7, 4
+OPTIONS = Options(measure_kernels=False)
+
+
+def _attention(mask: torch.Tensor | None = None, mask_input: bool = False, scale: float = 0.5,
+               softmax_is_output: bool = False):
+    """softmax(Q Kᵀ · scale + mask) V, as capture leaves it: views, a permute, two bmms."""
+    b = GraphBuilder()
+    q = b.input("q", TensorType((B, H, L, E), DType.F32))
+    k = b.input("k", TensorType((B, H, S, E), DType.F32))
+    v = b.input("v", TensorType((B, H, S, E), DType.F32))
+    kt = b.op(Op.PERMUTE, k, attrs=PermuteAttrs((0, 1, 3, 2)))
+    scores = b.op(Op.BMM, b.op(Op.VIEW, q, attrs=ShapeAttrs((B * H, L, E))),
+                  b.op(Op.VIEW, kt, attrs=ShapeAttrs((B * H, E, S))))
+    x = b.op(Op.MUL, b.op(Op.VIEW, scores, attrs=ShapeAttrs((B, H, L, S))), b.scalar(scale))
+    if mask_input:
+        x = b.op(Op.ADD, x, b.input("m", TensorType((1, 1, L, S), DType.F32)))
+    elif mask is not None:
+        x = b.op(Op.ADD, x, b.constant("mask", mask))
+    p = b.op(Op.SOFTMAX, x, attrs=SoftmaxAttrs(3))
+    out = b.op(Op.BMM, b.op(Op.VIEW, b.op(Op.CLONE, p), attrs=ShapeAttrs((B * H, L, S))),
+               b.op(Op.VIEW, v, attrs=ShapeAttrs((B * H, S, E))))
+    out = b.op(Op.VIEW, out, attrs=ShapeAttrs((B, H, L, E)))
+    return b.build(out, p) if softmax_is_output else b.build(out)
+
+
+def _causal() -> torch.Tensor:
+    return torch.full((L, S), -float("inf")).triu(1)[None, None]
+
+
+def _inputs(graph, specials: bool = False):
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n.type.shape, generator=gen) for n in graph.inputs]
+    if specials:
+        xs[0][0, 1, 2, 3] = float("nan")
+        xs[1][1, 0, 4, 0] = float("inf")
+        xs[2][0, 2, 1, 1] = -float("inf")
+    return xs
+
+
+@pytest.mark.parametrize("mask", [None, "causal", "finite"])
+def test_the_chain_becomes_one_call_with_the_same_values(mask):
+    tensor = {None: None, "causal": _causal(),
+              "finite": torch.randn(1, H, L, S, generator=torch.Generator().manual_seed(1))}
+    graph = _attention(tensor[mask])
+    fused = fuse_attention(graph, OPTIONS)
+    calls = [n for n in fused.nodes if n.op is Op.CALL]
+    assert len(calls) == 1 and not any(n.op is Op.SOFTMAX for n in fused.nodes)
+    assert calls[0].attrs.args[4] == 0.5  # the scale
+    for specials in (False, True):
+        xs = _inputs(graph, specials)
+        want, got = interpret(graph, xs)[0], interpret(fused, xs)[0]
+        assert torch.equal(want.isnan(), got.isnan())
+        finite = want.isfinite()
+        torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["fully masked row", "mask from an input", "softmax read",
+                                  "+inf in the mask"])
+def test_unsafe_chains_stay_as_they_are(case):
+    if case == "fully masked row":
+        mask = _causal().clone()
+        mask[..., 2, :] = -float("inf")  # the fused kernel gives 0 there, the chain NaN
+        graph = _attention(mask)
+    elif case == "+inf in the mask":
+        mask = _causal().clone()
+        mask[..., 1, 0] = float("inf")
+        graph = _attention(mask)
+    elif case == "mask from an input":
+        graph = _attention(mask_input=True)
+    else:
+        graph = _attention(softmax_is_output=True)
+    assert fuse_attention(graph, OPTIONS) is graph
+
+
+def test_the_guard_takes_the_decomposition_where_scores_could_overflow():
+    from kiln.ir.fused import attention
+
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3))
+    q[0, 0, 0] = 3e38  # finite, but q·k overflows float32
+    want = torch.softmax(q @ k.transpose(-1, -2) * 0.5, -1) @ v
+    got = attention(q, k, v, None, 0.5)
+    assert torch.equal(want.isnan(), got.isnan()) and bool(got.isnan().any())
+    torch.testing.assert_close(got[~got.isnan()], want[~want.isnan()])
