@@ -39,7 +39,7 @@ def test_compile_matches_eager_and_reports():
     assert report.op_counts() == {"addmm": 1, "addmm_act": 1}  # the relu rides on the GEMM
     assert report.nodes_before >= report.nodes_after > 0
     assert [p.name for p in report.graphs[0].passes] == [p.name for p in PIPELINE
-                                                         if p.min_level <= 2]
+                                                         if p.min_level <= 2 and p.name != "pet"]
     assert 0 < report.planned_peak_bytes <= report.intermediate_bytes
     assert "kiln compile report" in str(report)
 
