@@ -20,8 +20,8 @@ import sys
 
 import torch
 
-from kiln.codegen.kernel import compile_kernel
 from kiln.codegen.isa import target_isa
+from kiln.codegen.kernel import compile_kernel
 from kiln.cost.measure import Budget, interleaved
 from kiln.ir.ops import Op
 from kiln.kernels.depthwise_schedule import (
@@ -42,7 +42,6 @@ QUICK = ((32, 112, 1), (96, 112, 2), (576, 14, 1))
 def _ort_session(c: int, size: int, stride: int, w: torch.Tensor, b: torch.Tensor):  # noqa: ANN202
     """An ORT session of Conv(group=C) + Clip(0, 6), or None where ORT is not installed."""
     try:
-        import onnx
         import onnxruntime as ort
         from onnx import TensorProto, helper, numpy_helper
     except ImportError:
