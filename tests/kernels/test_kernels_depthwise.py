@@ -150,11 +150,13 @@ act_args=(0.0, 6.0)}} : f32[1, {c}, 5, 5]
 
 
 def _graph(c: int = 24, source: str = "relu(%xl)", residual: bool = False,
-           weight: torch.Tensor | None = None):  # noqa: ANN202
+           weight: torch.Tensor | None = None, copy_out: bool = True):  # noqa: ANN202
     torch.manual_seed(0)
     w = weight if weight is not None else torch.randn(c, 1, 3, 3)
     text = GRAPH.format(c=c, source=source, residual=", %r" if residual else "",
                         has_residual=residual)
+    if not copy_out:  # the convolution's result is the graph's, in the layout it has
+        text = text.replace("return %z", "return %y")
     if residual:  # a second graph input
         text = text.replace(") {\n", f", %r: f32[1, {c}, 5, 5]) {{\n", 1)
     graph = parse_graph(text, {"w": w, "b": torch.randn(c)})
@@ -242,3 +244,27 @@ def test_mobilenet_block_through_kiln_compile(kernel_options: Options,
         got = compiled(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     assert got.is_contiguous()
+
+
+def test_depthwise_input_not_channels_last_at_run_time(kernel_options: Options,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The executor checks the input's strides on every call: an NHWC input runs the kernel,
+    an NCHW one (which the IR could not foresee) the node's ATen call; both match."""
+    graph = _graph(source="relu(%x)", copy_out=False)
+    x_in = next(n for n in graph.nodes if n.name == "x_in").out()
+    monkeypatch.setattr("kiln.kernels.depthwise.channels_last_values", lambda g: {x_in})
+    built = build_contraction_kernels(graph, depthwise_groups(graph), kernel_options,
+                                      Decisions(None, False))
+    (kernel,) = built.kernels
+    assert kernel.generated
+    moved = gather(graph, [kernel.group])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
+    b = next(graph.constant(n) for n in graph.nodes if n.name == "b")
+    for layout in (torch.contiguous_format, CL):
+        x = torch.randn(1, 24, 10, 9).contiguous(memory_format=layout)
+        want = torch.nn.functional.conv2d(x.relu(), w, b, 2, 1, 1, 24).clamp(0.0, 6.0)
+        (got,) = run([x])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        # the kernel writes NHWC; ATen's call on an NCHW input gives NCHW
+        assert got.is_contiguous(memory_format=layout)
