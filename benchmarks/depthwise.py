@@ -4,17 +4,21 @@ peer), on the depthwise layers of MobileNetV2 (batch 1, channels-last, fp32, bia
 
     python benchmarks/depthwise.py [--quick] [--threads 2] [--rounds 15] [--json out.json]
 
-All contenders run in one process, interleaved round by round (`kiln.cost.measure`), each on
-the same NHWC input, with the bias and ReLU6 included (ATen: conv then clamp_ in place;
-oneDNN: bias as a post-op, then clamp_; ORT: Conv + Clip in one graph, NCHW in and out, as
-an ONNX model gives it). Printed per layer: median microseconds, GFLOP/s (2 * MACs) and the
-ratio to the best library contender. Timings move with what else runs on the machine.
+All contenders run in one process, interleaved sample by sample (`benchmarks/ops.py`'s
+``measure``: a pause, then an untimed call, before each sample), each on the same NHWC input,
+with the bias and ReLU6 included (ATen: conv then clamp_ in place; oneDNN: bias as a post-op,
+then clamp_; ORT: Conv + Clip in one graph, NCHW in and out, as an ONNX model gives it).
+Printed per layer: median microseconds, GFLOP/s (2 * MACs) and the best library contender's
+time over kiln's. Timings move with what else runs on the machine: with 2 threads on 2 cores,
+another busy process stalls every parallel region for a scheduler time slice (medians of
+~8 ms per call, for any contender); repeat the run and compare runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 
@@ -22,7 +26,6 @@ import torch
 
 from kiln.codegen.isa import target_isa
 from kiln.codegen.kernel import compile_kernel
-from kiln.cost.measure import Budget, interleaved
 from kiln.ir.ops import Op
 from kiln.kernels.depthwise_schedule import (
     DepthwiseConfig,
@@ -32,6 +35,9 @@ from kiln.kernels.depthwise_schedule import (
 )
 from kiln.kernels.plan import Epilogue
 from kiln.options import Options
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ops import measure  # noqa: E402  (benchmarks/ops.py: interleaved samples, settle pause)
 
 # (channels, input size, stride): MobileNetV2 1.0 at 224x224, each distinct depthwise layer
 LAYERS = ((32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2),
@@ -64,7 +70,8 @@ def _ort_session(c: int, size: int, stride: int, w: torch.Tensor, b: torch.Tenso
                                 providers=["CPUExecutionProvider"])
 
 
-def bench_layer(c: int, size: int, stride: int, options: Options, rounds: int) -> dict:
+def bench_layer(c: int, size: int, stride: int, options: Options, rounds: int,
+                settle_s: float) -> dict:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(1, c, size, size, generator=gen)
     x_cl = x.contiguous(memory_format=torch.channels_last)
@@ -103,14 +110,15 @@ def bench_layer(c: int, size: int, stride: int, options: Options, rounds: int) -
         kiln()
         want = aten()
         err = float((out - want).abs().max())
-        budget = Budget(min_rounds=rounds, max_rounds=rounds, min_sample_s=2e-3,
-                        settle_calls=1)
-        timings = interleaved(list(contenders.values()), budget)
+        # a pause before each sample lets the previous contender's pool (ORT's, libgomp's)
+        # stop spinning; one untimed call then wakes this contender's own (`ops.measure`)
+        timings = measure(contenders, samples=rounds, settle_s=settle_s)
     flops = 2 * shape.macs
     row = {"layer": f"{c}x{size}x{size} s{stride}", "max_abs_err": err}
-    for name, t in zip(contenders, timings):
+    for name, t in timings.items():
         row[f"{name}_us"] = t.median_s * 1e6
         row[f"{name}_gflops"] = flops / t.median_s / 1e9
+        row[f"{name}_spread"] = t.spread
     return row
 
 
@@ -119,17 +127,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--settle", type=float, default=0.02,
+                        help="seconds of pause before each sample (default 0.02)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     options = Options.from_env()
-    rows = [bench_layer(c, s, st, options, args.rounds)
+    rows = [bench_layer(c, s, st, options, args.rounds, args.settle)
             for c, s, st in (QUICK if args.quick else LAYERS)]
     names = [k[:-3] for k in rows[0] if k.endswith("_us")]
     print(f"depthwise 3x3 + bias + relu6, NHWC fp32, batch 1, {torch.get_num_threads()} "
           f"threads; median us (GFLOP/s)")
-    print(f"{'layer':<16}" + "".join(f"{n:>22}" for n in names) + f"{'kiln/best lib':>15}")
+    print(f"{'layer':<16}" + "".join(f"{n:>22}" for n in names) + f"{'best lib/kiln':>15}")
     for row in rows:
         cells = "".join(f"{row[n + '_us']:>12.1f} ({row[n + '_gflops']:5.1f})" for n in names)
         best = min(row[n + "_us"] for n in names if n != "kiln")
