@@ -67,6 +67,7 @@ from kiln.tir.nodes import (
     Scope,
     Stmt,
     Var,
+    channels_last_strides,
     const,
     seq,
 )
@@ -74,7 +75,7 @@ from kiln.tir.nodes import Buffer as TBuffer
 from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
-__all__ = ["DepthwiseConfig", "DepthwiseShape", "channels_last_strides", "depthwise_func",
+__all__ = ["DepthwiseConfig", "DepthwiseShape", "depthwise_func",
            "depthwise_plan", "pack_depthwise_weight", "schedule_depthwise"]
 
 F32 = DType.F32
@@ -129,12 +130,6 @@ class DepthwiseConfig:
             return DepthwiseConfig(ow, lanes)
         tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
         return DepthwiseConfig(tile, lanes)
-
-
-def channels_last_strides(shape: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-    """Element strides of an [N, C, H, W] tensor stored NHWC (as torch.channels_last)."""
-    _, c, h, w = shape
-    return (h * w * c, 1, w * c, c)
 
 
 def pack_depthwise_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -21,13 +21,14 @@ from typing import Any, Protocol
 
 import torch
 
+from kiln.codegen.kernel import layout_check
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.kernels.outcome import Built
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 from kiln.tir.nodes import Buffer as TirBuffer
-from kiln.tir.nodes import contiguous_strides
+from kiln.tir.nodes import channels_last_strides, contiguous_strides
 
 _SOURCES = (Op.SCALAR, Op.CONSTANT, Op.INPUT)
 
@@ -223,10 +224,12 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         strides = _strides(buffer)
         if strides is None and v not in contiguous:
             checks.append(f"{ref(v)}.is_contiguous()")
-        elif strides is not None:  # channels-last: the only other layout kernels read
-            assert strides == _channels_last(buffer.shape), f"{buffer}: no check for it"
+        elif strides is not None and len(strides) == 4 and \
+                strides == channels_last_strides(buffer.shape):
             fmt = _bind(env, "CHANNELS_LAST", torch.channels_last)
             checks.append(f"{ref(v)}.is_contiguous(memory_format={fmt})")
+        elif strides is not None:  # any other strides: the kernel's own test of them
+            checks.append(f"{_bind(env, 'LAYOUT_OK', layout_check(buffer))}({ref(v)})")
     if not checks:
         return [f"    {a}" for a in allocs] + [f"    {call}"]
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
@@ -252,13 +255,6 @@ def _strides(buffer: TirBuffer) -> tuple[int, ...] | None:
     if buffer.strides is None or buffer.strides == contiguous_strides(buffer.shape):
         return None
     return tuple(buffer.strides)
-
-
-def _channels_last(shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    if len(shape) != 4:
-        return None
-    _, c, h, w = shape
-    return (h * w * c, 1, w * c, c)
 
 
 def _call_text(env: dict[str, Any], node: Node, call: AtenCall, ref: Callable[[Value], str],
