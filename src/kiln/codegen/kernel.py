@@ -30,7 +30,8 @@ from kiln.codegen.c import CRenderer, UnsupportedForC
 from kiln.options import Options
 from kiln.tir.nodes import Buffer, PrimFunc, contiguous_strides
 
-__all__ = ["CompiledKernel", "KernelArgumentError", "compile_kernel", "prebuild"]
+__all__ = ["CompiledKernel", "KernelArgumentError", "compile_kernel", "layout_check",
+           "prebuild"]
 
 
 class KernelArgumentError(ValueError):
@@ -133,6 +134,12 @@ def prebuild(funcs: Sequence[PrimFunc], options: Options | None = None) -> None:
             pass  # reported by compile_kernel (a rejected source stays on disk)
     with ThreadPoolExecutor(max_workers=max(os.cpu_count() or 1, 1)) as pool:
         list(pool.map(one, sources.items()))
+
+
+def layout_check(buf: Buffer) -> Callable[[torch.Tensor], bool]:
+    """A fast test that a tensor's strides match ``buf``'s wherever they are used (dims of
+    size 1 are free), for callers that check operands themselves (the runtime)."""
+    return _layout_ok(buf)
 
 
 def _layout_ok(buf: Buffer) -> Callable[[torch.Tensor], bool]:

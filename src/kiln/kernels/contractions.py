@@ -1,6 +1,7 @@
 """Contractions (GEMMs and convolutions) run by whichever kernel is fastest on their shapes,
 on this machine: the node's own ATen call, kiln's generated GEMM on weights packed at compile
-time (`kiln.kernels.gemm`), or the library's kernel on weights reordered once
+time (`kiln.kernels.gemm`), kiln's generated depthwise convolution on channels-last data
+(`kiln.kernels.depthwise`), or the library's kernel on weights reordered once
 (`kiln.kernels.library`, oneDNN). Each candidate is checked against the ATen call first;
 then all are timed together with it, interleaved (`kiln.kernels.decide.fastest`), and the
 decision is kept on disk.
@@ -17,6 +18,7 @@ from collections.abc import Sequence
 from kiln.codegen.kernel import prebuild
 from kiln.ir.graph import Graph
 from kiln.kernels.decide import Decisions, fastest
+from kiln.kernels.depthwise import depthwise_candidate, depthwise_groups, plan_depthwise
 from kiln.kernels.gemm import gemm_candidate, plan_gemm
 from kiln.kernels.library import library_candidate, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
@@ -30,6 +32,7 @@ def contraction_groups(graph: Graph) -> list[KernelGroup]:
     """One group per GEMM a generated kernel may run or contraction a library variant takes."""
     groups = {g.last: g for g in library_groups(graph)}
     groups.update({g.last: g for g in gemms(graph)})
+    groups.update({g.last: g for g in depthwise_groups(graph)})
     index = {node: i for i, node in enumerate(graph.nodes)}
     return sorted(groups.values(), key=lambda g: index[g.last])
 
@@ -40,15 +43,22 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     result = KernelBuild()
     generate = options.generated_kernels and options.generated_gemm
     gemm_nodes = {g.last for g in gemms(graph)} if generate else set()
+    depthwise_nodes = {g.last for g in depthwise_groups(graph)} if generate else set()
     checked: dict[str, bool] = {}
     compiler = True
-    planned = {g: plan_gemm(graph, g, options) for g in groups if g.last in gemm_nodes}
-    prebuild([p[0].build() for p in planned.values() if not isinstance(p, Skipped)], options)
+    planned: dict[KernelGroup, object] = {
+        g: plan_gemm(graph, g, options) for g in groups if g.last in gemm_nodes}
+    planned.update({g: plan_depthwise(graph, g, options) for g in groups
+                    if g.last in depthwise_nodes})
+    prebuild([p[0].build() for p in planned.values()  # type: ignore[index]
+              if not isinstance(p, Skipped)], options)
     for group in groups:
         candidates: list[Built] = []
         reasons: list[Skipped] = []
-        if compiler and group.last in gemm_nodes:
-            built = gemm_candidate(graph, group, options, checked, planned[group])
+        generated = gemm_candidate if group.last in gemm_nodes else \
+            depthwise_candidate if group.last in depthwise_nodes else None
+        if compiler and generated is not None:
+            built = generated(graph, group, options, checked, planned[group])  # type: ignore
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
                 compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)

@@ -35,7 +35,7 @@ from kiln.ir.graph import Graph
 from kiln.ir.interp import evaluate_node
 from kiln.kernels.outcome import Built, Measured, Skipped, SkipReason
 from kiln.kernels.plan import Recipe
-from kiln.kernels.validate import random_operands, runner
+from kiln.kernels.validate import empty_output, operand_strides, random_operands, runner
 from kiln.options import Options
 
 __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library"]
@@ -44,7 +44,8 @@ __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library"]
 # clearly (measurement noise on a tie would flip the choice between compiles); a fused
 # elementwise or row kernel also saves the intermediates' memory traffic, so a tie keeps it;
 # a library variant on prepared weights must win by a little more than the noise
-MARGIN = {Recipe.GEMM: 0.95, Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.97}
+MARGIN = {Recipe.GEMM: 0.95, Recipe.DEPTHWISE: 0.95, Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0,
+          Recipe.LIBRARY: 0.97}
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
 TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock
 _CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -147,7 +148,8 @@ def fastest(graph: Graph, candidates: Sequence[Built], decisions: Decisions
     timed together with the library calls, in one interleaved run."""
     if not decisions.measure:
         return candidates[0]
-    keys = [decision_key(c) for c in candidates]
+    strides = measured_strides(candidates)
+    keys = [decision_key(c, strides) for c in candidates]
     known = [decisions.get(key) for key in keys]
     missing = [i for i, m in enumerate(known) if m is None]
     if missing:
@@ -170,10 +172,10 @@ def measure(graph: Graph, candidates: Sequence[Built]) -> tuple[list[Measured], 
     and whether the samples were steady (each contender's spread within `STEADY` of its
     median: on a busy machine, time slices taken by other processes show as outliers)."""
     group = candidates[0].group
-    env = random_operands(graph, group)
+    env = random_operands(graph, group, measured_strides(candidates))
     runners = []
     for built in candidates:
-        outs = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) for v in built.outputs]
+        outs = [empty_output(built, i) for i in range(len(built.outputs))]
         runners.append(runner(graph, built, env, outs))
 
     def library() -> None:
@@ -189,13 +191,25 @@ def measure(graph: Graph, candidates: Sequence[Built]) -> tuple[list[Measured], 
     return [Measured(lib.median_s, g.median_s) for g in gens], steady
 
 
-def decision_key(built: Built) -> str:
-    """The kernel's library identity (source, compiler, flags), what it is called on, the
-    threads it runs on, the torch it competes with, and the machine."""
+def measured_strides(candidates: Sequence[Built]) -> dict:
+    """The operands' strides as the run time gives them to the candidates: where a generated
+    kernel reads an input channels-last, every contender (the library calls too) is timed on
+    it so, as they would run."""
+    strides: dict = {}
+    for built in candidates:
+        strides.update(operand_strides(built))
+    return strides
+
+
+def decision_key(built: Built, strides: dict | None = None) -> str:
+    """The kernel's library identity (source, compiler, flags), what it is called on (the
+    operand types, and ``strides`` where the operands are not contiguous), the threads it
+    runs on, the torch it competes with, and the machine."""
     digest = hashlib.sha256()
     kernel = built.kernel
     identity = kernel.library.key if isinstance(kernel, CompiledKernel) else kernel.source
-    parts = (identity, repr([v.type for v in built.group.inputs]),
+    laid = [strides[v] for v in built.group.inputs if v in strides] if strides else []
+    parts = (identity, repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),
              str(torch.get_num_threads()), torch.__version__, _machine())
     for part in parts:
         digest.update(part.encode())

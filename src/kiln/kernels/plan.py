@@ -66,6 +66,7 @@ class Recipe(enum.Enum):
     ROWS = "rows"  # a row kernel (softmax / layer norm) with its elementwise prologue inlined
     LOOPS = "loops"  # an elementwise chain, default schedule
     GEMM = "gemm"  # mm / addmm / linear: packed panels and a register-tiled micro-kernel
+    DEPTHWISE = "depthwise"  # depthwise convolution, channels-last: a pixels x channels tile
     LIBRARY = "library"  # not generated: a library entry point on weights prepared once
 
 

@@ -14,25 +14,59 @@ from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels.outcome import Built
 from kiln.passes.partition import KernelGroup
+from kiln.tir.nodes import contiguous_strides
 
-__all__ = ["CHECK_TOLERANCE", "agrees_with_library", "random_operands"]
+__all__ = ["CHECK_TOLERANCE", "agrees_with_library", "empty_output", "operand_strides",
+           "random_operands"]
 
 CHECK_TOLERANCE = 1e-5  # relative L2, float32: a kernel off by more than this is not used
 
+Strides = dict[Value, tuple[int, ...]]
 
-def random_operands(graph: Graph, group: KernelGroup) -> dict[Value, torch.Tensor]:
-    """Random tensors for the group's inputs (bool masks 0/1), the real weights for weights."""
+
+def random_operands(graph: Graph, group: KernelGroup,
+                    strides: Strides | None = None) -> dict[Value, torch.Tensor]:
+    """Random tensors for the group's inputs (bool masks 0/1), the real weights for weights;
+    an input in ``strides`` is laid out with those strides (as the run time will give it to
+    a kernel that reads it so: a channels-last activation), the others contiguous."""
     gen = torch.Generator().manual_seed(0)
+    strides = strides or {}
     env: dict[Value, torch.Tensor] = {}
     for v in group.inputs:
         t = v.type
         if v.node.op is Op.CONSTANT:  # the real weight: kernels may bake in small ones
             env[v] = graph.constant(v.node)
-        elif t.dtype is DType.BOOL:
-            env[v] = torch.randint(0, 2, t.shape, generator=gen).bool()
+            continue
+        if t.dtype is DType.BOOL:
+            value = torch.randint(0, 2, t.shape, generator=gen).bool()
         else:
-            env[v] = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
+            value = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
+        if v in strides:
+            value = torch.empty_strided(t.shape, strides[v], dtype=value.dtype).copy_(value)
+        env[v] = value
     return env
+
+
+def operand_strides(built: Built) -> Strides:
+    """The non-constant inputs a generated kernel reads with other than contiguous strides
+    (its parameter buffers say so), with those strides."""
+    kernel = built.kernel
+    if not isinstance(kernel, CompiledKernel):
+        return {}
+    return {v: buf.strides for v, buf in zip(built.inputs, kernel.func.inputs)
+            if v.node.op is not Op.CONSTANT and buf.strides is not None
+            and buf.strides != contiguous_strides(buf.shape)}
+
+
+def empty_output(built: Built, index: int, fill: float | None = None) -> torch.Tensor:
+    """A tensor for the kernel's ``index``-th output, with the strides its buffer has."""
+    v = built.outputs[index]
+    dtype = v.type.dtype.torch
+    kernel = built.kernel
+    strides = kernel.func.outputs[index].strides if isinstance(kernel, CompiledKernel) else None
+    out = torch.empty(v.type.shape, dtype=dtype) if strides is None else \
+        torch.empty_strided(v.type.shape, strides, dtype=dtype)
+    return out if fill is None else out.fill_(fill)
 
 
 def library_results(graph: Graph, group: KernelGroup,
@@ -65,8 +99,9 @@ def runner(graph: Graph, built: Built, env: dict[Value, torch.Tensor],
 
 def agrees_with_library(graph: Graph, built: Built) -> bool:
     """Run the kernel and the group's library calls on the same operands; compare."""
-    env = library_results(graph, built.group, random_operands(graph, built.group))
-    outs = [torch.full(v.type.shape, float("nan")) for v in built.outputs]
+    operands = random_operands(graph, built.group, operand_strides(built))
+    env = library_results(graph, built.group, operands)
+    outs = [empty_output(built, i, float("nan")) for i in range(len(built.outputs))]
     with torch.no_grad():
         runner(graph, built, env, outs)()
     return all(_close(got, env[v]) for got, v in zip(outs, built.outputs))

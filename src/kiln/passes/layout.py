@@ -28,9 +28,11 @@ from collections.abc import Callable
 import torch
 
 from kiln.cost.measure import Budget, interleaved
+from kiln.ir import calls
 from kiln.ir.attrs import NO_ATTRS, Attrs, LayoutAttrs
 from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.infer import META
+from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import lower_node, run_call
 from kiln.options import Options
@@ -78,10 +80,37 @@ def _pads_nonfinite(node: Node, graph: Graph) -> bool:
     padding by the weights (0 * inf is NaN) where its NHWC one skips it: the results differ."""
     if not any(node.attrs.padding):  # type: ignore[attr-defined]
         return False
-    weight = node.inputs[1].node
-    if weight.op is not Op.CONSTANT:
+    weight = _weight_only(graph, node.inputs[1])
+    if weight is None:
         return True  # values known only at run time
-    return not bool(torch.isfinite(graph.constant(weight)).all())
+    return not bool(torch.isfinite(weight).all())
+
+
+_NOT_CONSTANT = object()
+
+
+def _weight_only(graph: Graph, value: Value, depth: int = 8) -> torch.Tensor | None:
+    """The value of a weight computed from constants only (a weight that batch norm folding
+    rewrote, which `fold.rewritten` folds only after this pass), or None where it depends on
+    anything else. Without it every padded convolution after a batch norm stayed NCHW (all
+    of MobileNetV2's and ResNet's 3x3 convolutions), each between two layout copies."""
+    found = _evaluated(graph, value, depth)
+    return found if isinstance(found, torch.Tensor) else None
+
+
+def _evaluated(graph: Graph, value: Value, depth: int) -> object:
+    node = value.node
+    if node.op is Op.CONSTANT:
+        return graph.constant(node)
+    if node.op is Op.SCALAR:
+        return node.attrs.value  # type: ignore[attr-defined]
+    if depth == 0 or node.op.is_a(OpGroup.SOURCE) or not calls.is_pure(node):
+        return _NOT_CONSTANT
+    args = [_evaluated(graph, v, depth - 1) for v in node.inputs]
+    if any(a is _NOT_CONSTANT for a in args):
+        return _NOT_CONSTANT
+    with torch.no_grad():
+        return evaluate_node(node, args, graph)[value.index]
 
 
 def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
@@ -150,6 +179,23 @@ def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
         elif four_d and (node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
                          or node.op.is_a(OpGroup.POOLING)) \
                 and any(v in nhwc for v in node.inputs):
+            nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
+    return nhwc
+
+
+def channels_last_values(graph: Graph) -> set[Value]:
+    """The 4-d values of a graph this pass rewrote that are NHWC at run time (as far as the
+    IR tells: what a ``to_layout {channels_last}`` makes, and what convolutions,
+    elementwise ops and pooling make of it, up to the contiguous copies). A kernel that
+    reads such a value channels-last still checks its strides when it runs."""
+    seeds = {n for n in graph.nodes
+             if n.op is Op.TO_LAYOUT and getattr(n.attrs, "channels_last", False)}
+    nhwc = {n.out() for n in seeds if len(n.out().type.shape) == 4}
+    for node in graph.nodes:
+        four_d = len(node.types) >= 1 and len(node.types[0].shape) == 4
+        if four_d and node not in seeds and (
+                node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
+                or node.op.is_a(OpGroup.POOLING)) and any(v in nhwc for v in node.inputs):
             nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
     return nhwc
 

@@ -21,11 +21,14 @@ from typing import Any, Protocol
 
 import torch
 
+from kiln.codegen.kernel import layout_check
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.kernels.outcome import Built
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
+from kiln.tir.nodes import Buffer as TirBuffer
+from kiln.tir.nodes import channels_last_strides, contiguous_strides
 
 _SOURCES = (Op.SCALAR, Op.CONSTANT, Op.INPUT)
 
@@ -142,7 +145,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         step += 1
         return ["    TIMER_start()", *step_lines, f"    TIMER_stop({step - 1})"]
 
-    contiguous = set(slot)  # values known contiguous without a runtime check
+    # values known contiguous without a runtime check (a kernel output with other strides,
+    # channels-last, is not, even in a planned buffer)
+    contiguous = set(slot) - {v for gk in kernels for v in strided_outputs(gk)}
     pending: list[str] = []  # deaths inside a group wait for its kernel call
     for i, node in enumerate(graph.nodes):
         if node.op is Op.SCALAR:
@@ -161,7 +166,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
                 continue
             lines += timed(_kernel_lines(env, gk, graph, ref, slot, contiguous, library_line))
             if gk.generated:  # a library kernel returns what the library makes (NHWC ...)
-                contiguous.update(gk.outputs)
+                contiguous.update(set(gk.outputs) - strided_outputs(gk))
             dies_at[i] = pending + dies_at.get(i, [])
             pending = []
         if dies_at.get(i):
@@ -189,6 +194,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         fn = _bind(env, "LIB", gk.kernel.fn)  # type: ignore[union-attr]
         (out,) = gk.outputs
         return [f"    {ref(out)} = {fn}({', '.join(ref(v) for v in gk.inputs)})"]
+    params = gk.kernel.func  # type: ignore[union-attr]
     pointers = []
     for v in gk.inputs:
         if v.node.op is Op.CONSTANT:
@@ -198,26 +204,57 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         else:
             pointers.append(f"{ref(v)}.data_ptr()")
     allocs = []
-    for v in gk.outputs:
+    for v, buffer in zip(gk.outputs, params.outputs):
+        strides = _strides(buffer)
         if v in slot:
-            allocs.append(f"{ref(v)} = buf[{slot[v]}]")
+            view = "" if strides is None else f".as_strided({tuple(v.type.shape)!r}, {strides!r})"
+            allocs.append(f"{ref(v)} = buf[{slot[v]}]{view}")
         else:
-            empty = _bind(env, "EMPTY", torch.empty)
             dtype = _bind(env, "DT", v.type.dtype.torch)
-            allocs.append(f"{ref(v)} = {empty}({tuple(v.type.shape)!r}, dtype={dtype})")
+            empty = _bind(env, "EMPTY", torch.empty) if strides is None else \
+                _bind(env, "EMPTY_STRIDED", torch.empty_strided)
+            size = repr(tuple(v.type.shape)) + ("" if strides is None else f", {strides!r}")
+            allocs.append(f"{ref(v)} = {empty}({size}, dtype={dtype})")
         pointers.append(f"{ref(v)}.data_ptr()")
     call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
-    checks = [f"{ref(v)}.is_contiguous()" for v in dict.fromkeys(gk.inputs)
-              if v.node.op is not Op.CONSTANT and v not in contiguous]
+    checks = []
+    for v, buffer in dict(zip(gk.inputs, params.inputs)).items():
+        if v.node.op is Op.CONSTANT:
+            continue
+        strides = _strides(buffer)
+        if strides is None and v not in contiguous:
+            checks.append(f"{ref(v)}.is_contiguous()")
+        elif strides is not None and len(strides) == 4 and \
+                strides == channels_last_strides(buffer.shape):
+            fmt = _bind(env, "CHANNELS_LAST", torch.channels_last)
+            checks.append(f"{ref(v)}.is_contiguous(memory_format={fmt})")
+        elif strides is not None:  # any other strides: the kernel's own test of them
+            checks.append(f"{_bind(env, 'LAYOUT_OK', layout_check(buffer))}({ref(v)})")
     if not checks:
         return [f"    {a}" for a in allocs] + [f"    {call}"]
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
     fallback = [library_line(n, False) for n in gk.group.nodes]
-    fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs]
+    fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs
+                 if v not in strided_outputs(gk)]  # (those may have any layout after it)
     named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
     fallback += [f"del {', '.join(named)}"] if named else []
     return ([f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]
             + [f"        {call}", "    else:"] + [f"        {line}" for line in fallback])
+
+
+def strided_outputs(gk: Built) -> set[Value]:
+    """The outputs a generated kernel writes with other than contiguous strides."""
+    if not gk.generated:
+        return set()
+    func = gk.kernel.func  # type: ignore[union-attr]
+    return {v for v, b in zip(gk.outputs, func.outputs) if _strides(b) is not None}
+
+
+def _strides(buffer: TirBuffer) -> tuple[int, ...] | None:
+    """The buffer's strides where they are not the contiguous ones."""
+    if buffer.strides is None or buffer.strides == contiguous_strides(buffer.shape):
+        return None
+    return tuple(buffer.strides)
 
 
 def _call_text(env: dict[str, Any], node: Node, call: AtenCall, ref: Callable[[Value], str],

@@ -53,8 +53,8 @@ from kiln.ir.types import DType
 __all__ = [
     "Allocate", "BinOp", "Binary", "Block", "Buffer", "BufferStore", "Cast", "CmpOp",
     "Compare", "Const", "Expr", "For", "ForKind", "IfThenElse", "IterKind", "IterVar", "Load",
-    "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "UnOp", "Unary", "Var", "const",
-    "contiguous_strides", "seq",
+    "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "UnOp", "Unary", "Var",
+    "channels_last_strides", "const", "contiguous_strides", "seq",
 ]
 
 INDEX = DType.I64  # dtype of loop vars, iter vars and index constants
@@ -133,6 +133,12 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
         strides.append(step)
         step *= max(extent, 1)
     return tuple(reversed(strides))
+
+
+def channels_last_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Element strides of a 4-d [N, C, H, W] array stored NHWC (torch.channels_last)."""
+    _, c, h, w = shape
+    return (h * w * c, 1, w * c, c)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,165 @@
+"""Generated depthwise convolutions: a ``convolution`` / ``conv_act`` node with groups = in
+channels = out channels, whose input is channels-last at run time (the `layout` pass made it
+so), becomes the kernel of `kiln.kernels.depthwise_schedule`: one more candidate of
+`kiln.kernels.contractions`, used only where it measures fastest against the node's ATen
+call and oneDNN on its shapes, on this machine.
+
+    %y = conv_act(%x_nhwc, %w, %b) {stride=(2, 2), padding=(1, 1), groups=96, clamp(0, 6)}
+      -> kiln_depthwise_96x112x112_k3x3_s2 (x NHWC, w packed once to [3, 3, 96], bias;
+                                           clamp in the write-back; out NHWC)
+
+The weight is packed once, at compile time, into ``[KH, KW, C]`` (`pack_depthwise_weight`),
+bound to the kernel as the GEMM's packed panels are. The kernel's buffers carry NHWC strides,
+so the runtime checks its input's strides and falls back to the node's ATen call where they
+differ, and gives the output NHWC, as ATen's convolution does on an NHWC input.
+
+What it takes, and why the rest stays a library call:
+
+* fp32; a 4-d input; a constant weight [C, 1, KH, KW] with every value finite (ATen's NHWC
+  convolution skips the zero padding where the NCHW one multiplies it by the weight; the
+  kernel skips it too, which is the same sum only for finite weights); any kernel size,
+  stride, padding and dilation; a bias (constant or not); the activations of
+  `kiln.ir.fused.ACTIVATIONS` that have a loop form.
+* Only an input that is NHWC at run time (`kiln.passes.layout.channels_last_values`): in
+  NCHW memory a vector of channels is a gather, and a kernel vectorized along the row
+  instead would need strided loads at stride 2; such convolutions stay with oneDNN.
+* No residual input (``conv_act`` with ``has_residual``): MobileNet's residual adds follow
+  the 1x1 projection, not the depthwise convolution. One input channel (groups = 1) is an
+  ordinary convolution.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.codegen.isa import target_isa
+from kiln.ir.attrs import ConvActAttrs, ConvAttrs
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels.build import compile_plan
+from kiln.kernels.depthwise_schedule import (
+    DepthwiseConfig,
+    DepthwiseShape,
+    depthwise_plan,
+    pack_depthwise_weight,
+)
+from kiln.kernels.outcome import Built, Skipped, SkipReason
+from kiln.kernels.plan import Epilogue, KernelPlan
+from kiln.kernels.validate import agrees_with_library
+from kiln.options import Options
+from kiln.passes.layout import channels_last_values
+from kiln.passes.partition import KernelGroup, singles
+from kiln.tir.lower_elementwise import activation
+from kiln.tir.te import NotLowerable
+
+__all__ = ["depthwise_candidate", "depthwise_groups", "plan_depthwise", "refusal"]
+
+DepthwisePlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
+
+
+def depthwise_groups(graph: Graph) -> list[KernelGroup]:
+    """One group per depthwise convolution the generated kernel takes (`refusal` is None)."""
+    if graph.device.type != "cpu":
+        return []
+    nhwc = channels_last_values(graph)
+    return singles(graph, lambda node: _is_depthwise(node)
+                   and refusal(graph, node, nhwc) is None)
+
+
+def _is_depthwise(node: Node) -> bool:
+    if node.op not in (Op.CONVOLUTION, Op.CONV_ACT) or len(node.inputs[0].type.shape) != 4:
+        return False
+    channels = node.inputs[0].type.shape[1]
+    return node.attrs.groups == channels > 1 and node.type.shape[1] == channels  # type: ignore
+
+
+def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | None:
+    """Why the generated kernel does not take this depthwise convolution; None where it does."""
+    if not _is_depthwise(node):
+        return "not a depthwise convolution (groups = in channels = out channels > 1)"
+    a = node.attrs
+    x, w = node.inputs[0], node.inputs[1]
+    if any(v.type.dtype is not DType.F32 for v in node.inputs if v.node.op is not Op.SCALAR):
+        return "not fp32"
+    if isinstance(a, ConvAttrs) and a.transposed:
+        return "transposed"
+    if isinstance(a, ConvActAttrs):
+        if a.has_residual:
+            return "a residual input"
+        if a.activation is not None:
+            try:
+                activation(a.activation, a.act_args)
+            except NotLowerable:
+                return f"no loop form for {a.activation.text}"
+    bias = _bias(node)
+    if bias is not None and bias.type.shape != (x.type.shape[1],):
+        return "a bias not of shape [C]"
+    c = x.type.shape[1]
+    if w.node.op is not Op.CONSTANT or w.type.shape[:2] != (c, 1):
+        return "a weight that is not a constant [C, 1, KH, KW]"
+    if any(d == 0 for d in (*x.type.shape, *node.type.shape)):
+        return "an empty tensor"
+    if not bool(torch.isfinite(graph.constant(w.node)).all()):
+        return "non-finite weights (the padding would meet them)"
+    nhwc = channels_last_values(graph) if nhwc is None else nhwc
+    if x not in nhwc:
+        return "an input that is not channels-last at run time"
+    return None
+
+
+def _bias(node: Node) -> Value | None:
+    a = node.attrs
+    if isinstance(a, ConvActAttrs):
+        return node.inputs[2] if a.has_bias else None
+    return node.inputs[2] if len(node.inputs) > 2 else None
+
+
+def depthwise_shape(node: Node) -> DepthwiseShape:
+    a = node.attrs
+    n, c, h, w = node.inputs[0].type.shape
+    kh, kw = node.inputs[1].type.shape[2:]
+    return DepthwiseShape(n, c, h, w, (kh, kw), tuple(a.stride), tuple(a.padding),  # type: ignore
+                          tuple(a.dilation), _bias(node) is not None)  # type: ignore
+
+
+def plan_depthwise(graph: Graph, group: KernelGroup, options: Options
+                   ) -> DepthwisePlanned | Skipped:
+    """The plan of the generated kernel for a one-node depthwise group, its inputs (x, the
+    weight, the bias), and the weight packed for it."""
+    node = group.last
+    why = refusal(graph, node)
+    if why is not None:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, why)
+    shape = depthwise_shape(node)
+    a = node.attrs
+    act = a.activation if isinstance(a, ConvActAttrs) else None
+    epilogue = Epilogue(act, a.act_args) if act is not None else None  # type: ignore
+    (kh, kw), (sh, sw) = shape.kernel, shape.stride
+    name = f"kiln_depthwise_{shape.c}x{shape.h}x{shape.w}_k{kh}x{kw}_s{sh}x{sw}"
+    config = DepthwiseConfig.default(shape, target_isa(options).f32_lanes)
+    plan = depthwise_plan(shape, config, name, epilogue)
+    w = node.inputs[1]
+    bias = _bias(node)
+    inputs = (node.inputs[0], w) if bias is None else (node.inputs[0], w, bias)
+    return plan, inputs, {w: pack_depthwise_weight(graph.constant(w.node))}
+
+
+def depthwise_candidate(graph: Graph, group: KernelGroup, options: Options,
+                        checked: dict[str, bool] | None = None,
+                        planned: DepthwisePlanned | Skipped | None = None) -> Built | Skipped:
+    """The generated depthwise kernel for a one-node group, compiled and checked against the
+    node's ATen call on channels-last operands (``checked`` remembers sources already
+    checked, with their weights), not yet measured."""
+    planned = planned if planned is not None else plan_depthwise(graph, group, options)
+    if isinstance(planned, Skipped):
+        return planned
+    plan, inputs, weights = planned
+    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
+    if isinstance(built, Skipped):
+        return built
+    checked = {} if checked is None else checked
+    key = f"{built.source}\n{group.last.inputs[1].node.name}"  # (each with its own weights)
+    if key not in checked:
+        checked[key] = agrees_with_library(graph, built)
+    return built if checked[key] else Skipped(group, SkipReason.DISAGREED)
