@@ -94,3 +94,61 @@ def test_micro_kernel_is_clean_c() -> None:
             "(A_local[i0_1 * 700 + k0_1 * 14 + i0_2] * B_global[i1_1 * 1600 + k0_1 * 32 + i1_2])"
             in update)
     assert "float C_local[448]" in source  # the register tile
+
+
+@pytest.mark.parametrize("m,n,k,kc", [(13, 37, 5, 5), (13, 37, 29, 5), (28, 64, 16, 16),
+                                      (1, 3, 1, 8)], ids=["one_k_block", "k_blocks", "no_a_pack",
+                                                          "tiny"])
+def test_an_m_by_n_bias_is_the_residual_the_tiles_start_from(options: Options, m: int, n: int,
+                                                              k: int, kc: int) -> None:
+    cfg = GemmConfig(mr=14 if m >= 14 else 4, nr=32 if n >= 32 else 8, kc=kc,
+                     mc=28 if m >= 14 else 8, nc=64)
+    func = gemm_func(m, n, k, cfg, bias=True, bias_matrix=True)
+    gen = torch.Generator().manual_seed(m + n + k)
+    a, b, r = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen), \
+        torch.randn(m, n, generator=gen)
+    r[0, 0] = float("nan")
+    expected = torch.addmm(r, a, b)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    c = torch.full((m, n), 7.0)
+    kernel(a, b, r, c)
+    torch.testing.assert_close(c, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(interp.run_torch(func, [a, b, r])[0], expected, rtol=1e-5,
+                               atol=1e-5, equal_nan=True)
+
+
+def test_one_k_block_starts_the_register_tile_from_the_bias() -> None:
+    """With KC >= K the tile's accumulator is initialized from the bias and C written once:
+    no init pass over C, no load of C into the tile (3 passes over C for small K before)."""
+    plan = gemm_plan(64, 64, 24, GemmConfig(14, 32, 24, 28, 64), bias=True)
+    text = plan.trace.as_python()
+    assert "sch.cache_write(b_C, scope='local')" in text
+    assert "decompose_reduction(b_C, k0)" in text and "cache_inplace" not in text
+    source = render_c(plan.build())
+    assert "C_local[" in source and "C[" not in source.split("/* block C_init */")[1].split(
+        ";")[0]  # the init writes the local tile
+
+
+def test_short_rows_of_a_are_read_in_place_and_narrow_outputs_take_one_vector() -> None:
+    from kiln.codegen.isa import Isa
+    from kiln.kernels.gemm_schedule import default_gemm_config
+
+    cfg = default_gemm_config(12544, 16, 32, threads=2, base=GemmConfig.for_isa(Isa.AVX512),
+                              b_prepacked=True)
+    assert (cfg.nr, cfg.mr) == (16, 28)  # 28 one-vector accumulators, none on padding
+    source = render_c(gemm_func(12544, 16, 32, cfg, bias=True, b_prepacked=True))
+    assert "A_local" not in source  # one K block, one N block: A read in place
+    wide = render_c(gemm_func(12544, 16, 300, cfg, bias=True, b_prepacked=True))
+    assert "A_local" in wide  # long rows are packed
+
+
+def test_tail_tiles_of_a_prepacked_b_run_without_bounds_checks() -> None:
+    """B prepacked in zero-padded panels is read in bounds over the whole tile, so a tail
+    tile's K loop has no guard (it had one per FMA: 16-wide outputs ran 30x slower)."""
+    func = gemm_func(28, 40, 64, GemmConfig(14, 32, 64, 28, 64), bias=True, b_prepacked=True)
+    source = render_c(func)
+    updates = source.split("/* block C */")[1:]
+    assert len(updates) >= 2  # the full tile and the tail tile
+    for update in updates:
+        assert "if (" not in update[:update.index("}")]

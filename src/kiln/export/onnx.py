@@ -35,10 +35,12 @@ from kiln.passes.pipeline import PIPELINE, PassRecord, run_pipeline
 __all__ = ["DEFAULT_OPSET", "EXPORT_PIPELINE", "OnnxExportError", "OptimizeResult",
            "check_model", "export_graph", "op_counts", "optimize", "run_onnxruntime"]
 
-# The graph passes minus "layout": channels-last is a memory layout, which ONNX cannot say;
+# The graph passes minus "layout" (and "pointwise", which reads its NHWC values as GEMM
+# rows): channels-last is a memory layout, which ONNX cannot say;
 # and minus "pet" and "attention": their choices are timed on this machine's ATen calls, not
 # the kernels of whichever runtime loads the file (which fuses attention itself).
-EXPORT_PIPELINE = tuple(p for p in PIPELINE if p.name not in ("layout", "pet", "attention"))
+EXPORT_PIPELINE = tuple(p for p in PIPELINE
+                        if p.name not in ("layout", "pointwise", "pet", "attention"))
 
 
 @dataclass

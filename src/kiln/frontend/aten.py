@@ -319,6 +319,8 @@ def _cat(ctx: Context, tensors: list[Value], dim: int = 0) -> Any:
 
 @converts(aten.constant_pad_nd.default)
 def _pad(ctx: Context, x: Value, pad: Any, value: Any = 0) -> Any:
+    if not any(pad):  # (HF's TF-style "same" padding pads 1x1 convolutions by nothing)
+        return (x,)
     return ctx.emit(Op.PAD, x, attrs=A.PadAttrs(tuple(pad), value))
 
 

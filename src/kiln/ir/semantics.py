@@ -129,7 +129,10 @@ LOWERINGS: dict[Op, Lowering] = {
     Op.BATCH_NORM: lambda a, n: AtenCall(aten._native_batch_norm_legit_no_training.default,
                                          (X, Y, Z, Operand(3), Operand(4), 0.1, a.eps),
                                          select=0),
-    Op.VIEW: lambda a, n: AtenCall(aten.view.default, (X, list(a.shape))),
+    # the IR's view has no layout: reshape is the view where the strides allow one and a copy
+    # in logical order where they do not (an NHWC tensor seen as [N*H*W, C] is a view only if
+    # its memory is NHWC, which the IR can tell only as far as `passes.layout` knows)
+    Op.VIEW: lambda a, n: AtenCall(aten.reshape.default, (X, list(a.shape))),
     Op.EXPAND: lambda a, n: AtenCall(aten.expand.default, (X, list(a.shape))),
     Op.PERMUTE: lambda a, n: AtenCall(aten.permute.default, (X, list(a.dims))),
     Op.SQUEEZE: lambda a, n: AtenCall(aten.squeeze.dims, (X, list(a.dims))),

@@ -57,9 +57,11 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     if epilogue is not None and k == 0:  # (the result is act(bias); the library does that)
         return Skipped(group, SkipReason.NOT_LOWERABLE, "K = 0: no K block to end with the "
                        "epilogue")
+    matrix = bias is not None and len(bias.type.shape) == 2  # addmm's [M, N] input
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
                      bias=bias is not None, b_prepacked=b.node.op is Op.CONSTANT,
-                     epilogue=epilogue, name=f"kiln_gemm_{m}x{n}x{k}")
+                     epilogue=epilogue, name=f"kiln_gemm_{m}x{n}x{k}{'_r' if matrix else ''}",
+                     bias_matrix=matrix)
 
 
 def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:

@@ -68,6 +68,9 @@ __all__ = ["SERIAL_MACS", "GemmConfig", "default_gemm_config", "gemm_func", "gem
 
 F32 = DType.F32
 SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
+# A is read in place, not packed, where the tile reads each row of A once (one K block, one
+# N block) and its rows are short: packing would copy all of A for a single use
+PACK_A_FROM_K = 256
 
 
 @dataclass(frozen=True)
@@ -123,6 +126,10 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     of 14 rows, 181 GFLOP/s; MR=8, no padding, 200)."""
     threads = threads or os.cpu_count() or 1
     base = base or GemmConfig()
+    if 0 < n <= base.nr // 2 and base.nr % 2 == 0:  # one vector of columns, twice the rows
+        # (the accumulators fill the same registers; a 2-vector tile would compute half
+        # padding: MobileNetV2's 16-channel 1x1 projection ran 2.3x slower than the library)
+        base = GemmConfig(2 * base.mr, base.nr // 2, base.kc, 2 * base.mc, base.nc)
     kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
     split_n = (b_prepacked and threads > 1 and _ceil_div(m, base.mr) < 4 * threads
                and n >= threads * base.nr)
@@ -164,18 +171,19 @@ def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:
 
 
 def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool = False,
-                name: str = "gemm", b_panels: int = 0) -> PrimFunc:
+                name: str = "gemm", b_panels: int = 0, bias_matrix: bool = False) -> PrimFunc:
     """``C = A @ B`` (``A @ B.T`` with ``b_transposed``; ``+ bias`` as the init) as the loop
     lowering of mm/addmm gives it (`kiln.tir.lower_contract`): one reduction block ``C``
     over loops ``i0, i1, k0``. With ``b_panels`` (NR) B comes prepacked by the caller
-    (`pack_b`): ``B[n // NR, k, n % NR]``, f32[ceil(N / NR), K, NR], the tail zero-padded."""
+    (`pack_b`): ``B[n // NR, k, n % NR]``, f32[ceil(N / NR), K, NR], the tail zero-padded.
+    With ``bias_matrix`` the bias is [M, N], an addmm's full input (a residual)."""
     b = Builder()
     a_buf = b.buffer("A", (m, k), F32)
     if b_panels:
         b_buf = b.buffer("B", (_ceil_div(n, b_panels), k, b_panels), F32)
     else:
         b_buf = b.buffer("B", (n, k) if b_transposed else (k, n), F32)
-    bias_buf = b.buffer("bias", (n,), F32) if bias else None
+    bias_buf = b.buffer("bias", (m, n) if bias_matrix else (n,), F32) if bias else None
     c_buf = b.buffer("C", (m, n), F32)
 
     def product(v: tuple[Var, ...], r: tuple[Var, ...]) -> Expr:
@@ -185,7 +193,8 @@ def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool =
             rhs = b_buf[v[1], r[0]] if b_transposed else b_buf[r[0], v[1]]
         return a_buf[v[0], r[0]] * rhs
 
-    finit = None if bias_buf is None else (lambda v: bias_buf[v[1]])
+    finit = None if bias_buf is None else \
+        (lambda v: bias_buf[v[0], v[1]]) if bias_matrix else (lambda v: bias_buf[v[1]])
     b.reduce("C", c_buf, (k,), BinOp.ADD, product, finit)
     inputs = (a_buf, b_buf) if bias_buf is None else (a_buf, b_buf, bias_buf)
     return PrimFunc(name, inputs, (c_buf,), b.body())
@@ -225,34 +234,51 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     i, j, k = sch.get_loops(c)
     ic, ir, ii = sch.split(i, [None, mc // mr, mr])
     jc, jr, jj = sch.split(j, [None, nc // nr, nr])
-    pc, p = sch.split(k, [None, kc])
-    sch.reorder(jc, pc, ic, jr, ir, p, ii, jj)
-    init = sch.decompose_reduction(c, jc)
-    load, store = sch.cache_inplace(c, "C")
-    sch.reverse_compute_at(store, ir)
-    sch.compute_at(load, ir)
-    a_pack = sch.cache_read(c, "A")
-    sch.compute_at(a_pack, ic)
-    a_rows, a_k = sch.get_loops(a_pack)[-2:]  # pack A tile by tile, writing contiguously
-    a_tile, a_row = sch.split(a_rows, [None, mr])
-    sch.reorder(a_tile, a_k, a_row)
-    a_local = f"A_{Scope.LOCAL.value}"
-    sch.transform_layout(c, a_local, [(0, "//", mr), (1, "", 0), (0, "%", mr)])
+    k_values = func.inputs[0].shape[1]
+    if kc >= k_values:  # one K block: the tile starts from the bias, C is written once
+        p = k
+        sch.reorder(jc, ic, jr, ir, p, ii, jj)
+        store = sch.cache_write(c, Scope.LOCAL)
+        sch.reverse_compute_at(store, ir)
+        init = sch.decompose_reduction(c, p)
+        tile_blocks = (init, store)
+        k_blocks: list[str] = []
+    else:  # C accumulates over the K blocks: initialized once, loaded by each tile
+        pc, p = sch.split(k, [None, kc])
+        sch.reorder(jc, pc, ic, jr, ir, p, ii, jj)
+        init = sch.decompose_reduction(c, jc)
+        load, store = sch.cache_inplace(c, "C")
+        sch.reverse_compute_at(store, ir)
+        sch.compute_at(load, ir)
+        tile_blocks = (load, store)
+        k_blocks = [pc.name]
+    # (tail tiles keep their bounds checks on an unpacked A: 3136x24x144 ran 20x slower)
+    packs_a = (bool(k_blocks) or n > nc or k_values > PACK_A_FROM_K or n % nr or m % mr)
+    if packs_a:
+        a_pack = sch.cache_read(c, "A")
+        sch.compute_at(a_pack, ic)
+        a_rows, a_k = sch.get_loops(a_pack)[-2:]  # pack A tile by tile, writing contiguously
+        a_tile, a_row = sch.split(a_rows, [None, mr])
+        sch.reorder(a_tile, a_k, a_row)
+        a_local = f"A_{Scope.LOCAL.value}"
+        sch.transform_layout(c, a_local, [(0, "//", mr), (1, "", 0), (0, "%", mr)])
     # the micro-kernel: unrolled rows, vector columns; threads share the M or the N blocks
     sch.unroll(ii)
     sch.vectorize(jj)
     sch.parallel(jc if config.split_n else ic)
-    for block in (load, store):
+    for block in tile_blocks:
         rows, cols = sch.get_loops(block)[-2:]
         sch.unroll(rows)
         sch.vectorize(cols)
-    init_loops = sch.get_loops(init)
-    sch.parallel(init_loops[0 if config.split_n else 1])  # jc or ic
-    sch.vectorize(init_loops[-1])
+    if k_blocks:  # C's own init nest
+        init_loops = sch.get_loops(init)
+        sch.parallel(init_loops[0 if config.split_n else 1])  # jc or ic
+        sch.vectorize(init_loops[-1])
+    tails = [*k_blocks, *([a_tile.name] if packs_a else []), jr.name, ir.name, p.name]
     if func.inputs[1].rank == 3:  # B prepacked by the caller (`pack_b`): read in place
-        return sch, [pc.name, a_tile.name, jr.name, ir.name, p.name]
+        return sch, tails
     b_pack = sch.cache_read(c, "B", Scope.GLOBAL)
-    sch.compute_at(b_pack, pc)
+    sch.compute_at(b_pack, pc if k_blocks else jc)
     b_local = f"B_{Scope.GLOBAL.value}"
     n_dim = 0 if b_transposed else 1
     sch.transform_layout(c, b_local, [(n_dim, "//", nr), (1 - n_dim, "", 0),
@@ -271,19 +297,21 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         sch.vectorize(lane)
     if not config.split_n:  # (else B's packing already runs inside a thread's jc block)
         sch.parallel(panel)
-    return sch, [pc.name, a_tile.name, jr.name, ir.name, p.name]
+    return sch, tails
 
 
 def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
               b_transposed: bool = False, bias: bool = False, name: str = "gemm",
-              b_prepacked: bool = False, epilogue: Epilogue | None = None) -> KernelPlan:
+              b_prepacked: bool = False, epilogue: Epilogue | None = None,
+              bias_matrix: bool = False) -> KernelPlan:
     """The GEMM as a plan (see the module docstring): `matmul_func`'s program, the Trace of
     `schedule_gemm`, and the lowering post-passes: compaction (packed panels, register tile),
     indices in loop vars, full K blocks and tiles versioned without bounds checks (tiles
     wholly in the padding skipped, the K tail's check one test per K step), then the tail
     tiles' micro-kernel padded (its checks dropped where only unused values depend on them)."""
     cfg = config or default_gemm_config(m, n, k)
-    program = matmul_func(m, n, k, b_transposed, bias, name, cfg.nr if b_prepacked else 0)
+    program = matmul_func(m, n, k, b_transposed, bias, name, cfg.nr if b_prepacked else 0,
+                          bias_matrix)
     sch, tails = schedule_gemm(program, cfg, b_transposed)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   DropDeadGuards())
@@ -292,13 +320,15 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")
         post += (epilogue,)
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
-            f"b_prepacked={b_prepacked})")
+            f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''})")
     return KernelPlan(Recipe.GEMM, program, sch.trace, post, notes=f"# kiln.kernels.{call}",
                       scheduled=sch.func)
 
 
 def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
               b_transposed: bool = False, bias: bool = False, name: str = "gemm",
-              b_prepacked: bool = False, epilogue: Epilogue | None = None) -> PrimFunc:
+              b_prepacked: bool = False, epilogue: Epilogue | None = None,
+              bias_matrix: bool = False) -> PrimFunc:
     """`gemm_plan`'s program: ``C = A @ B`` (``+ bias``) with inputs A, B (, bias)."""
-    return gemm_plan(m, n, k, config, b_transposed, bias, name, b_prepacked, epilogue).build()
+    return gemm_plan(m, n, k, config, b_transposed, bias, name, b_prepacked, epilogue,
+                     bias_matrix).build()

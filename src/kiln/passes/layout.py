@@ -34,7 +34,6 @@ from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.infer import META
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
-from kiln.ir.semantics import lower_node, run_call
 from kiln.options import Options
 
 CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
@@ -80,7 +79,7 @@ def _pads_nonfinite(node: Node, graph: Graph) -> bool:
     padding by the weights (0 * inf is NaN) where its NHWC one skips it: the results differ."""
     if not any(node.attrs.padding):  # type: ignore[attr-defined]
         return False
-    weight = _weight_only(graph, node.inputs[1])
+    weight = weight_only(graph, node.inputs[1])
     if weight is None:
         return True  # values known only at run time
     return not bool(torch.isfinite(weight).all())
@@ -89,7 +88,7 @@ def _pads_nonfinite(node: Node, graph: Graph) -> bool:
 _NOT_CONSTANT = object()
 
 
-def _weight_only(graph: Graph, value: Value, depth: int = 8) -> torch.Tensor | None:
+def weight_only(graph: Graph, value: Value, depth: int = 8) -> torch.Tensor | None:
     """The value of a weight computed from constants only (a weight that batch norm folding
     rewrote, which `fold.rewritten` folds only after this pass), or None where it depends on
     anything else. Without it every padded convolution after a batch norm stayed NCHW (all
@@ -185,11 +184,13 @@ def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
 
 def channels_last_values(graph: Graph) -> set[Value]:
     """The 4-d values of a graph this pass rewrote that are NHWC at run time (as far as the
-    IR tells: what a ``to_layout {channels_last}`` makes, and what convolutions,
+    IR tells: what a ``to_layout {channels_last}`` makes, a GEMM's result seen as NCHW
+    pixels (`_pixels_back`), and what convolutions,
     elementwise ops and pooling make of it, up to the contiguous copies). A kernel that
     reads such a value channels-last still checks its strides when it runs."""
     seeds = {n for n in graph.nodes
-             if n.op is Op.TO_LAYOUT and getattr(n.attrs, "channels_last", False)}
+             if (n.op is Op.TO_LAYOUT and getattr(n.attrs, "channels_last", False))
+             or _pixels_back(n)}
     nhwc = {n.out() for n in seeds if len(n.out().type.shape) == 4}
     for node in graph.nodes:
         four_d = len(node.types) >= 1 and len(node.types[0].shape) == 4
@@ -198,6 +199,15 @@ def channels_last_values(graph: Graph) -> set[Value]:
                 or node.op.is_a(OpGroup.POOLING)) and any(v in nhwc for v in node.inputs):
             nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
     return nhwc
+
+
+def _pixels_back(node: Node) -> bool:
+    """``permute(view(c) {(N, H, W, C)}) {(0, 3, 1, 2)}`` of a 2-d value ``c``: the NCHW
+    view of an [N*H*W, C] matrix (`kiln.passes.pointwise`'s GEMM result), NHWC in memory."""
+    if node.op is not Op.PERMUTE or tuple(node.attrs.dims) != (0, 3, 1, 2):  # type: ignore
+        return False
+    grid = node.inputs[0].node
+    return grid.op is Op.VIEW and len(grid.inputs[0].type.shape) == 2
 
 
 def _needs_standard_layout(node: Node, index: int) -> bool:
@@ -210,8 +220,8 @@ def _needs_standard_layout(node: Node, index: int) -> bool:
         t = node.inputs[index].type
         probe = torch.empty(t.shape, dtype=t.dtype.torch, device=META).contiguous(
             memory_format=torch.channels_last)
-        try:
-            run_call(lower_node(node), [probe], META)
+        try:  # (the view itself would copy: one explicit copy, where it shows)
+            probe.view(node.attrs.shape)  # type: ignore[attr-defined]
         except RuntimeError:
             return True
     return False

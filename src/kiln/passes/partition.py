@@ -147,7 +147,8 @@ def singles(graph: Graph, keep: Callable[[Node], bool]) -> list[KernelGroup]:
 
 def gemms(graph: Graph) -> list[KernelGroup]:
     """Single-node groups for the float32 ``mm``, ``addmm`` and ``addmm_act`` (beta = alpha = 1,
-    bias over the columns) nodes, which a generated GEMM may run instead of the library."""
+    bias over the columns or of the output's shape) nodes, which a generated GEMM may run
+    instead of the library."""
     if graph.device.type != "cpu":
         return []
     users = graph.users()
@@ -160,7 +161,8 @@ def gemms(graph: Graph) -> list[KernelGroup]:
             attrs = node.attrs
             assert isinstance(attrs, (A.AddmmAttrs, A.AddmmActAttrs))
             bias = node.inputs[0]
-            if attrs.beta != 1 or attrs.alpha != 1 or bias.type.shape != node.type.shape[1:]:
+            if attrs.beta != 1 or attrs.alpha != 1 or bias.type.shape not in (
+                    node.type.shape[1:], node.type.shape):  # a row, or [M, N] (a residual)
                 continue
             operands = node.inputs
         else:

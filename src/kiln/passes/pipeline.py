@@ -12,11 +12,13 @@ from kiln.ir.verify import verify
 from kiln.options import Options
 from kiln.passes.attention import fuse_attention
 from kiln.passes.base import Pass
+from kiln.passes.conv_padding import pads_into_convolutions
 from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
 from kiln.passes.layout import to_channels_last
 from kiln.passes.pet import PetPass
+from kiln.passes.pointwise import pointwise_as_gemm
 from kiln.passes.search import SearchPass, SearchSummary, with_search
 from kiln.pet.select import PetSummary
 from kiln.rewrite.engine import RuleStats, TraceEvent
@@ -35,8 +37,12 @@ PIPELINE: tuple[Pass | RulePass | PetPass, ...] = (
              "bias/residual/activation onto their contraction, before merging siblings"),
     RulePass("merge.parallel", rules.MERGE, 2, "one wide GEMM/conv per shared input"),
     PetPass(),  # Options(pet=True) only: see its `why`
+    Pass("pad.conv", pads_into_convolutions, 2, "explicit symmetric zero pads (TF 'same') "
+         "into the convolution's padding, before layout decides on the padded convolutions"),
     Pass("layout", to_channels_last, 2, "NHWC convolutions where measured faster (ATen's or "
          "oneDNN's, as the kernel stage may pick); after merging: merged weights convert once"),
+    Pass("pointwise", pointwise_as_gemm, 2, "1x1 NHWC convolutions as GEMMs over the pixels "
+         "(views around an addmm), so kiln's GEMM on packed weights competes for them"),
     Pass("fold.rewritten", fold_constants, 1, "compute the weights the rules built"),
     Pass("cse.final", eliminate_common_subexpressions, 1, "rewrites can make equal nodes"),
     Pass("dce.final", eliminate_dead_code, 0, "drop the sources folding left behind"),

@@ -210,7 +210,8 @@ def drop_dead_guards(func: PrimFunc) -> PrimFunc:
         ... C[...] = acc[i2, j2] where r*14 + i2 < 100   (unchanged)
 
     Guards on reduction positions are never dropped (the extra terms would reach used
-    values), nor guards of a block that reads or writes a function parameter. The block's
+    values), nor guards of a block that writes a function parameter (one that reads a
+    parameter, such as B prepacked in zero-padded panels, must stay inside it). The block's
     iter var domains widen to the padded ranges, so the reference interpreter still checks
     every binding and access."""
     params = set(func.params)
@@ -251,7 +252,9 @@ def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[S
         return block
     stores = stores_of(block.body)
     loads = loads_of(block.body)
-    if len(stores) != 1 or any(x.buffer in params for x in [*stores, *loads]):
+    # (a parameter is read in place only inside its bounds, checked below: a GEMM's B
+    # prepacked with zero-padded panels; it is never written here)
+    if len(stores) != 1 or any(x.buffer in params for x in stores):
         return block
     out = stores[0]
     if not all(isinstance(i, Var) for i in out.indices):

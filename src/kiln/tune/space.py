@@ -138,6 +138,7 @@ class GemmSpace:
     epilogue: Epilogue | None = None
     name: str = "gemm"
     kind: str = "gemm"
+    bias_matrix: bool = False  # an [M, N] bias (a residual), not a row
 
     @staticmethod
     def for_shape(m: int, n: int, k: int, *, isa: Isa = Isa.AVX512, threads: int = 2,
@@ -201,7 +202,8 @@ class GemmSpace:
         where the space packs it; the output last, empty), and the expected outputs."""
         a = torch.randn(self.m, self.k, generator=gen)
         b = torch.randn(self.k, self.n, generator=gen)  # [K, N]
-        bias = torch.randn(self.n, generator=gen) if self.bias else None
+        bias = torch.randn((self.m, self.n) if self.bias_matrix else (self.n,),
+                           generator=gen) if self.bias else None
         expected = a @ b if bias is None else torch.addmm(bias, a, b)
         if self.epilogue is not None:
             apply_activation(expected, self.epilogue.activation, self.epilogue.args)
@@ -217,7 +219,7 @@ class GemmSpace:
         the epilogue, which runs as a post-pass and so is not in that program."""
         return _gemm_workload(self.m, self.n, self.k, self.b_transposed, self.bias,
                               self.default()["nr"] if self.b_prepacked else 0,
-                              repr(self.epilogue))
+                              repr(self.epilogue), self.bias_matrix)
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)
@@ -227,7 +229,7 @@ class GemmSpace:
         heuristic path); a small GEMM runs on one thread, as compiled."""
         plan = gemm_plan(self.m, self.n, self.k, cfg, b_transposed=self.b_transposed,
                          bias=self.bias, name=self.name, b_prepacked=self.b_prepacked,
-                         epilogue=self.epilogue)
+                         epilogue=self.epilogue, bias_matrix=self.bias_matrix)
         if self.m * self.n * self.k < SERIAL_MACS:
             plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
         return plan
@@ -235,8 +237,8 @@ class GemmSpace:
 
 @functools.lru_cache(maxsize=1024)
 def _gemm_workload(m: int, n: int, k: int, b_transposed: bool, bias: bool, b_panels: int,
-                   epilogue: str) -> str:
-    program = matmul_func(m, n, k, b_transposed, bias, "gemm", b_panels)
+                   epilogue: str, bias_matrix: bool = False) -> str:
+    program = matmul_func(m, n, k, b_transposed, bias, "gemm", b_panels, bias_matrix)
     return workload_key(program) + hashlib.sha256(epilogue.encode()).hexdigest()[:8]
 
 
