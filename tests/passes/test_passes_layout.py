@@ -77,3 +77,12 @@ def test_zoo_models_in_nhwc_match_eager(name, monkeypatch) -> None:
     with torch.no_grad():
         actual, expected = compiled(*inputs), model(*inputs)
     assert ((actual - expected).norm() / expected.norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize("pad", [(0, 1, 0, 1), (1, 1, 1, 1), (0, 0, 0, 0, 1, 2)])
+def test_aten_pads_keep_an_nhwc_operand_nhwc(pad) -> None:
+    """KEEPS_LAYOUT holds pad: kernels after it read NHWC without a layout copy."""
+    assert layout.Op.PAD in layout.KEEPS_LAYOUT
+    x = torch.randn(2, 8, 5, 5).contiguous(memory_format=torch.channels_last)
+    y = torch.ops.aten.constant_pad_nd(x, list(pad))
+    assert y.is_contiguous(memory_format=torch.channels_last)

@@ -37,8 +37,9 @@ from kiln.ir.ops import Op, OpGroup
 from kiln.options import Options
 
 CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
-# ops whose result takes the layout of their (4-d) operands at run time
-KEEPS_LAYOUT = frozenset({Op.CONV_ACT, Op.CONVOLUTION, Op.CAT, Op.BATCH_NORM})
+# ops whose result takes the layout of their (4-d) operands at run time (ATen 2.13's
+# constant_pad_nd too: TF-style explicit pads before MobileNetV2's stride-2 convolutions)
+KEEPS_LAYOUT = frozenset({Op.CONV_ACT, Op.CONVOLUTION, Op.CAT, Op.BATCH_NORM, Op.PAD})
 REQUIRED_GAIN = 0.95
 # per convolution, both layouts; no full garbage collection first: at compile time, with the
 # compiler's objects alive, one costs more than the timing (0.35 s each on Inception)

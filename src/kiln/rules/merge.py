@@ -8,7 +8,7 @@
 
 One GEMM reads x once and runs at a better shape. The pieces of a split are strided views;
 every view a piece flows into is replayed on meta tensors first, and a merge whose views
-would fail on those strides is not made. Each output element sums the same products, but the
+would fail or copy on those strides is not made. Each output element sums the same products, but the
 wider kernel may block the sum differently: equal up to rounding.
 """
 
@@ -131,6 +131,8 @@ def _views_accept(value: Value, tensor: torch.Tensor, m: Match) -> str | None:
             results = run_call(lower_node(user), operands, META)
         except RuntimeError as err:
             return f"{user.name} cannot view a merged piece: {str(err).splitlines()[0]}"
+        if user.op is Op.VIEW and not results[0]._is_view():  # (the IR's view is a reshape)
+            return f"{user.name} would copy a merged piece: its strides allow no view"
         for out, result in zip(user.outputs, results):
             reason = _views_accept(out, result, m)
             if reason:
