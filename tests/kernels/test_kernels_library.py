@@ -114,3 +114,53 @@ def test_a_variant_that_measures_slower_is_not_used(kernel_options: Options,
     graph = _conv_graph(*CONVS[1])
     built = library_kernels(graph, library_groups(graph), kernel_options, Decisions(None))
     assert built.kernels == [] and built.skipped[0].measured is not None
+
+
+@pytest.mark.parametrize("act", [None, "op('relu')"])
+def test_gemms_over_pixels_also_run_as_the_1x1_convolution_they_were(act) -> None:
+    """A GEMM of `passes.pointwise` (A = an NHWC image's pixels as rows) gets oneDNN's 1x1
+    convolution as one more library candidate, with a row bias or an [M, N] input (residual
+    + bias); every candidate agrees with the node's ATen call, NaN and inf included."""
+    from kiln.ir import parse_graph
+    from kiln.kernels.library import library_candidates
+    from kiln.passes import layout
+    from kiln.passes.fold import fold_constants
+    from kiln.passes.pointwise import pointwise_as_gemm
+
+    text = """graph(%x: f32[2, 8, 5, 6]) {{
+  %w3 = constant {{name='w3'}} : f32[8, 8, 3, 3]
+  %w1 = constant {{name='w1'}} : f32[16, 8, 1, 1]
+  %b1 = constant {{name='b1'}} : f32[16]
+  %w2 = constant {{name='w2'}} : f32[8, 16, 1, 1]
+  %b2 = constant {{name='b2'}} : f32[8]
+  %y = convolution(%x, %w3) {{stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1}} : f32[2, 8, 5, 6]
+  %e = conv_act(%y, %w1, %b1) {{stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=True, has_residual=False, activation={act}, act_args=()}} : f32[2, 16, 5, 6]
+  %p = conv_act(%e, %w2, %b2, %y) {{stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=True, has_residual=True, activation={act}, act_args=()}} : f32[2, 8, 5, 6]
+  return %p
+}}""".format(act=act)  # noqa: E501
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"w3": (8, 8, 3, 3), "w1": (16, 8, 1, 1), "b1": (16,), "w2": (8, 16, 1, 1),
+              "b2": (8,)}
+    graph = parse_graph(text, {k: torch.randn(s, generator=gen) for k, s in shapes.items()})
+    gemm = fold_constants(pointwise_as_gemm(layout.to_channels_last(graph, decide=True)))
+    groups = [g for g in library_groups(gemm) if g.last.op is not Op.CONVOLUTION]
+    assert len(groups) == 2
+    for group in groups:
+        found = library_candidates(gemm, group)
+        names = [c.kernel.name for c in found if not hasattr(c, "reason")]
+        matrix = len(group.last.inputs[0].type.shape) == 2
+        # the residual GEMM ([M, N] input) has no inner-product form: only the convolution
+        assert names == (["onednn_pixels_conv_packed"] if matrix else
+                         ["onednn_linear_packed", "onednn_pixels_conv_packed"])
+        node = group.last
+        env = {v: torch.randn(v.type.shape, generator=gen) for v in node.inputs
+               if v.node.op is not Op.CONSTANT}
+        a = node.inputs[-2]
+        env[a][0, 1], env[a][3, 2], env[a][7, 0] = float("nan"), float("inf"), -float("inf")
+        args = [env[v] if v in env else gemm.constant(v.node) for v in node.inputs]
+        from kiln.ir.interp import evaluate_node
+        (want,) = evaluate_node(node, args, gemm)
+        for built in found:
+            got = built.kernel.fn(*[env[v] for v in built.inputs])
+            assert torch.equal(got.isnan(), want.isnan())
+            torch.testing.assert_close(got[want.isfinite()], want[want.isfinite()])

@@ -20,7 +20,7 @@ from kiln.ir.graph import Graph
 from kiln.kernels.decide import Decisions, fastest
 from kiln.kernels.depthwise import depthwise_candidate, depthwise_groups, plan_depthwise
 from kiln.kernels.gemm import gemm_candidate, plan_gemm
-from kiln.kernels.library import library_candidate, library_groups
+from kiln.kernels.library import library_candidates, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, gemms
@@ -63,9 +63,9 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
                 compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)
         if options.prepacked_library:
-            built = library_candidate(graph, group)
-            if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
-                (candidates if isinstance(built, Built) else reasons).append(built)
+            for built in library_candidates(graph, group):
+                if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
+                    (candidates if isinstance(built, Built) else reasons).append(built)
         if not candidates:
             if reasons:
                 result.skipped.append(Skipped(group, reasons[0].reason,

@@ -70,7 +70,7 @@ F32 = DType.F32
 SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
 # A is read in place, not packed, where the tile reads each row of A once (one K block, one
 # N block) and its rows are short: packing would copy all of A for a single use
-PACK_A_FROM_K = 256
+PACK_A_FROM_K = 64
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ from kiln.ir.types import DType
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.passes.partition import KernelGroup, singles
 
-__all__ = ["LibraryKernel", "library_candidate", "library_groups"]
+__all__ = ["LibraryKernel", "library_candidate", "library_candidates", "library_groups"]
 
 mkldnn = torch.ops.mkldnn
 
@@ -58,27 +58,49 @@ def library_groups(graph: Graph) -> list[KernelGroup]:
     """One group per fp32 convolution / addmm / mm whose weight is a constant."""
     if graph.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return []
-    return singles(graph, lambda node: _variant(graph, node) is not None)
+    return singles(graph, lambda node: bool(_variants(graph, node)))
 
 
-def library_candidate(graph: Graph, group: KernelGroup) -> Built | Skipped:
-    """The prepared-weight library kernel for a one-node group, checked against the node's
-    ATen call, not yet measured."""
+def library_candidates(graph: Graph, group: KernelGroup) -> list[Built | Skipped]:
+    """The prepared-weight library kernels for a one-node group, each checked against the
+    node's ATen call, not yet measured (a Skipped saying why for one that fails)."""
     from kiln.kernels.validate import agrees_with_library
 
     node = group.last
-    make = _variant(graph, node)
-    if make is None:
-        return Skipped(group, SkipReason.NO_RECIPE, "no library variant takes this node")
-    try:
-        kernel, inputs = make(graph, node)
-    except RuntimeError as err:  # the library refuses these shapes
-        return Skipped(group, SkipReason.NOT_LOWERABLE, str(err))
-    built = Built(group, kernel, tuple(inputs), (node.out(),), None)
-    return built if agrees_with_library(graph, built) else Skipped(group, SkipReason.DISAGREED)
+    makers = _variants(graph, node)
+    if not makers:
+        return [Skipped(group, SkipReason.NO_RECIPE, "no library variant takes this node")]
+    found: list[Built | Skipped] = []
+    for make in makers:
+        try:
+            kernel, inputs = make(graph, node)
+        except RuntimeError as err:  # the library refuses these shapes
+            found.append(Skipped(group, SkipReason.NOT_LOWERABLE, str(err)))
+            continue
+        built = Built(group, kernel, tuple(inputs), (node.out(),), None)
+        found.append(built if agrees_with_library(graph, built)
+                     else Skipped(group, SkipReason.DISAGREED))
+    return found
+
+
+def library_candidate(graph: Graph, group: KernelGroup) -> Built | Skipped:
+    """The first of `library_candidates` (one node has one variant, but for pixel rows)."""
+    return library_candidates(graph, group)[0]
 
 
 Variant = Callable[[Graph, Node], tuple[LibraryKernel, list[Value]]]
+
+
+def _variants(graph: Graph, node: Node) -> list[Variant]:
+    """The library variants that take ``node``: the convolution's or the inner product's; and
+    for a GEMM over the pixels of an NHWC image (`kiln.passes.pointwise`), the 1x1
+    convolution it was, so the GEMM forms compete with it."""
+    first = _variant(graph, node)
+    if first is None:
+        return []
+    if first is _linear and _pixel_rows(node):
+        return [first, _pixels_conv]
+    return [first]
 
 
 def _variant(graph: Graph, node: Node) -> Variant | None:
@@ -103,8 +125,11 @@ def _variant(graph: Graph, node: Node) -> Variant | None:
         attrs = node.attrs
         if isinstance(attrs, (AddmmAttrs, AddmmActAttrs)):
             bias = node.inputs[0]
-            if attrs.beta != 1 or attrs.alpha != 1 or bias.type.shape != (w.type.shape[1],):
+            if attrs.beta != 1 or attrs.alpha != 1:
                 return None
+            if bias.type.shape != (w.type.shape[1],):  # [M, N]: the residual of a 1x1 conv
+                return _pixels_conv if bias.type.shape == node.type.shape \
+                    and _pixel_rows(node) else None
         if isinstance(attrs, AddmmActAttrs) and attrs.activation not in ACTIVATIONS:
             return None
         return _linear
@@ -192,6 +217,61 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     text = (f"mkldnn._linear_pointwise(x, W reordered once for M={m}"
             f"{', post-op: bias' if bias is not None else ''}){_act_text(act)}")
     return LibraryKernel("onednn_linear_packed", run, text, _nbytes(packed), held), inputs
+
+
+def _pixel_rows(node: Node) -> bool:
+    """Is the GEMM's A the pixels of an NHWC image as rows (`kiln.passes.pointwise`):
+    ``view(permute(x) {(0, 2, 3, 1)})``, strided ones through slices?"""
+    a = node.inputs[-2].node
+    if a.op is not Op.VIEW:
+        return False
+    src = a.inputs[0].node
+    while src.op is Op.SLICE:
+        src = src.inputs[0].node
+    return src.op is Op.PERMUTE and tuple(src.attrs.dims) == (0, 2, 3, 1)  # type: ignore
+
+
+def _pixels_conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
+    """oneDNN's 1x1 convolution on A's rows seen as the pixels of a [1, K, 1, M] NHWC image
+    (free: A [M, K] row-major is that image), the weight reordered once; a row bias as a
+    post-op, an [M, N] input (residual + bias) as a binary add; the output's [1, N, 1, M] NHWC
+    image is the [M, N] result. Measured on Zen 4: the same speed and values as the
+    convolution on the image's real height and width."""
+    x, w = node.inputs[-2], node.inputs[-1]
+    (m, k), n = x.type.shape, w.type.shape[1]
+    bias = node.inputs[0] if node.op is not Op.MM else None
+    matrix = bias is not None and len(bias.type.shape) == 2
+    weight = graph.constant(w.node).t().contiguous().view(n, k, 1, 1)
+    packed = mkldnn._reorder_convolution_weight(
+        weight.contiguous(memory_format=torch.channels_last), [0, 0], [1, 1], [1, 1], 1,
+        [1, k, 1, m])
+    held = (weight, packed)
+    b = graph.constant(bias.node).contiguous() if bias is not None and not matrix and \
+        bias.node.op is Op.CONSTANT else None
+    a = node.attrs
+    act, act_args = (a.activation, a.act_args) if isinstance(a, AddmmActAttrs) else (None, ())
+    inputs = [x] + ([bias] if bias is not None and b is None else [])
+
+    def image(t: torch.Tensor, channels: int) -> torch.Tensor:
+        return t.as_strided((1, channels, 1, m), (m * channels, 1, m * channels, channels))
+
+    def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
+        xi = image(xt.contiguous(), k)
+        if matrix:
+            y = mkldnn._convolution_pointwise.binary(
+                xi, image(rest[0].contiguous(), n), packed, None, [0, 0], [1, 1], [1, 1], 1,
+                "add", 1.0, None, [], None)
+        else:
+            bt = rest[0].contiguous() if rest else b
+            y = mkldnn._convolution_pointwise(xi, packed, bt, [0, 0], [1, 1], [1, 1], 1,
+                                              "none", [], "")
+        return y.permute(0, 2, 3, 1).reshape(m, n)  # (a view: oneDNN answers NHWC here)
+    run = _then(conv, act, act_args)
+    text = (f"mkldnn._convolution_pointwise{'.binary' if matrix else ''}(A's rows as a "
+            f"[1, {k}, 1, {m}] NHWC image, W reordered once as a 1x1 convolution"
+            f"{', post-op: bias' if bias is not None and not matrix else ''}"
+            f"{', residual add' if matrix else ''}){_act_text(act)}")
+    return LibraryKernel("onednn_pixels_conv_packed", run, text, _nbytes(packed), held), inputs
 
 
 def _then(call: Callable[..., torch.Tensor], act: Op | None,
