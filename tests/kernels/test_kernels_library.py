@@ -127,7 +127,7 @@ def test_gemms_over_pixels_also_run_as_the_1x1_convolution_they_were(act) -> Non
     from kiln.passes.fold import fold_constants
     from kiln.passes.pointwise import pointwise_as_gemm
 
-    text = """graph(%x: f32[2, 8, 5, 6]) {{
+    text = f"""graph(%x: f32[2, 8, 5, 6]) {{
   %w3 = constant {{name='w3'}} : f32[8, 8, 3, 3]
   %w1 = constant {{name='w1'}} : f32[16, 8, 1, 1]
   %b1 = constant {{name='b1'}} : f32[16]
@@ -137,7 +137,7 @@ def test_gemms_over_pixels_also_run_as_the_1x1_convolution_they_were(act) -> Non
   %e = conv_act(%y, %w1, %b1) {{stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=True, has_residual=False, activation={act}, act_args=()}} : f32[2, 16, 5, 6]
   %p = conv_act(%e, %w2, %b2, %y) {{stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, has_bias=True, has_residual=True, activation={act}, act_args=()}} : f32[2, 8, 5, 6]
   return %p
-}}""".format(act=act)  # noqa: E501
+}}"""  # noqa: E501
     gen = torch.Generator().manual_seed(0)
     shapes = {"w3": (8, 8, 3, 3), "w1": (16, 8, 1, 1), "b1": (16,), "w2": (8, 16, 1, 1),
               "b2": (8,)}
