@@ -16,7 +16,6 @@ another busy process stalls every parallel region for a scheduler time slice (me
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -37,7 +36,7 @@ from kiln.kernels.plan import Epilogue
 from kiln.options import Options
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ops import measure  # noqa: E402  (benchmarks/ops.py: interleaved samples, settle pause)
+from ops import layer_args, layer_row, layer_table, measure  # noqa: E402  (benchmarks/ops.py: interleaved samples, settle pause)
 
 # (channels, input size, stride): MobileNetV2 1.0 at 224x224, each distinct depthwise layer
 LAYERS = ((32, 112, 1), (96, 112, 2), (144, 56, 1), (144, 56, 2), (192, 28, 1), (192, 28, 2),
@@ -113,40 +112,15 @@ def bench_layer(c: int, size: int, stride: int, options: Options, rounds: int,
         # a pause before each sample lets the previous contender's pool (ORT's, libgomp's)
         # stop spinning; one untimed call then wakes this contender's own (`ops.measure`)
         timings = measure(contenders, samples=rounds, settle_s=settle_s)
-    flops = 2 * shape.macs
-    row = {"layer": f"{c}x{size}x{size} s{stride}", "max_abs_err": err}
-    for name, t in timings.items():
-        row[f"{name}_us"] = t.median_s * 1e6
-        row[f"{name}_gflops"] = flops / t.median_s / 1e9
-        row[f"{name}_spread"] = t.spread
-    return row
+    return layer_row(f"{c}x{size}x{size} s{stride}", 2 * shape.macs, err, timings)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--settle", type=float, default=0.02,
-                        help="seconds of pause before each sample (default 0.02)")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = layer_args(__doc__.splitlines()[0], argv)
     options = Options.from_env()
     rows = [bench_layer(c, s, st, options, args.rounds, args.settle)
             for c, s, st in (QUICK if args.quick else LAYERS)]
-    names = [k[:-3] for k in rows[0] if k.endswith("_us")]
-    print(f"depthwise 3x3 + bias + relu6, NHWC fp32, batch 1, {torch.get_num_threads()} "
-          f"threads; median us (GFLOP/s)")
-    print(f"{'layer':<16}" + "".join(f"{n:>22}" for n in names) + f"{'best lib/kiln':>15}")
-    for row in rows:
-        cells = "".join(f"{row[n + '_us']:>12.1f} ({row[n + '_gflops']:5.1f})" for n in names)
-        best = min(row[n + "_us"] for n in names if n != "kiln")
-        print(f"{row['layer']:<16}{cells}{best / row['kiln_us']:>14.2f}x")
-    total = {n: sum(r[n + "_us"] for r in rows) for n in names}
-    print(f"{'sum':<16}" + "".join(f"{total[n]:>12.1f}        " for n in names))
-    ratios = [min(r[n + "_us"] for n in names if n != "kiln") / r["kiln_us"] for r in rows]
+    ratios = layer_table(rows, "depthwise 3x3 + bias + relu6, NHWC fp32")
     print(f"geomean speedup of kiln over the best library contender: "
           f"{statistics.geometric_mean(ratios):.2f}x")
     if args.json:

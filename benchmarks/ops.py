@@ -122,6 +122,47 @@ void kiln_copy(const float* restrict src, float* restrict dst, int64_t n) {
 
 
 
+def layer_args(description: str, argv: list[str] | None) -> argparse.Namespace:
+    """The command line of the per-layer benchmarks (depthwise.py, pointwise.py)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--settle", type=float, default=0.02,
+                        help="seconds of pause before each sample (default 0.02)")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    return args
+
+
+def layer_row(label: str, flops: float, err: float, timings: dict[str, Timing]) -> dict:
+    """One layer's medians (us), GFLOP/s and spreads per contender, for `layer_table`."""
+    row: dict = {"layer": label, "max_abs_err": err}
+    for name, t in timings.items():
+        row[f"{name}_us"] = t.median_s * 1e6
+        row[f"{name}_gflops"] = flops / t.median_s / 1e9
+        row[f"{name}_spread"] = t.spread
+    return row
+
+
+def layer_table(rows: list[dict], title: str, width: int = 16) -> list[float]:
+    """Print the layers' medians per contender and the best library contender's time over
+    kiln's (column ``kiln``); returns those ratios, in row order."""
+    names = [k[:-3] for k in rows[0] if k.endswith("_us")]
+    print(f"{title}, batch 1, {torch.get_num_threads()} threads; median us (GFLOP/s)")
+    print(f"{'layer':<{width}}" + "".join(f"{n:>22}" for n in names) + f"{'best lib/kiln':>15}")
+    ratios = []
+    for row in rows:
+        cells = "".join(f"{row[n + '_us']:>12.1f} ({row[n + '_gflops']:5.1f})" for n in names)
+        ratios.append(min(row[n + "_us"] for n in names if n != "kiln") / row["kiln_us"])
+        print(f"{row['layer']:<{width}}{cells}{ratios[-1]:>14.2f}x")
+    total = {n: sum(r[n + "_us"] for r in rows) for n in names}
+    print(f"{'sum':<{width}}" + "".join(f"{total[n]:>12.1f}        " for n in names))
+    return ratios
+
+
 def _row(section: str, case: str, contender: str, t: Timing, metrics: dict[str, float]) -> Row:
     return Row(section, case, contender, t.median_s * 1e6, t.spread, metrics, t.min_s * 1e6)
 

@@ -17,7 +17,6 @@ best library contender's time over kiln's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -33,7 +32,7 @@ from kiln.kernels.plan import Epilogue
 from kiln.options import Options
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from ops import measure  # noqa: E402  (benchmarks/ops.py: interleaved samples, settle pause)
+from ops import layer_args, layer_row, layer_table, measure  # noqa: E402  (benchmarks/ops.py: interleaved samples, settle pause)
 
 # (input size, C_in, C_out, stride, activation, residual)
 MOBILENET = ((112, 32, 16, 1, None, False), (112, 16, 96, 1, "relu6", False),
@@ -108,46 +107,24 @@ def bench_layer(layer: tuple, options: Options, rounds: int, settle_s: float) ->
         want = aten()
         err = float((out - want).abs().max())
         timings = measure(contenders, samples=rounds, settle_s=settle_s)
-    flops = 2 * m * k * n
-    row = {"layer": f"{size}x{size} {c_in}->{c_out} s{stride}{' +r' if residual else ''}"
-                    f"{' ' + act if act else ''}", "max_abs_err": err}
-    for name, t in timings.items():
-        row[f"{name}_us"] = t.median_s * 1e6
-        row[f"{name}_gflops"] = flops / t.median_s / 1e9
-        row[f"{name}_spread"] = t.spread
-    return row
+    label = (f"{size}x{size} {c_in}->{c_out} s{stride}{' +r' if residual else ''}"
+             f"{' ' + act if act else ''}")
+    return layer_row(label, 2 * m * k * n, err, timings)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--settle", type=float, default=0.02,
-                        help="seconds of pause before each sample (default 0.02)")
-    parser.add_argument("--json", default=None)
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    args = layer_args(__doc__.splitlines()[0], argv)
     options = Options.from_env()
     layers = QUICK if args.quick else MOBILENET + RESNET50
     rows = [bench_layer(layer, options, args.rounds, args.settle) for layer in layers]
-    names = [k[:-3] for k in rows[0] if k.endswith("_us")]
-    print(f"1x1 convolution, NHWC fp32, batch 1, {torch.get_num_threads()} threads; "
-          f"median us (GFLOP/s)")
-    print(f"{'layer':<32}" + "".join(f"{n:>22}" for n in names) + f"{'best lib/kiln':>15}")
-    for row in rows:
-        cells = "".join(f"{row[n + '_us']:>12.1f} ({row[n + '_gflops']:5.1f})" for n in names)
-        best = min(row[n + "_us"] for n in names if n != "kiln")
-        print(f"{row['layer']:<32}{cells}{best / row['kiln_us']:>14.2f}x")
+    ratios = layer_table(rows, "1x1 convolution, NHWC fp32", width=32)
     for label, group in (("MobileNetV2", MOBILENET), ("ResNet-50", RESNET50)):
-        picked = [row for row, layer in zip(rows, layers) if layer in group]
+        picked = [(row, ratio) for row, ratio, layer in zip(rows, ratios, layers)
+                  if layer in group]
         if picked:
-            ratios = [min(r[n + "_us"] for n in names if n != "kiln") / r["kiln_us"]
-                      for r in picked]
-            print(f"{label}: geomean best library / kiln {statistics.geometric_mean(ratios):.2f}x"
-                  f" over {len(picked)} layers; max |error| "
-                  f"{max(r['max_abs_err'] for r in picked):.2e}")
+            print(f"{label}: geomean best library / kiln "
+                  f"{statistics.geometric_mean([r for _, r in picked]):.2f}x over {len(picked)} "
+                  f"layers; max |error| {max(row['max_abs_err'] for row, _ in picked):.2e}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
