@@ -26,6 +26,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.kernels.outcome import Built
+from kiln.passes.layout import channels_last_values
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
@@ -124,12 +125,22 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
                 and value not in internal):
             dies_at.setdefault(span.last, []).append(ref(value))
 
+    # a library op's result the IR expects NHWC (an add or a cat in a channels-last chain)
+    # gets its slot with NHWC strides: its out= variant writes what it would have allocated
+    # (into a contiguous slot, ATen's cat.out ran 4x slower and every later convolution and
+    # pooling read NCHW: inception's average pools took 5 ms instead of 0.1 ms each)
+    nhwc_slots = {v for v in channels_last_values(graph) & set(slot)
+                  if v.node not in member_of and len(v.type.shape) == 4}
+
     def library_line(node: Node, use_slot: bool = True) -> str:
         call = lower_node(node)
         if not node.types:  # run for its effect only
             return _call_text(env, node, call, ref, None, graph.device)
         targets = ", ".join(ref(v) for v in node.outputs)
         out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
+        if out is not None and node.out() in nhwc_slots:
+            shape = tuple(node.out().type.shape)
+            out += f".as_strided({shape!r}, {channels_last_strides(shape)!r})"
         unpack = len(node.types) > 1 or (call.returns_list and call.select is None)
         return (f"{targets}{',' if unpack else ''} = "
                 f"{_call_text(env, node, call, ref, out, graph.device)}")
@@ -147,7 +158,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
 
     # values known contiguous without a runtime check (a kernel output with other strides,
     # channels-last, is not, even in a planned buffer)
-    contiguous = set(slot) - {v for gk in kernels for v in strided_outputs(gk)}
+    contiguous = set(slot) - {v for gk in kernels for v in strided_outputs(gk)} - nhwc_slots
     pending: list[str] = []  # deaths inside a group wait for its kernel call
     for i, node in enumerate(graph.nodes):
         if node.op is Op.SCALAR:
