@@ -235,6 +235,27 @@ graph(%x: f32[4, 4]) {
     support.assert_identical(_call(run, [x])[0], support.run_interpreter(graph, (x,))[0])
 
 
+@pytest.mark.parametrize("rank", [0, 1, 4])
+def test_views_run_as_tensor_methods_at_every_rank(rank: int) -> None:
+    """Permute and view are emitted as Tensor methods; a 0-d permute has no dims to spread
+    (the fuzzer found ``x.permute()`` raising)."""
+    shape = (2, 3, 4, 5)[:rank]
+    dims = tuple(reversed(range(rank)))
+    flat = 1
+    for d in shape:
+        flat *= d
+    text = f"""graph(%x: f32[{', '.join(map(str, shape))}]) {{
+  %p = permute(%x) {{dims={dims!r}}} : f32[{', '.join(map(str, reversed(shape)))}]
+  %v = view(%p) {{shape=({flat},)}} : f32[{flat}]
+  return %v
+}}"""
+    graph = parse_graph(text)
+    run, source = _executor(graph)
+    assert ".permute" in source and ".reshape(" in source
+    x = torch.randn(shape)
+    support.assert_identical(_call(run, [x])[0], support.run_interpreter(graph, (x,))[0])
+
+
 def test_names_differing_only_in_dot_and_underscore() -> None:
     graph = parse_graph("""\
 graph(%x: f32[4]) {

@@ -258,7 +258,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
 # views run as Tensor methods, which dispatch faster than the op's kernel from Python (1.8 us
 # for aten.permute's, 0.9 us for Tensor.permute; a 1x1 convolution as a GEMM adds four)
 _METHOD_VIEWS: dict[Op, Callable[[Any], str]] = {
-    Op.PERMUTE: lambda a: f"permute{tuple(a.dims)!r}",
+    Op.PERMUTE: lambda a: f"permute{tuple(a.dims)!r}" if a.dims else "permute(())",  # (0-d)
     Op.VIEW: lambda a: f"reshape({tuple(a.shape)!r})",  # (as the IR's view runs: a reshape)
 }
 
