@@ -1,10 +1,10 @@
 """Contractions (GEMMs and convolutions) run by whichever kernel is fastest on their shapes,
 on this machine: the node's own ATen call, kiln's generated GEMM on weights packed at compile
-time (`kiln.kernels.gemm`), kiln's generated depthwise convolution on channels-last data
-(`kiln.kernels.depthwise`), or the library's kernel on weights reordered once
-(`kiln.kernels.library`, oneDNN). Each candidate is checked against the ATen call first;
-then all are timed together with it, interleaved (`kiln.kernels.decide.fastest`), and the
-decision is kept on disk.
+time (`kiln.kernels.gemm`), kiln's generated depthwise or dense direct convolution on
+channels-last data (`kiln.kernels.depthwise`, `kiln.kernels.conv`), or the library's kernel
+on weights reordered once (`kiln.kernels.library`, oneDNN). Each candidate is checked
+against the ATen call first; then all are timed together with it, interleaved
+(`kiln.kernels.decide.fastest`), and the decision is kept on disk.
 
     addmm_act(b, x, Wt){gelu}  f32[128, 3072]:
         library 3.61 ms | kiln_gemm_128x3072x768 2.95 ms | onednn_linear_packed 3.02 ms
@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from kiln.codegen.kernel import prebuild
 from kiln.ir.graph import Graph
+from kiln.kernels.conv import conv_candidate, conv_groups, plan_conv
 from kiln.kernels.decide import Decisions, fastest
 from kiln.kernels.depthwise import depthwise_candidate, depthwise_groups, plan_depthwise
 from kiln.kernels.gemm import gemm_candidate, plan_gemm
@@ -33,6 +34,7 @@ def contraction_groups(graph: Graph) -> list[KernelGroup]:
     groups = {g.last: g for g in library_groups(graph)}
     groups.update({g.last: g for g in gemms(graph)})
     groups.update({g.last: g for g in depthwise_groups(graph)})
+    groups.update({g.last: g for g in conv_groups(graph)})
     index = {node: i for i, node in enumerate(graph.nodes)}
     return sorted(groups.values(), key=lambda g: index[g.last])
 
@@ -44,19 +46,22 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     generate = options.generated_kernels and options.generated_gemm
     gemm_nodes = {g.last for g in gemms(graph)} if generate else set()
     depthwise_nodes = {g.last for g in depthwise_groups(graph)} if generate else set()
+    conv_nodes = {g.last for g in conv_groups(graph)} if generate else set()
     checked: dict[str, bool] = {}
     compiler = True
     planned: dict[KernelGroup, object] = {
         g: plan_gemm(graph, g, options) for g in groups if g.last in gemm_nodes}
     planned.update({g: plan_depthwise(graph, g, options) for g in groups
                     if g.last in depthwise_nodes})
+    planned.update({g: plan_conv(graph, g, options) for g in groups if g.last in conv_nodes})
     prebuild([p[0].build() for p in planned.values()  # type: ignore[index]
               if not isinstance(p, Skipped)], options)
     for group in groups:
         candidates: list[Built] = []
         reasons: list[Skipped] = []
         generated = gemm_candidate if group.last in gemm_nodes else \
-            depthwise_candidate if group.last in depthwise_nodes else None
+            depthwise_candidate if group.last in depthwise_nodes else \
+            conv_candidate if group.last in conv_nodes else None
         if compiler and generated is not None:
             built = generated(graph, group, options, checked, planned[group])  # type: ignore
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:

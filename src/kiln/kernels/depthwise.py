@@ -53,7 +53,8 @@ from kiln.passes.partition import KernelGroup, singles
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
 
-__all__ = ["depthwise_candidate", "depthwise_groups", "plan_depthwise", "refusal"]
+__all__ = ["checked_candidate", "conv_bias", "depthwise_candidate", "depthwise_groups",
+           "direct_refusal", "plan_depthwise", "refusal"]
 
 DepthwisePlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
@@ -78,6 +79,15 @@ def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | N
     """Why the generated kernel does not take this depthwise convolution; None where it does."""
     if not _is_depthwise(node):
         return "not a depthwise convolution (groups = in channels = out channels > 1)"
+    c = node.inputs[0].type.shape[1]
+    return direct_refusal(graph, node, (c, 1), nhwc)
+
+
+def direct_refusal(graph: Graph, node: Node, weight_dims: tuple[int, int],
+                   nhwc: set[Value] | None = None) -> str | None:
+    """What a generated direct convolution (depthwise, or dense in `kiln.kernels.conv`)
+    does not take, whatever its grouping: ``weight_dims`` are the weight's first two dims
+    it needs (out channels, in channels per group)."""
     a = node.attrs
     x, w = node.inputs[0], node.inputs[1]
     if any(v.type.dtype is not DType.F32 for v in node.inputs if v.node.op is not Op.SCALAR):
@@ -92,12 +102,11 @@ def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | N
                 activation(a.activation, a.act_args)
             except NotLowerable:
                 return f"no loop form for {a.activation.text}"
-    bias = _bias(node)
-    if bias is not None and bias.type.shape != (x.type.shape[1],):
-        return "a bias not of shape [C]"
-    c = x.type.shape[1]
-    if w.node.op is not Op.CONSTANT or w.type.shape[:2] != (c, 1):
-        return "a weight that is not a constant [C, 1, KH, KW]"
+    bias = conv_bias(node)
+    if bias is not None and bias.type.shape != (node.type.shape[1],):
+        return "a bias not of shape [C_out]"
+    if w.node.op is not Op.CONSTANT or w.type.shape[:2] != weight_dims:
+        return f"a weight that is not a constant [{weight_dims[0]}, {weight_dims[1]}, KH, KW]"
     if any(d == 0 for d in (*x.type.shape, *node.type.shape)):
         return "an empty tensor"
     if not bool(torch.isfinite(graph.constant(w.node)).all()):
@@ -108,7 +117,8 @@ def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | N
     return None
 
 
-def _bias(node: Node) -> Value | None:
+def conv_bias(node: Node) -> Value | None:
+    """A convolution node's bias input, or None."""
     a = node.attrs
     if isinstance(a, ConvActAttrs):
         return node.inputs[2] if a.has_bias else None
@@ -120,7 +130,7 @@ def depthwise_shape(node: Node) -> DepthwiseShape:
     n, c, h, w = node.inputs[0].type.shape
     kh, kw = node.inputs[1].type.shape[2:]
     return DepthwiseShape(n, c, h, w, (kh, kw), tuple(a.stride), tuple(a.padding),  # type: ignore
-                          tuple(a.dilation), _bias(node) is not None)  # type: ignore
+                          tuple(a.dilation), conv_bias(node) is not None)  # type: ignore
 
 
 def plan_depthwise(graph: Graph, group: KernelGroup, options: Options
@@ -140,7 +150,7 @@ def plan_depthwise(graph: Graph, group: KernelGroup, options: Options
     config = DepthwiseConfig.default(shape, target_isa(options).f32_lanes)
     plan = depthwise_plan(shape, config, name, epilogue)
     w = node.inputs[1]
-    bias = _bias(node)
+    bias = conv_bias(node)
     inputs = (node.inputs[0], w) if bias is None else (node.inputs[0], w, bias)
     return plan, inputs, {w: pack_depthwise_weight(graph.constant(w.node))}
 
@@ -152,6 +162,15 @@ def depthwise_candidate(graph: Graph, group: KernelGroup, options: Options,
     node's ATen call on channels-last operands (``checked`` remembers sources already
     checked, with their weights), not yet measured."""
     planned = planned if planned is not None else plan_depthwise(graph, group, options)
+    return checked_candidate(graph, group, options, planned, checked)
+
+
+def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
+                      planned: DepthwisePlanned | Skipped,
+                      checked: dict[str, bool] | None = None) -> Built | Skipped:
+    """A one-node convolution group's planned kernel (a direct convolution: depthwise, or
+    dense from `kiln.kernels.conv`), compiled with its packed weight and checked against the
+    node's ATen call once per source and weight."""
     if isinstance(planned, Skipped):
         return planned
     plan, inputs, weights = planned

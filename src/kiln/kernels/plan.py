@@ -67,6 +67,7 @@ class Recipe(enum.Enum):
     LOOPS = "loops"  # an elementwise chain, default schedule
     GEMM = "gemm"  # mm / addmm / linear: packed panels and a register-tiled micro-kernel
     DEPTHWISE = "depthwise"  # depthwise convolution, channels-last: a pixels x channels tile
+    CONV = "conv"  # dense direct convolution, channels-last: pixels x a panel of out channels
     LIBRARY = "library"  # not generated: a library entry point on weights prepared once
 
 

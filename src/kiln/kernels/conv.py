@@ -1,0 +1,110 @@
+"""Generated dense direct convolutions: a ``convolution`` / ``conv_act`` node with groups = 1,
+whose input is channels-last at run time (the `layout` pass made it so), becomes the kernel
+of `kiln.kernels.conv_schedule`: one more candidate of `kiln.kernels.contractions`, used only
+where it measures fastest against the node's ATen call and oneDNN on a weight reordered once.
+
+    %y = conv_act(%x_nhwc, %w, %b) {stride=(2, 2), padding=(1, 1), groups=1, clamp(0, 6)}
+      -> kiln_conv_3x224x224_32_k3x3_s2 (x NHWC, w packed once into [1, 3, 3, 3, 32],
+                                         bias; clamp in the write-back; out NHWC)
+
+Which convolutions get a candidate: those whose reduction per output (CI * KH * KW) is at
+most `MAX_REDUCTION`. Measured on Zen 4 (2 threads, `benchmarks/conv.py`), the generated
+kernel runs ResNet-50's 3x3 layers at 86-94% of FMA peak, 2-10% behind oneDNN's jit kernels
+on the same layers, so it would lose every measurement there and only add compile time (about
+a second of C compilation per shape); on a short reduction (a network's first layer, 3 input
+channels) oneDNN's blocking falls to 60-70% of peak and the generated kernel ties or wins.
+
+The rest is as for the depthwise kernel (`kiln.kernels.depthwise.direct_refusal`): fp32, a
+constant finite weight, no residual input, an activation with a loop form, any kernel size,
+stride, padding and dilation. A 1x1 convolution rarely gets here: `kiln.passes.pointwise`
+makes those GEMMs.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.codegen.isa import target_isa
+from kiln.ir.attrs import ConvActAttrs
+from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.ops import Op
+from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
+from kiln.kernels.depthwise import checked_candidate, conv_bias, direct_refusal
+from kiln.kernels.outcome import Built, Skipped, SkipReason
+from kiln.kernels.plan import Epilogue, KernelPlan
+from kiln.options import Options
+from kiln.passes.layout import channels_last_values
+from kiln.passes.partition import KernelGroup, singles
+
+__all__ = ["MAX_REDUCTION", "conv_candidate", "conv_groups", "plan_conv", "refusal"]
+
+ConvPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
+
+# the longest reduction per output (CI * KH * KW) that gets a generated candidate (see the
+# module docstring: MobileNetV2's first layer is 27, ResNet-50's 147)
+MAX_REDUCTION = 64
+
+
+def conv_groups(graph: Graph) -> list[KernelGroup]:
+    """One group per dense convolution the generated kernel takes (`refusal` is None)."""
+    if graph.device.type != "cpu":
+        return []
+    nhwc = channels_last_values(graph)
+    return singles(graph, lambda node: _is_dense(node) and refusal(graph, node, nhwc) is None)
+
+
+def _is_dense(node: Node) -> bool:
+    return (node.op in (Op.CONVOLUTION, Op.CONV_ACT) and len(node.inputs[0].type.shape) == 4
+            and node.attrs.groups == 1)  # type: ignore[attr-defined]
+
+
+def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | None:
+    """Why the generated kernel does not take this convolution; None where it does."""
+    if not _is_dense(node):
+        return "not a dense 2-d convolution (groups = 1)"
+    ci = node.inputs[0].type.shape[1]
+    kh, kw = node.inputs[1].type.shape[2:]
+    if ci * kh * kw > MAX_REDUCTION:
+        return (f"a reduction of {ci * kh * kw} per output (> {MAX_REDUCTION}): oneDNN's "
+                f"kernels measured ahead there")
+    return direct_refusal(graph, node, (node.type.shape[1], ci), nhwc)
+
+
+def conv_shape(node: Node) -> ConvShape:
+    a = node.attrs
+    n, ci, h, w = node.inputs[0].type.shape
+    kh, kw = node.inputs[1].type.shape[2:]
+    return ConvShape(n, ci, h, w, node.type.shape[1], (kh, kw), tuple(a.stride),  # type: ignore
+                     tuple(a.padding), tuple(a.dilation),  # type: ignore
+                     conv_bias(node) is not None)
+
+
+def plan_conv(graph: Graph, group: KernelGroup, options: Options) -> ConvPlanned | Skipped:
+    """The plan of the generated kernel for a one-node dense convolution group, its inputs
+    (x, the weight, the bias), and the weight packed for it."""
+    node = group.last
+    why = refusal(graph, node)
+    if why is not None:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, why)
+    shape = conv_shape(node)
+    a = node.attrs
+    act = a.activation if isinstance(a, ConvActAttrs) else None
+    epilogue = Epilogue(act, a.act_args) if act is not None else None  # type: ignore
+    isa = target_isa(options)
+    config = ConvConfig.default(shape, isa.f32_lanes, isa.registers, torch.get_num_threads())
+    (kh, kw), (sh, sw) = shape.kernel, shape.stride
+    name = f"kiln_conv_{shape.ci}x{shape.h}x{shape.w}_{shape.co}_k{kh}x{kw}_s{sh}x{sw}"
+    plan = conv_plan(shape, config, name, epilogue)
+    w = node.inputs[1]
+    bias = conv_bias(node)
+    inputs = (node.inputs[0], w) if bias is None else (node.inputs[0], w, bias)
+    return plan, inputs, {w: pack_conv_weight(graph.constant(w.node), config.nr)}
+
+
+def conv_candidate(graph: Graph, group: KernelGroup, options: Options,
+                   checked: dict[str, bool] | None = None,
+                   planned: ConvPlanned | Skipped | None = None) -> Built | Skipped:
+    """The generated dense convolution for a one-node group, compiled and checked against the
+    node's ATen call on channels-last operands, not yet measured."""
+    planned = planned if planned is not None else plan_conv(graph, group, options)
+    return checked_candidate(graph, group, options, planned, checked)

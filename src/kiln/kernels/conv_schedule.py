@@ -1,0 +1,312 @@
+"""fp32 dense direct convolution in channels-last memory: the loop program, scheduled by
+primitives into a register tile of ``T`` output pixels by ``NR`` output channels (two vectors
+on AVX-512), recorded as a replayable Trace.
+
+In NHWC memory an output pixel's channels are contiguous, and so are an input pixel's. With
+the weight packed once, at compile time, into panels of ``NR`` output channels
+(`pack_conv_weight`: ``w[co // NR, i, j, ci, co % NR]``, the last panel zero-padded), a
+convolution is the GEMM micro-kernel with A's rows gathered from the input window: each
+(tap, input channel) broadcasts one input value per pixel of the tile and meets one row of
+the panel::
+
+    out[n, oh, ow, co:co+NR] = bias[co:co+NR] + sum_{i, j, ci} x[n, oh*s + i*d - p,
+                                                   ow*s + j*d - p, ci] * w[co//NR, i, j, ci, :]
+
+No im2col buffer: the window is read in place. `conv_func` gives the program as a lowering
+would (tensors logically NCHW with channels-last strides; the sum in a LOCAL accumulator set
+to the bias by one block and stored by another; the zero padding a bounds guard on the
+update, skipped as ATen's channels-last convolution skips it, which is the same sum for
+finite weights). `schedule_conv` makes::
+
+    for n:
+      parallel co_0 (or serial, with the rows parallel): # a panel of NR output channels
+        for oh:                                         # stays in L2 over all the rows
+          for ow_0 in range(OW / T):                    # T pixels by NR channels: the tile
+            unrolled ow_1 / vectorized co_1:  acc = bias
+            for i, j, ci:
+              unrolled ow_1 / vectorized co_1:
+                acc[ow_1, co_1] += x[n, ci, ih, iw] * w[co_0, i, j, ci, co_1]
+            unrolled ow_1 / vectorized co_1:  out = act(acc)
+
+The panel loop is outside the rows so that one panel (KH*KW*CI*NR floats: 590 KB for a
+512-channel 3x3 layer) stays in L2 while every pixel passes it; the threads split the panels
+where there are enough to balance, else the rows. Post-passes: compaction, indices in loop
+variables, `kiln.tir.tails.version_tails` on the row, pixel-tile and panel loops (interior
+rows and tiles run without a guard), the padded panel's guards dropped
+(`kiln.tir.tails.drop_dead_guards`), and the activation in the write-back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kiln.ir.types import DType
+from kiln.kernels.gemm_schedule import SERIAL_MACS
+from kiln.kernels.plan import (
+    Compact,
+    DropDeadGuards,
+    Epilogue,
+    KernelPlan,
+    PostPass,
+    Recipe,
+    Serial,
+    SimplifyIndices,
+    VersionTails,
+)
+from kiln.tir.nodes import (
+    Allocate,
+    Block,
+    BufferStore,
+    CmpOp,
+    Compare,
+    Expr,
+    For,
+    IterKind,
+    IterVar,
+    PrimFunc,
+    Scope,
+    Select,
+    Stmt,
+    Var,
+    channels_last_strides,
+    const,
+    seq,
+)
+from kiln.tir.nodes import Buffer as TBuffer
+from kiln.tir.schedule import Schedule
+from kiln.tir.visit import conjoin
+
+__all__ = ["ConvConfig", "ConvShape", "conv_func", "conv_plan", "pack_conv_weight",
+           "schedule_conv"]
+
+F32 = DType.F32
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A dense (groups = 1) convolution's sizes: input [N, CI, H, W], CO output channels,
+    kernel KH x KW, stride, padding, dilation (per spatial dim), and whether it adds a bias."""
+
+    n: int
+    ci: int
+    h: int
+    w: int
+    co: int
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int] = (1, 1)
+    bias: bool = False
+
+    @property
+    def out(self) -> tuple[int, int]:
+        """OH, OW, as ATen's convolution computes them."""
+        return tuple(  # type: ignore[return-value]
+            (size + 2 * p - d * (k - 1) - 1) // s + 1
+            for size, k, s, p, d in zip((self.h, self.w), self.kernel, self.stride,
+                                        self.padding, self.dilation))
+
+    @property
+    def macs(self) -> int:
+        oh, ow = self.out
+        return self.n * self.co * oh * ow * self.ci * self.kernel[0] * self.kernel[1]
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """The register tile (``tile`` pixels of a row by ``nr`` output channels) and whether
+    the threads split the channel panels (else the rows)."""
+
+    tile: int = 14
+    nr: int = 32
+    split_panels: bool = True
+    # the zero padding written once into a padded copy of the input (the taps then need no
+    # guards), instead of guards on the border rows and tiles
+    pad_copy: bool = True
+    rows: int = 1  # output rows in the register tile (``tile`` pixels of each)
+
+    @staticmethod
+    def default(shape: ConvShape, lanes: int, registers: int = 32,
+                threads: int = 2) -> ConvConfig:
+        """NR: two vectors where CO fills more than one, else one. The tile: as many pixels
+        as the accumulators leave registers for (two for the weights' vectors, one for the
+        broadcast), preferring a tile that divides the row, and never wider than the row.
+        The threads split the panels where each thread gets the same number of them (or
+        there are at least four per thread), else the rows."""
+        lanes = max(lanes, 4)
+        vectors = 2 if shape.co > lanes else 1
+        nr = vectors * lanes
+        largest = max((registers - vectors - 1) // vectors, 1)
+        ow = shape.out[1]
+        if 0 < ow <= largest:
+            tile = ow
+        else:
+            dividing = [t for t in range(largest, max(largest // 2, 1) - 1, -1) if ow % t == 0]
+            tile = dividing[0] if dividing else largest
+        panels = -(-shape.co // nr)
+        split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads)
+        return ConvConfig(tile, nr, split, any(shape.padding))
+
+
+def pack_conv_weight(weight: torch.Tensor, nr: int) -> torch.Tensor:
+    """A dense weight [CO, CI, KH, KW] (any strides) as the kernel reads it: panels of ``nr``
+    output channels, f32[ceil(CO / nr), KH, KW, CI, nr], contiguous, the last panel
+    zero-padded, so one row of a panel is ``nr / lanes`` vector loads."""
+    co, ci, kh, kw = weight.shape
+    panels = -(-co // nr)
+    padded = torch.zeros(panels * nr, ci, kh, kw, dtype=weight.dtype)
+    padded[:co] = weight.detach()
+    return padded.view(panels, nr, ci, kh, kw).permute(0, 3, 4, 2, 1).contiguous()
+
+
+def _lt(a: Expr, b: Expr) -> Expr:
+    return Compare(CmpOp.LT, a, b)
+
+
+def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = False
+              ) -> PrimFunc:
+    """The unscheduled program (see the module docstring): blocks ``init`` (the accumulator
+    set to the bias, or 0), ``conv`` (the guarded update over taps and input channels) and
+    ``store`` (the accumulator written to ``out``), each in its own loop nest. With
+    ``pad_copy`` (and some padding) a first block ``pad`` writes the input with its zero
+    border into a temporary ``xp``, and ``conv`` reads that without guards."""
+    n, ci, h, w, co = shape.n, shape.ci, shape.h, shape.w, shape.co
+    kh, kw = shape.kernel
+    oh, ow = shape.out
+    x = TBuffer("x", (n, ci, h, w), F32, channels_last_strides((n, ci, h, w)))
+    wt = TBuffer("w", (-(-co // nr), kh, kw, ci, nr), F32)
+    bias = TBuffer("bias", (co,), F32) if shape.bias else None
+    out = TBuffer("out", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow)))
+    acc = TBuffer("acc", (n, oh, ow, co), F32, scope=Scope.LOCAL)
+    spatial = (("n", n), ("oh", oh), ("ow", ow), ("co", co))
+
+    def nest(block: str, body, reduce: tuple[tuple[str, int], ...] = (),  # noqa: ANN001
+             guard=None) -> Stmt:  # noqa: ANN001
+        dims = spatial + reduce
+        loops = [Var(f"{block}_{d}") for d, _ in dims]
+        ivs = tuple(IterVar(Var(f"v{block}_{d}"), e,
+                            IterKind.REDUCE if (d, e) in reduce else IterKind.SPATIAL)
+                    for d, e in dims)
+        v = [iv.var for iv in ivs]
+        # the guard is on the loop variables, as `split` writes its own: then
+        # `version_tails` sees how it changes with each loop
+        stmt: Stmt = Block(block, ivs, tuple(loops), body(*v),
+                           predicate=None if guard is None else guard(*loops))
+        for loop, (_, extent) in reversed(list(zip(loops, dims))):
+            stmt = For(loop, extent, stmt)
+        return stmt
+
+    def init(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
+        start = bias[vco] if bias is not None else const(0.0, F32)
+        return BufferStore(acc, (vn, voh, vow, vco), start)
+
+    def position(o: Var, k: Var, d: int) -> Expr:
+        s, dil, p = shape.stride[d], shape.dilation[d], shape.padding[d]
+        pos = (o if s == 1 else o * s) + (k if dil == 1 else k * dil)
+        return pos - p if p else pos
+
+    ph, pw = shape.padding
+    padded = pad_copy and (ph > 0 or pw > 0)
+    xp = TBuffer("xp", (n, ci, h + 2 * ph, w + 2 * pw), F32,
+                 channels_last_strides((n, ci, h + 2 * ph, w + 2 * pw)))
+
+    def within(pos_h: Expr, pos_w: Expr) -> Expr | None:
+        conds = []
+        for pos, size, p in ((pos_h, h, ph), (pos_w, w, pw)):
+            if p > 0:  # (without padding every position is inside)
+                conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
+        return conjoin(*conds)
+
+    def update(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var) -> Stmt:
+        pos_h, pos_w = position(voh, vi, 0), position(vow, vj, 1)
+        value = xp[vn, vci, pos_h + ph, pos_w + pw] if padded else x[vn, vci, pos_h, pos_w]
+        tap = value * wt[vco // nr, vi, vj, vci, vco % nr]
+        return BufferStore(acc, (vn, voh, vow, vco), acc[vn, voh, vow, vco] + tap)
+
+    def inside(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var
+               ) -> Expr | None:
+        return None if padded else within(position(voh, vi, 0), position(vow, vj, 1))
+
+    def pad() -> Stmt:
+        dims = (("n", n), ("h", h + 2 * ph), ("w", w + 2 * pw), ("ci", ci))
+        loops = [Var(f"pad_{d}") for d, _ in dims]
+        ivs = tuple(IterVar(Var(f"vpad_{d}"), e, IterKind.SPATIAL) for d, e in dims)
+        vn, vh, vw, vci = (iv.var for iv in ivs)
+        pos_h, pos_w = vh - ph, vw - pw
+        value = Select(within(pos_h, pos_w), x[vn, vci, pos_h, pos_w],  # type: ignore[arg-type]
+                       const(0.0, F32))
+        stmt: Stmt = Block("pad", ivs, tuple(loops), BufferStore(xp, (vn, vci, vh, vw), value))
+        for loop, (_, extent) in reversed(list(zip(loops, dims))):
+            stmt = For(loop, extent, stmt)
+        return stmt
+
+    def store(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
+        return BufferStore(out, (vn, vco, voh, vow), acc[vn, voh, vow, vco])
+
+    reduce = (("i", kh), ("j", kw), ("ci", ci))
+    body = seq(nest("init", init), nest("conv", update, reduce, inside), nest("store", store))
+    inputs = (x, wt) if bias is None else (x, wt, bias)
+    if padded:
+        return PrimFunc(name, inputs, (out,), Allocate(xp, seq(pad(), Allocate(acc, body))))
+    return PrimFunc(name, inputs, (out,), Allocate(acc, body))
+
+
+def schedule_conv(func: PrimFunc, config: ConvConfig) -> tuple[Schedule, list[str]]:
+    """The register-tiled schedule of `conv_func`'s program; returns the schedule and the
+    loops whose bodies `version_tails` versions: panels, rows and pixel tiles (interior ones
+    run without a guard), then the taps (in a border row a tap row outside the input is one
+    test, and in a border tile only the taps that reach the padding keep their guards)."""
+    sch = Schedule(func)
+    conv = sch.get_block("conv")
+    n, oh, ow, co, i, j, ci = sch.get_loops(conv)
+    oh_0, oh_1 = sch.split(oh, [None, config.rows])
+    ow_0, ow_1 = sch.split(ow, [None, config.tile])
+    co_0, co_1 = sch.split(co, [None, config.nr])
+    sch.reorder(n, co_0, oh_0, ow_0, i, j, ci, oh_1, ow_1, co_1)
+    init, store = sch.get_block("init"), sch.get_block("store")
+    sch.reverse_compute_at(store, ow_0)  # (first: then no reader of acc is left outside)
+    sch.compute_at(init, ow_0)
+    sch.unroll(oh_1)
+    sch.unroll(ow_1)
+    sch.vectorize(co_1)
+    for block in (init, store):
+        rows, pixels, lanes = sch.get_loops(block)[-3:]
+        sch.unroll(rows)
+        sch.unroll(pixels)
+        sch.vectorize(lanes)
+    # (n stays serial: fused with oh, the row guards would not be affine)
+    sch.parallel(co_0 if config.split_panels else oh_0)
+    if any(b.name == "xp" for b in _allocated(func)):  # the padded copy: rows on the threads
+        _, rows, _, channels = sch.get_loops(sch.get_block("pad"))
+        sch.parallel(rows)
+        sch.vectorize(channels)
+    return sch, [co_0.name, oh_0.name, ow_0.name, i.name, j.name]
+
+
+def _allocated(func: PrimFunc) -> list[TBuffer]:
+    stmt, found = func.body, []
+    while isinstance(stmt, Allocate):
+        found.append(stmt.buffer)
+        stmt = stmt.body
+    return found
+
+
+def conv_plan(shape: ConvShape, config: ConvConfig, name: str = "conv",
+              epilogue: Epilogue | None = None) -> KernelPlan:
+    """The convolution as a plan: `conv_func`'s program, the Trace of `schedule_conv`, then
+    compaction, indices in loop vars, the guards versioned away from interior rows and
+    tiles and full panels, the padded panel's dead guards dropped, the activation in the
+    write-back, and one thread below `SERIAL_MACS` multiply-adds."""
+    program = conv_func(shape, config.nr, name, config.pad_copy)
+    sch, tails = schedule_conv(program, config)
+    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
+                                  DropDeadGuards())
+    if epilogue is not None:
+        post += (epilogue,)
+    if shape.macs < SERIAL_MACS:  # (by work, as a GEMM: 512 outputs of a 7x7 layer are
+        # 2.3 M multiply-adds each)
+        post += (Serial(f"{shape.macs} multiply-adds < SERIAL_MACS {SERIAL_MACS}"),)
+    return KernelPlan(Recipe.CONV, program, sch.trace, post,
+                      notes=f"# kiln.kernels.conv_plan({shape}, {config})", scheduled=sch.func)

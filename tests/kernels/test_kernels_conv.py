@@ -1,0 +1,251 @@
+"""The generated dense direct convolution (channels-last, fp32): against eager torch at odd
+sizes, both border strategies (padded copy, guards), every kind of epilogue, non-finite
+inputs, on the portable path; its plan; what it refuses; and a first layer through
+kiln.compile."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.codegen.isa import Isa, target_isa
+from kiln.codegen.kernel import compile_kernel, prebuild
+from kiln.ir import parse_graph, verify
+from kiln.ir.fused import apply_activation
+from kiln.ir.ops import Op
+from kiln.kernels.contractions import build_contraction_kernels, contraction_groups
+from kiln.kernels.conv import MAX_REDUCTION, conv_groups, refusal
+from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
+from kiln.kernels.decide import Decisions
+from kiln.kernels.plan import Epilogue, Recipe, Serial
+from kiln.options import Options
+from kiln.passes.partition import gather
+from kiln.runtime.executor import build_executor
+from kiln.runtime.memory import plan_memory
+
+CL = torch.channels_last
+
+# (n, ci, h, w, co, kernel, stride, padding, dilation, bias, activation, act_args, pad_copy)
+CASES = [
+    (1, 3, 17, 19, 32, 3, 2, 1, 1, True, Op.CLAMP, (0.0, 6.0), True),  # a first layer
+    (1, 3, 17, 19, 32, 3, 2, 1, 1, True, Op.RELU, (), False),  # the same with guards
+    (2, 5, 9, 8, 20, 3, 1, 1, 1, False, Op.GELU, ("tanh",), True),  # N=2, CO a panel tail
+    (1, 4, 11, 13, 40, 5, 1, 2, 1, True, Op.SIGMOID, (), False),  # 5x5, guards, 2 panels
+    (1, 6, 7, 23, 17, 3, 1, 0, 2, True, None, (), True),  # no padding, dilation 2
+    (1, 2, 3, 2, 7, 3, 1, 1, 1, True, Op.LEAKY_RELU, (0.1,), True),  # H, W < kernel: all border
+    (1, 3, 15, 15, 64, 7, 2, 3, 1, True, Op.RELU, (), True),  # a ResNet-like 7x7 stem
+    (1, 8, 6, 31, 33, 1, 1, 1, 1, True, Op.TANH, (), False),  # a padded 1x1, a pixel tail
+]
+IDS = [f"{c[1]}x{c[2]}x{c[3]}to{c[4]}k{c[5]}s{c[6]}p{c[7]}{c[10].text if c[10] else ''}"
+       f"{'copy' if c[12] else 'guard'}" for c in CASES]
+
+
+def _case(case: tuple, lanes: int = 16) -> tuple:
+    n, ci, h, w, co, k, s, p, d, bias, act, args, pad_copy = case
+    shape = ConvShape(n, ci, h, w, co, (k, k), (s, s), (p, p), (d, d), bias)
+    config = dataclasses.replace(ConvConfig.default(shape, lanes), pad_copy=pad_copy)
+    epilogue = Epilogue(act, args) if act is not None else None
+    name = f"conv_test_{'_'.join(map(str, case[:9]))}_{int(pad_copy)}_{lanes}"
+    return shape, config, conv_plan(shape, config, name=name, epilogue=epilogue)
+
+
+def _operands(shape: ConvShape, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape.n, shape.ci, shape.h, shape.w, generator=gen).contiguous(
+        memory_format=CL)
+    weight = torch.randn(shape.co, shape.ci, *shape.kernel, generator=gen)
+    bias = torch.randn(shape.co, generator=gen)
+    return x, weight, bias
+
+
+def _eager(shape: ConvShape, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+           act: Op | None, args: tuple) -> torch.Tensor:
+    y = torch.nn.functional.conv2d(x, weight.contiguous(memory_format=CL),
+                                   bias if shape.bias else None, shape.stride, shape.padding,
+                                   shape.dilation)
+    apply_activation(y, act, args)
+    return y
+
+
+def _run(kernel, shape: ConvShape, config: ConvConfig, x: torch.Tensor,  # noqa: ANN001
+         weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    out = torch.full((shape.n, shape.co, *shape.out), float("nan")).contiguous(
+        memory_format=CL)
+    operands = [x, pack_conv_weight(weight, config.nr)] + ([bias] if shape.bias else [])
+    kernel(*operands, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(kernel_options: Options) -> dict:
+    """Every case's kernel, compiled in parallel (the compiler dominates this file's time)."""
+    plans = {case: _case(case) for case in CASES}
+    prebuild([plan.build() for _, _, plan in plans.values()], kernel_options)
+    return {case: (shape, config, plan, compile_kernel(plan.build(), kernel_options))
+            for case, (shape, config, plan) in plans.items()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_conv_matches_eager(built: dict, case: tuple) -> None:
+    shape, config, plan, kernel = built[case]
+    x, weight, bias = _operands(shape, seed=len(IDS[CASES.index(case)]))
+    got = _run(kernel, shape, config, x, weight, bias)
+    want = _eager(shape, x, weight, bias, case[10], case[11])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert got.is_contiguous(memory_format=CL)
+    assert plan.recipe is Recipe.CONV
+    assert plan.replayed() == plan.build()  # the trace is the shipped kernel
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[1], CASES[3]], ids=[IDS[0], IDS[1], IDS[3]])
+def test_conv_non_finite_inputs(built: dict, case: tuple) -> None:
+    """NaN and +-inf inputs, in the interior and on the border, give NaN and inf where ATen's
+    NHWC convolution gives them."""
+    shape, config, _, kernel = built[case]
+    x, weight, bias = _operands(shape, seed=3)
+    x[0, 0, 0, 0] = float("nan")
+    x[0, 1, shape.h // 2, shape.w // 2] = float("inf")
+    x[0, 2 % shape.ci, -1, -1] = float("-inf")
+    got = _run(kernel, shape, config, x, weight, bias)
+    want = _eager(shape, x, weight, bias, case[10], case[11])
+    assert not torch.isfinite(want).all()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_pack_conv_weight_panels() -> None:
+    """Panels of NR output channels, [P, KH, KW, CI, NR], the tail panel zero-padded."""
+    w = torch.randn(20, 3, 2, 5)
+    packed = pack_conv_weight(w, 16)
+    assert packed.shape == (2, 2, 5, 3, 16) and packed.is_contiguous()
+    assert torch.equal(packed[1, 1, 4, 2, :4], w[16:, 2, 1, 4])
+    assert not packed[1, :, :, :, 4:].any()
+
+
+def test_conv_default_config() -> None:
+    """Two vectors of output channels where CO fills more than one; a tile that divides the
+    row where one does; the threads on the panels only where they balance."""
+    wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
+    assert ConvConfig.default(wide, 16) == ConvConfig(14, 32, True, True)
+    small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
+    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, True)
+    stem = ConvShape(1, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1))
+    assert ConvConfig.default(stem, 16) == ConvConfig(14, 32, False, True)
+    narrow = ConvShape(1, 3, 9, 9, 16, (3, 3), (1, 1), (0, 0))
+    assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False)
+
+
+def test_conv_plan_serial_by_work() -> None:
+    """A layer with few outputs but a long reduction (7x7x512 -> 512) keeps its threads; a
+    small one runs on one thread."""
+    big = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
+    assert not any(isinstance(p, Serial) for p in conv_plan(big, ConvConfig()).post)
+    small = ConvShape(1, 3, 8, 8, 8, (3, 3), (1, 1), (1, 1))
+    assert any(isinstance(p, Serial) for p in conv_plan(small, ConvConfig(8, 16)).post)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+def test_conv_portable_path(kernel_options: Options) -> None:
+    """Compiled for plain SSE2 (a machine without AVX-512), 4 channels a vector: the same."""
+    options = dataclasses.replace(kernel_options, c_flags=("-O3", "-march=x86-64", "-fopenmp"))
+    assert target_isa(options) is Isa.VEC128
+    case = CASES[2]
+    shape, config, plan = _case(case, lanes=Isa.VEC128.f32_lanes)
+    kernel = compile_kernel(plan.build(), options)
+    x, weight, bias = _operands(shape, seed=5)
+    got = _run(kernel, shape, config, x, weight, bias)
+    torch.testing.assert_close(got, _eager(shape, x, weight, bias, case[10], case[11]),
+                               rtol=1e-4, atol=1e-4)
+
+
+GRAPH = """\
+graph(%x: f32[1, {ci}, 12, 11]) {{
+  %w = constant {{name='w'}} : f32[16, {ci}, {k}, {k}]
+  %b = constant {{name='b'}} : f32[16]
+  %xl = to_layout(%x) {{channels_last=True}} : f32[1, {ci}, 12, 11]
+  %x_in = {source} : f32[1, {ci}, 12, 11]
+  %y = conv_act(%x_in, %w, %b{residual}) {{stride=(2, 2), padding=(1, 1), dilation=(1, 1), \
+groups=1, has_bias=True, has_residual={has_residual}, activation=op('clamp'), \
+act_args=(0.0, 6.0)}} : f32[1, 16, {oh}, 6]
+  %z = clone(%y) : f32[1, 16, {oh}, 6]
+  return %z
+}}"""
+
+
+def _graph(ci: int = 3, k: int = 3, source: str = "relu(%xl)", residual: bool = False,
+           weight: torch.Tensor | None = None):  # noqa: ANN202
+    torch.manual_seed(0)
+    w = weight if weight is not None else torch.randn(16, ci, k, k)
+    oh = (12 + 2 - k) // 2 + 1
+    text = GRAPH.format(ci=ci, k=k, oh=oh, source=source, residual=", %r" if residual else "",
+                        has_residual=residual)
+    if residual:  # a second graph input
+        text = text.replace(") {\n", f", %r: f32[1, 16, {oh}, 6]) {{\n", 1)
+    graph = parse_graph(text, {"w": w, "b": torch.randn(16)})
+    verify(graph)
+    return graph
+
+
+def test_conv_candidate_in_the_contraction_stage(kernel_options: Options) -> None:
+    """Offered beside oneDNN, checked against ATen on channels-last operands, and run by the
+    executor on an NHWC input, giving NHWC."""
+    graph = _graph()
+    assert [g.last.name for g in conv_groups(graph)] == ["y"]
+    built = build_contraction_kernels(graph, contraction_groups(graph), kernel_options,
+                                      Decisions(None, False))
+    (kernel,) = built.kernels
+    assert kernel.generated and kernel.plan.recipe is Recipe.CONV  # type: ignore[union-attr]
+    assert kernel.weight(graph, kernel.inputs[1]).shape == (1, 3, 3, 3, 16)  # one panel
+    moved = gather(graph, [kernel.group])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    x = torch.randn(1, 3, 12, 11)
+    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
+    b = next(graph.constant(n) for n in graph.nodes if n.name == "b")
+    want = torch.nn.functional.conv2d(x.relu(), w, b, 2, 1).clamp(0.0, 6.0)
+    (got,) = run([x])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("why", ["nchw", "residual", "inf_weight", "long_reduction"])
+def test_conv_refuses(why: str) -> None:
+    """Cases the kernel does not take stay with the library: an input that is NCHW at run
+    time, a residual input, a non-finite weight, a reduction longer than MAX_REDUCTION."""
+    if why == "nchw":
+        graph = _graph(source="relu(%x)")
+    elif why == "residual":
+        graph = _graph(residual=True)
+    elif why == "inf_weight":
+        w = torch.randn(16, 3, 3, 3)
+        w[3, 0, 1, 1] = float("inf")
+        graph = _graph(weight=w)
+    else:
+        graph = _graph(ci=MAX_REDUCTION // 9 + 1)
+    node = next(n for n in graph.nodes if n.name == "y")
+    assert refusal(graph, node) is not None
+    assert conv_groups(graph) == []
+
+
+def test_first_layer_through_kiln_compile(kernel_options: Options,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A MobileNet-like first layer (3x3, stride 2, 3 channels, BN, ReLU6) and a depthwise
+    layer, compiled at O2 with channels-last forced: the first runs generated, and matches
+    eager."""
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1, bias=False), nn.BatchNorm2d(16),
+                          nn.ReLU6(), nn.Conv2d(16, 16, 3, 1, 1, groups=16), nn.ReLU6()).eval()
+    bn = model[1]
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 21, 18)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    assert any(k.kind == "generated" and "kiln_conv" in (k.source or "")
+               for k in compiled.report.kernels)
+    with torch.no_grad():
+        want = model(x)
+        got = compiled(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
