@@ -23,20 +23,22 @@ import torch
 from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node, Value
-from kiln.ir.ops import Op
+from kiln.ir.interp import evaluate_node
+from kiln.ir.ops import Op, OpGroup
 from kiln.kernels.build import compile_plan
-from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower_elementwise import activation
+from kiln.tir.nodes import contiguous_strides
 from kiln.tir.te import NotLowerable
 from kiln.tune.apply import TUNED, tuned_schedule
 from kiln.tune.space import GemmSpace
 
-__all__ = ["gemm_candidate", "gemm_space", "plan_gemm"]
+__all__ = ["gemm_candidate", "gemm_space", "plan_gemm", "runtime_strides"]
 
 
 
@@ -48,6 +50,9 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     its shapes, bias, whether B is a constant packed at compile time, and its epilogue. Its
     default point is the heuristic schedule; `kiln tune` searches the rest."""
     node = group.last
+    if node.op is Op.BMM:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, "a batched GEMM: not in the tuning "
+                       "space (its schedule is the heuristic's)")
     bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
     (m, k), n = a.type.shape, b.type.shape[1]
     epilogue = _epilogue(node)
@@ -65,9 +70,11 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
 
 
 def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
-    """The plan of the generated GEMM for a one-node mm / addmm / addmm_act group, its
+    """The plan of the generated GEMM for a one-node mm / bmm / addmm / addmm_act group, its
     inputs, and the weights packed for it: the tuning database's fastest schedule
     (``Options.tuning_db``) where it has one, else the heuristic."""
+    if group.last.op is Op.BMM:
+        return _plan_bmm(graph, group, options)
     space = gemm_space(graph, group, options)
     if isinstance(space, Skipped):
         return space
@@ -89,6 +96,49 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     if space.b_prepacked:  # packed once, here: the kernel reads B's panels in place
         weights[b] = pack_b(graph.constant(b.node), config.nr)
     return plan, ((a, b) if bias is None else (a, b, bias)), weights
+
+
+def _plan_bmm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
+    """A bmm's plan: the batch on the threads, each batch a one-thread GEMM of the
+    heuristic's tiles, A and B read with the strides the run time gives them
+    (`runtime_strides`: attention's operands are views of a projection)."""
+    a, b = group.last.inputs
+    batch, m, k = a.type.shape
+    n = b.type.shape[2]
+    if batch < 2 or 0 in (m, n, k):  # (one batch: the mm, which the graph passes make it)
+        return Skipped(group, SkipReason.NOT_LOWERABLE, f"batch {batch} of {m}x{n}x{k}")
+    isa = target_isa(options)
+    config = default_gemm_config(m, n, k, threads=1, base=GemmConfig.for_isa(isa))
+    a_strides, b_strides = runtime_strides(graph, a), runtime_strides(graph, b)
+    plan = gemm_plan(m, n, k, config, name=f"kiln_bmm_{batch}x{m}x{n}x{k}", batch=batch,
+                     a_strides=a_strides, b_strides=b_strides)
+    return plan, (a, b), {}
+
+
+def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:
+    """The strides ``value`` will have at run time where it is a chain of views (permute,
+    view, slice, split, ...) of a value taken to be contiguous: the chain replayed on a
+    meta tensor, as the executor runs it (a view that cannot alias copies, as there).
+    None: contiguous. A guess the executor checks before each call (`layout_check`); where
+    it is wrong, the node's library call runs."""
+    chain = []
+    while value.node.op.is_a(OpGroup.VIEW):
+        chain.append(value)
+        value = value.node.inputs[0]
+    if not chain:
+        return None
+    tensor = torch.empty(value.type.shape, dtype=value.type.dtype.torch, device="meta")
+    for v in reversed(chain):
+        node = v.node
+        args = [tensor if i == 0 else (x.node.attrs.value if x.node.op is Op.SCALAR
+                                       else torch.empty(x.type.shape, device="meta"))
+                for i, x in enumerate(node.inputs)]
+        try:
+            tensor = evaluate_node(node, args, graph)[v.index]
+        except Exception:  # noqa: BLE001 - a view the meta device cannot replay: contiguous
+            return None
+    strides = tuple(tensor.stride())
+    return None if strides == contiguous_strides(tensor.shape) else strides
 
 
 def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,

@@ -47,6 +47,7 @@ benchmarks/ops.py for GFLOP/s against torch.mm and numpy.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -177,27 +178,39 @@ def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:
 
 
 def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool = False,
-                name: str = "gemm", b_panels: int = 0, bias_matrix: bool = False) -> PrimFunc:
+                name: str = "gemm", b_panels: int = 0, bias_matrix: bool = False,
+                batch: int = 0, a_strides: tuple[int, ...] | None = None,
+                b_strides: tuple[int, ...] | None = None) -> PrimFunc:
     """``C = A @ B`` (``A @ B.T`` with ``b_transposed``; ``+ bias`` as the init) as the loop
     lowering of mm/addmm gives it (`kiln.tir.lower_contract`): one reduction block ``C``
     over loops ``i0, i1, k0``. With ``b_panels`` (NR) B comes prepacked by the caller
     (`pack_b`): ``B[n // NR, k, n % NR]``, f32[ceil(N / NR), K, NR], the tail zero-padded.
-    With ``bias_matrix`` the bias is [M, N], an addmm's full input (a residual)."""
+    With ``bias_matrix`` the bias is [M, N], an addmm's full input (a residual).
+
+    With ``batch`` it is bmm's: A [batch, M, K], B [batch, K, N] and C [batch, M, N], one
+    more (outermost) loop; A and B read with the element strides given (a head's slice of a
+    projection, a transposed key: attention's operands are views), C contiguous."""
     b = Builder()
-    a_buf = b.buffer("A", (m, k), F32)
+    lead = (batch,) if batch else ()
+    a_buf = b.buffer("A", (*lead, m, k), F32)
     if b_panels:
         b_buf = b.buffer("B", (_ceil_div(n, b_panels), k, b_panels), F32)
     else:
-        b_buf = b.buffer("B", (n, k) if b_transposed else (k, n), F32)
+        b_buf = b.buffer("B", (*lead, *((n, k) if b_transposed else (k, n))), F32)
+    if a_strides is not None:
+        a_buf = dataclasses.replace(a_buf, strides=tuple(a_strides))
+    if b_strides is not None:
+        b_buf = dataclasses.replace(b_buf, strides=tuple(b_strides))
     bias_buf = b.buffer("bias", (m, n) if bias_matrix else (n,), F32) if bias else None
-    c_buf = b.buffer("C", (m, n), F32)
+    c_buf = b.buffer("C", (*lead, m, n), F32)
 
     def product(v: tuple[Var, ...], r: tuple[Var, ...]) -> Expr:
+        bt, v = v[:len(lead)], v[len(lead):]
         if b_panels:
             rhs = b_buf[v[1] // b_panels, r[0], v[1] % b_panels]
         else:
-            rhs = b_buf[v[1], r[0]] if b_transposed else b_buf[r[0], v[1]]
-        return a_buf[v[0], r[0]] * rhs
+            rhs = b_buf[(*bt, v[1], r[0])] if b_transposed else b_buf[(*bt, r[0], v[1])]
+        return a_buf[(*bt, v[0], r[0])] * rhs
 
     finit = None if bias_buf is None else \
         (lambda v: bias_buf[v[0], v[1]]) if bias_matrix else (lambda v: bias_buf[v[1]])
@@ -228,22 +241,25 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     tiles run without bounds checks) and the K step."""
     sch = Schedule(func)
     mr, nr, kc, mc, nc = config.mr, config.nr, config.kc, config.mc, config.nc
-    m, n = func.outputs[0].shape
-    if 0 in (m, n):
+    *lead, m, n = func.outputs[0].shape
+    batched = bool(lead)  # bmm: the batch loop outermost, its iterations on the threads
+    if 0 in (*lead, m, n):
         return sch, []  # nothing to compute
     if not find_block(func, "C").stmt.is_reduction:  # type: ignore[union-attr]
-        i, j = sch.get_loops(sch.get_block("C"))  # K = 0: C = bias, or zeros
-        sch.parallel(i)
+        *bt, i, j = sch.get_loops(sch.get_block("C"))  # K = 0: C = bias, or zeros
+        sch.parallel(bt[0] if batched else i)
         sch.vectorize(j)
         return sch, []
     c = sch.get_block("C")
-    i, j, k = sch.get_loops(c)
+    *bt, i, j, k = sch.get_loops(c)
     ic, ir, ii = sch.split(i, [None, mc // mr, mr])
     jc, jr, jj = sch.split(j, [None, nc // nr, nr])
-    k_values = func.inputs[0].shape[1]
-    if kc >= k_values:  # one K block: the tile starts from the bias, C is written once
+    k_values = func.inputs[0].shape[-1]
+    # one K block: the tile starts from the bias, C is written once (always batched: a bmm's
+    # K is a head's width or a sequence, and its C tiles per batch are small)
+    if kc >= k_values or batched:
         p = k
-        sch.reorder(jc, ic, jr, ir, p, ii, jj)
+        sch.reorder(*bt, jc, ic, jr, ir, p, ii, jj)
         store = sch.cache_write(c, Scope.LOCAL)
         sch.reverse_compute_at(store, ir)
         init = sch.decompose_reduction(c, p)
@@ -251,7 +267,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         k_blocks: list[str] = []
     else:  # C accumulates over the K blocks: initialized once, loaded by each tile
         pc, p = sch.split(k, [None, kc])
-        sch.reorder(jc, pc, ic, jr, ir, p, ii, jj)
+        sch.reorder(*bt, jc, pc, ic, jr, ir, p, ii, jj)
         init = sch.decompose_reduction(c, jc)
         load, store = sch.cache_inplace(c, "C")
         sch.reverse_compute_at(store, ir)
@@ -259,7 +275,9 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         tile_blocks = (load, store)
         k_blocks = [pc.name]
     # (tail tiles keep their bounds checks on an unpacked A: 3136x24x144 ran 20x slower)
-    packs_a = (bool(k_blocks) or n > nc or k_values > PACK_A_FROM_K or n % nr or m % mr)
+    a_strides = func.inputs[0].strides
+    packs_a = (bool(k_blocks) or n > nc or k_values > PACK_A_FROM_K or n % nr or m % mr
+               or (a_strides is not None and a_strides[-1] != 1))  # (rows not contiguous)
     if packs_a:
         a_pack = sch.cache_read(c, "A")
         sch.compute_at(a_pack, ic)
@@ -267,27 +285,33 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         a_tile, a_row = sch.split(a_rows, [None, mr])
         sch.reorder(a_tile, a_k, a_row)
         a_local = f"A_{Scope.LOCAL.value}"
-        sch.transform_layout(c, a_local, [(0, "//", mr), (1, "", 0), (0, "%", mr)])
+        d = len(bt)  # (a batched A's tile keeps its batch dim, of extent 1)
+        sch.transform_layout(c, a_local, [*((0, "", 0),) * d, (d, "//", mr), (d + 1, "", 0),
+                                          (d, "%", mr)])
     # the micro-kernel: unrolled rows, vector columns; threads share the M or the N blocks
+    # (or the batch)
     sch.unroll(ii)
     sch.vectorize(jj)
-    sch.parallel(jc if config.split_n else ic)
+    sch.parallel(bt[0] if batched else jc if config.split_n else ic)
     for block in tile_blocks:
         rows, cols = sch.get_loops(block)[-2:]
         sch.unroll(rows)
         sch.vectorize(cols)
     if k_blocks:  # C's own init nest
         init_loops = sch.get_loops(init)
-        sch.parallel(init_loops[0 if config.split_n else 1])  # jc or ic
+        if not batched:  # (batched: inside the thread's batch iteration)
+            sch.parallel(init_loops[0 if config.split_n else 1])  # jc or ic
         sch.vectorize(init_loops[-1])
     tails = [*k_blocks, *([a_tile.name] if packs_a else []), jr.name, ir.name, p.name]
-    if func.inputs[1].rank == 3:  # B prepacked by the caller (`pack_b`): read in place
+    if func.inputs[1].rank == 3 and not batched:  # B prepacked by the caller (`pack_b`)
         return sch, tails
     b_pack = sch.cache_read(c, "B", Scope.GLOBAL)
     sch.compute_at(b_pack, pc if k_blocks else jc)
     b_local = f"B_{Scope.GLOBAL.value}"
-    n_dim = 0 if b_transposed else 1
-    sch.transform_layout(c, b_local, [(n_dim, "//", nr), (1 - n_dim, "", 0),
+    d = len(bt)
+    n_dim = d + (0 if b_transposed else 1)
+    k_dim = d + (1 if b_transposed else 0)
+    sch.transform_layout(c, b_local, [*((0, "", 0),) * d, (n_dim, "//", nr), (k_dim, "", 0),
                                       (n_dim, "%", nr)])
     # packing B: panel by panel (parallel), NR lanes at a time; a transposed B (a Linear
     # weight, K contiguous) in 16 x NR blocks, reading along K (measured 6% faster than
@@ -301,7 +325,8 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     else:
         sch.reorder(panel, k_loop, lane)
         sch.vectorize(lane)
-    if not config.split_n:  # (else B's packing already runs inside a thread's jc block)
+    if not (config.split_n or batched):  # (else B's packing already runs inside a thread's
+        # jc block or batch iteration)
         sch.parallel(panel)
     return sch, tails
 
@@ -309,7 +334,9 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
 def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
               b_transposed: bool = False, bias: bool = False, name: str = "gemm",
               b_prepacked: bool = False, epilogue: Epilogue | None = None,
-              bias_matrix: bool = False) -> KernelPlan:
+              bias_matrix: bool = False, batch: int = 0,
+              a_strides: tuple[int, ...] | None = None,
+              b_strides: tuple[int, ...] | None = None) -> KernelPlan:
     """The GEMM as a plan (see the module docstring): `matmul_func`'s program, the Trace of
     `schedule_gemm`, and the lowering post-passes: compaction (packed panels, register tile),
     indices in loop vars, full K blocks and tiles versioned without bounds checks (tiles
@@ -317,7 +344,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     tiles' micro-kernel padded (its checks dropped where only unused values depend on them)."""
     cfg = config or default_gemm_config(m, n, k)
     program = matmul_func(m, n, k, b_transposed, bias, name, cfg.nr if b_prepacked else 0,
-                          bias_matrix)
+                          bias_matrix, batch, a_strides, b_strides)
     sch, tails = schedule_gemm(program, cfg, b_transposed)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   DropDeadGuards())
@@ -325,8 +352,9 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
         if cfg.kc < k or k == 0:
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")
         post += (epilogue,)
+    batched = f", batch={batch}, a_strides={a_strides}, b_strides={b_strides}" if batch else ""
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
-            f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''})")
+            f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''}{batched})")
     return KernelPlan(Recipe.GEMM, program, sch.trace, post, notes=f"# kiln.kernels.{call}",
                       scheduled=sch.func)
 

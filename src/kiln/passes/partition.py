@@ -146,16 +146,16 @@ def singles(graph: Graph, keep: Callable[[Node], bool]) -> list[KernelGroup]:
 
 
 def gemms(graph: Graph) -> list[KernelGroup]:
-    """Single-node groups for the float32 ``mm``, ``addmm`` and ``addmm_act`` (beta = alpha = 1,
-    bias over the columns or of the output's shape) nodes, which a generated GEMM may run
-    instead of the library."""
+    """Single-node groups for the float32 ``mm``, ``bmm``, ``addmm`` and ``addmm_act``
+    (beta = alpha = 1, bias over the columns or of the output's shape) nodes, which a
+    generated GEMM may run instead of the library."""
     if graph.device.type != "cpu":
         return []
     users = graph.users()
     returned = set(graph.outputs)
     found = []
     for node in graph.nodes:
-        if node.op is Op.MM:
+        if node.op in (Op.MM, Op.BMM):
             operands = node.inputs
         elif node.op in (Op.ADDMM, Op.ADDMM_ACT):  # (the activation: the GEMM's epilogue)
             attrs = node.attrs

@@ -1,0 +1,182 @@
+"""The generated batched GEMM (bmm): A and B read with the strides of the views attention
+gives them, against torch.bmm at odd sizes; the strides predicted from the IR; the contraction
+stage and the executor, including the fallback where the run time's strides differ."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.codegen.kernel import compile_kernel
+from kiln.ir import parse_graph, verify
+from kiln.kernels.contractions import build_contraction_kernels
+from kiln.kernels.decide import Decisions
+from kiln.kernels.gemm import runtime_strides
+from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan
+from kiln.options import Options
+from kiln.passes.partition import gather, gemms
+from kiln.runtime.executor import build_executor
+from kiln.runtime.memory import plan_memory
+
+TINY = GemmConfig(mr=4, nr=8, kc=5, mc=8, nc=16)  # several blocks and tails in every loop
+
+
+def _heads(batch: int, rows: int, cols: int, seed: int, transposed: bool = False
+           ) -> torch.Tensor:
+    """[batch, rows, cols] as attention has it: a head's slice of a [rows, 2 * batch * cols]
+    projection, split, viewed by heads, permuted (and transposed for a key)."""
+    gen = torch.Generator().manual_seed(seed)
+    proj = torch.randn(1, rows, 2 * batch * cols, generator=gen)
+    piece = proj.split(batch * cols, dim=2)[1].view(1, rows, batch, cols)
+    order = (0, 2, 3, 1) if transposed else (0, 2, 1, 3)
+    heads = piece.permute(order)
+    return heads.reshape(batch, *heads.shape[2:])
+
+
+CASES = [(3, 7, 33, 15, TINY), (2, 13, 16, 40, TINY), (4, 1, 9, 5, TINY),
+         (3, 29, 31, 64, None)]
+
+
+@pytest.mark.parametrize("transposed_b", [False, True], ids=["B", "Kt"])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}x{c[3]}" for c in CASES])
+def test_strided_bmm_matches_torch(options: Options, case: tuple, transposed_b: bool) -> None:
+    batch, m, n, k, config = case
+    a = _heads(batch, m, k, seed=1)
+    b = _heads(batch, n, k, seed=2, transposed=True) if transposed_b else \
+        _heads(batch, k, n, seed=2)
+    assert not b.is_contiguous() and (m == 1 or not a.is_contiguous())
+    config = config or GemmConfig(mr=14, nr=32, kc=512, mc=28, nc=512)
+    plan = gemm_plan(m, n, k, config, name=f"bmm_test_{batch}_{m}_{n}_{k}_{transposed_b}",
+                     batch=batch, a_strides=a.stride(), b_strides=b.stride())
+    kernel = compile_kernel(plan.build(), options)
+    out = torch.full((batch, m, n), float("nan"))
+    kernel(a, b, out)
+    torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-5, atol=1e-5)
+    assert plan.replayed() == plan.build()
+    assert "#pragma omp parallel" in kernel.source  # the batch on the threads
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+def test_strided_bmm_portable_path(options: Options) -> None:
+    """Compiled for plain SSE2 (a machine without AVX-512): the same."""
+    sse = dataclasses.replace(options, c_flags=("-O3", "-march=x86-64", "-fopenmp"))
+    a, b = _heads(3, 9, 7, seed=3), _heads(3, 11, 7, seed=4, transposed=True)
+    plan = gemm_plan(9, 11, 7, GemmConfig(mr=6, nr=8, kc=4, mc=6, nc=8), name="bmm_sse",
+                     batch=3, a_strides=a.stride(), b_strides=b.stride())
+    out = torch.empty(3, 9, 11)
+    compile_kernel(plan.build(), sse)(a, b, out)
+    torch.testing.assert_close(out, torch.bmm(a, b), rtol=1e-5, atol=1e-5)
+
+
+GRAPH = """\
+graph(%x: f32[1, 6, 48]) {
+  %w = constant {name='w'} : f32[48, 96]
+  %xm = view(%x) {shape=(6, 48)} : f32[6, 48]
+  %p = mm(%xm, %w) : f32[6, 96]
+  %p3 = view(%p) {shape=(1, 6, 96)} : f32[1, 6, 96]
+  %qk = split(%p3) {sizes=(48, 48), dim=2} : (f32[1, 6, 48], f32[1, 6, 48])
+  %q4 = view(%qk#0) {shape=(1, 6, 4, 12)} : f32[1, 6, 4, 12]
+  %k4 = view(%qk#1) {shape=(1, 6, 4, 12)} : f32[1, 6, 4, 12]
+  %qh = permute(%q4) {dims=(0, 2, 1, 3)} : f32[1, 4, 6, 12]
+  %kh = permute(%k4) {dims=(0, 2, 3, 1)} : f32[1, 4, 12, 6]
+  %q3 = view(%qh) {shape=(4, 6, 12)} : f32[4, 6, 12]
+  %k3 = view(%kh) {shape=(4, 12, 6)} : f32[4, 12, 6]
+  %s = bmm(%q3, %k3) : f32[4, 6, 6]
+  return %s
+}"""
+
+
+def _graph():  # noqa: ANN202
+    torch.manual_seed(0)
+    graph = parse_graph(GRAPH, {"w": torch.randn(48, 96)})
+    verify(graph)
+    return graph
+
+
+def test_runtime_strides_follow_the_view_chain() -> None:
+    """The strides the executor's views give (a head of the projection, a transposed key),
+    replayed on meta tensors; None for a value that is not a view."""
+    graph = _graph()
+    node = next(n for n in graph.nodes if n.name == "s")
+    q3, k3 = node.inputs
+    x = torch.randn(6, 96).view(1, 6, 96).split([48, 48], dim=2)
+    want_q = x[0].view(1, 6, 4, 12).permute(0, 2, 1, 3).reshape(4, 6, 12).stride()
+    want_k = x[1].view(1, 6, 4, 12).permute(0, 2, 3, 1).reshape(4, 12, 6).stride()
+    assert runtime_strides(graph, q3) == want_q == (12, 96, 1)
+    assert runtime_strides(graph, k3) == want_k == (12, 1, 96)
+    assert runtime_strides(graph, graph.inputs[0].out()) is None
+
+
+def test_bmm_in_the_contraction_stage_and_the_executor(kernel_options: Options) -> None:
+    """Offered, checked against torch on operands with the predicted strides, and run by the
+    executor on the views the run time makes, without copying them."""
+    graph = _graph()
+    assert [g.last.name for g in gemms(graph)] == ["p", "s"]
+    only_gemm = dataclasses.replace(kernel_options, prepacked_library=False)
+    built = build_contraction_kernels(graph, gemms(graph), only_gemm, Decisions(None, False))
+    bmm = next(k for k in built.kernels if k.group.last.name == "s")
+    assert bmm.generated and "batch=4" in bmm.trace
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, source = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    assert "LAYOUT_OK" in source  # the strides are checked, not assumed
+    x = torch.randn(1, 6, 48)
+    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
+    q, k = (x.view(6, 48) @ w).view(1, 6, 96).split([48, 48], dim=2)
+    want = q.reshape(1, 6, 4, 12).permute(0, 2, 1, 3).reshape(4, 6, 12) @ \
+        k.reshape(1, 6, 4, 12).permute(0, 2, 3, 1).reshape(4, 12, 6)
+    (got,) = run([x])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_bmm_with_other_strides_at_run_time_takes_the_library(
+        kernel_options: Options, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wrong guess of the strides (here: the kernel built for contiguous operands while the
+    views are strided) costs the kernel, not the answer: the library's bmm runs."""
+    monkeypatch.setattr("kiln.kernels.gemm.runtime_strides", lambda graph, value: None)
+    graph = _graph()
+    only_gemm = dataclasses.replace(kernel_options, prepacked_library=False)
+    built = build_contraction_kernels(graph, gemms(graph), only_gemm, Decisions(None, False))
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, source = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    assert ".is_contiguous()" in source
+    x = torch.randn(1, 6, 48)
+    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
+    q, k = (x.view(6, 48) @ w).view(1, 6, 96).split([48, 48], dim=2)
+    want = q.reshape(1, 6, 4, 12).permute(0, 2, 1, 3).reshape(4, 6, 12) @ \
+        k.reshape(1, 6, 4, 12).permute(0, 2, 3, 1).reshape(4, 12, 6)
+    (got,) = run([x])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+class _HeadsProduct(nn.Module):
+    """Attention's two batched products around a tanh (softmax would make it kiln's fused
+    attention op)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t, d = x.shape[1], x.shape[2]
+        q, k, v = self.qkv(x).split(d, dim=2)
+        q, k, v = (y.view(1, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
+        s = torch.tanh(q @ k.transpose(2, 3))  # (not softmax: that would fuse into attention)
+        return (s @ v).transpose(1, 2).reshape(1, t, d)
+
+
+def test_batched_products_through_kiln_compile(kernel_options: Options) -> None:
+    """Scores and weighted values as generated batched GEMMs, matching eager."""
+    torch.manual_seed(0)
+    model = _HeadsProduct().eval()
+    x = torch.randn(1, 10, 32)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    assert any(k.kind == "generated" and "kiln_bmm" in (k.source or "")
+               for k in compiled.report.kernels)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
