@@ -350,6 +350,10 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "expand-expand": lambda e: e.graph(e.op(
         Op.EXPAND, e.op(Op.EXPAND, e.input((1, 3)), attrs=ShapeAttrs((2, 3))),
         attrs=ShapeAttrs((4, 2, 3)))),
+    "view-skip-copy": lambda e: e.graph(e.op(
+        Op.VIEW, e.op(Op.CLONE, e.op(Op.PERMUTE, e.op(Op.RELU, e.input((2, 3, 4))),
+                                     attrs=PermuteAttrs((0, 2, 1)))),
+        attrs=ShapeAttrs((8, 3)))),
     "clone-clone": _twice(Op.CLONE),
     "add-self": lambda e: (lambda x: e.graph(e.op(Op.ADD, x, x)))(
         e.input(e.dims(), e.pick(F32, I64))),

@@ -6,8 +6,8 @@ Every rule here is exact: it only changes which view of the same elements an op 
 from __future__ import annotations
 
 from kiln.ir.attrs import PermuteAttrs, ShapeAttrs
-from kiln.ir.ops import Op
-from kiln.rewrite.law import A, AttrFnKind, F, L, PVar
+from kiln.ir.ops import Op, OpGroup
+from kiln.rewrite.law import A, AttrFnKind, C, CondKind, F, L, PVar
 from kiln.rewrite.pattern import On, Var
 from kiln.rewrite.rule import EXACT, Match, Rule
 
@@ -17,6 +17,15 @@ RESHAPES = frozenset({Op.VIEW, Op.SQUEEZE, Op.UNSQUEEZE})
 def _same_type_as_operand(m: Match) -> str | None:
     x = m["x"]
     return None if x.type == m.root.type else "it changes the shape"
+
+
+def _private_source(m: Match) -> str | None:
+    """The copy may go only where what it copies is the graph's own: a view of the caller's
+    input (or of a weight) would let the result alias it, where the copy made it fresh."""
+    v = m["x"]
+    while v.node.op.is_a(OpGroup.VIEW):
+        v = v.node.inputs[0]
+    return "it copies the caller's tensor" if v.node.op in (Op.INPUT, Op.CONSTANT) else None
 
 
 def _identity_dims(attrs) -> bool:
@@ -67,6 +76,15 @@ RULES = (
          _one_expand, EXACT,
          laws=(L("expand-expand", A(Op.EXPAND, A(Op.EXPAND, X, shape=S1), shape=S2),
                  A(Op.EXPAND, X, shape=S2), EXACT),)),  # expand(expand(x, s1), s2) -> expand(x, s2)
+    Rule("view-skip-copy", On(Op.VIEW, On(Op.CLONE, x, shared=True)), _one_view, EXACT,
+         guard=_private_source,
+         laws=(L("view-skip-copy", A(Op.VIEW, A(Op.CLONE, A(Op.RELU, X)), shape=S1),
+                 A(Op.VIEW, A(Op.RELU, X), shape=S1), EXACT,
+                 C(CondKind.GUARD, "private-source")),)),  # (relu: any value the graph
+    # computes; the guard refuses the caller's own tensors)
+    # view(clone(x), s) -> view(x, s): the IR's view copies where the strides need it (a
+    # reshape), so the copy before it only doubles the traffic (HF attention's softmax
+    # probabilities and dropout-free residuals: 36 copies in GPT-2)
     Rule("clone-clone", On(Op.CLONE, On(Op.CLONE, x, name="inner", shared=True)),
          lambda m: m["inner"].out(), EXACT,
          laws=(L("clone-clone", A(Op.CLONE, A(Op.CLONE, X)), A(Op.CLONE, X), EXACT),)),
