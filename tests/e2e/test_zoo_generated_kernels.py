@@ -62,7 +62,8 @@ def test_kiln_compile_reports_the_kernels(options: kiln.Options) -> None:
         assert support.relative_error(compiled(*inputs), model(*inputs)) < TOLERANCE
     ops = {k.ops for k in compiled.report.kernels if k.kind == "generated"}
     rows = {("add", "layer_norm"), ("where", "softmax")}  # the masked softmax: one kernel
-    assert ops == rows | {("addmm_act",), ("addmm",), ("mm",)}  # every Linear and the LM head
+    # every Linear and the LM head, and attention's two batched products
+    assert ops == rows | {("addmm_act",), ("addmm",), ("mm",), ("bmm",)}
     cache = options.kernel_cache_dir
     default = kiln.compile(model, inputs, kiln.Options(kernel_cache_dir=cache))
     # on at O2; each one kept only where it measured faster than the library calls

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+import torch
 
 from kiln.codegen.isa import Isa
 from kiln.ir.ops import Op
@@ -75,3 +76,24 @@ def test_the_epilogue_is_part_of_the_workload() -> None:
     assert gelu.workload() == GemmSpace.for_shape(128, 3072, 768, bias=True, b_prepacked=True,
                                                   epilogue=Epilogue(Op.GELU, ("none",))
                                                   ).workload()
+
+
+def test_a_batched_gemm_space_keeps_one_k_block_and_its_strides() -> None:
+    """bmm: the heuristic (one thread per batch) is the default point, every point has one K
+    block, the strides are in the workload, and a random point computes torch.bmm on
+    operands with those strides."""
+    strides = ((12, 96, 1), (12, 1, 96))  # a head of a projection, a transposed key
+    space = GemmSpace.for_shape(6, 6, 12, batch=8, a_strides=strides[0], b_strides=strides[1])
+    heuristic = default_gemm_config(6, 6, 12, threads=1, base=GemmConfig.for_isa(Isa.AVX512))
+    assert space.config(space.default()) == heuristic
+    assert space.candidates("kc", space.default()) == (12,)
+    assert space.workload() != GemmSpace.for_shape(6, 6, 12, batch=8).workload()
+    point = random_point(space, random.Random(5))
+    plan = space.plan(point)
+    assert "batch=8" in plan.notes and plan.trace.decisions() == point
+    operands, (expected,) = space.operands(point, torch.Generator().manual_seed(0))
+    assert operands[0].stride() == strides[0] and operands[1].stride() == strides[1]
+    torch.testing.assert_close(torch.bmm(operands[0], operands[1]), expected)
+    from kiln.tir import interp
+    (got,) = interp.run_torch(plan.build(), operands[:2])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)

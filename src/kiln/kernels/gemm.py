@@ -26,7 +26,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
 from kiln.kernels.build import compile_plan
-from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_plan, pack_b
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.validate import agrees_with_library
@@ -51,8 +51,7 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     default point is the heuristic schedule; `kiln tune` searches the rest."""
     node = group.last
     if node.op is Op.BMM:
-        return Skipped(group, SkipReason.NOT_LOWERABLE, "a batched GEMM: not in the tuning "
-                       "space (its schedule is the heuristic's)")
+        return _bmm_space(graph, group, options)
     bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
     (m, k), n = a.type.shape, b.type.shape[1]
     epilogue = _epilogue(node)
@@ -73,16 +72,17 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     """The plan of the generated GEMM for a one-node mm / bmm / addmm / addmm_act group, its
     inputs, and the weights packed for it: the tuning database's fastest schedule
     (``Options.tuning_db``) where it has one, else the heuristic."""
-    if group.last.op is Op.BMM:
-        return _plan_bmm(graph, group, options)
     space = gemm_space(graph, group, options)
     if isinstance(space, Skipped):
         return space
     m, n, k = space.m, space.n, space.k
     node = group.last
-    bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
+    bias, a, b = node.inputs if node.op not in (Op.MM, Op.BMM) else (None, *node.inputs)
     tuned = tuned_schedule(space, options)
-    if tuned is None:  # the heuristic as it always was: sized for every core
+    if tuned is None and space.batch:  # each batch on one thread
+        config = space.config(space.default())
+        plan = space.plan_config(config)
+    elif tuned is None:  # the heuristic as it always was: sized for every core
         config = default_gemm_config(m, n, k, base=GemmConfig.for_isa(space.isa),
                                      b_prepacked=space.b_prepacked,
                                      one_k_block=space.epilogue is not None)
@@ -98,21 +98,18 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     return plan, ((a, b) if bias is None else (a, b, bias)), weights
 
 
-def _plan_bmm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
-    """A bmm's plan: the batch on the threads, each batch a one-thread GEMM of the
-    heuristic's tiles, A and B read with the strides the run time gives them
-    (`runtime_strides`: attention's operands are views of a projection)."""
+def _bmm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace | Skipped:
+    """A bmm's space: the batch on the threads, each batch a one-thread GEMM, A and B read
+    with the strides the run time gives them (`runtime_strides`: attention's operands are
+    views of a projection)."""
     a, b = group.last.inputs
     batch, m, k = a.type.shape
     n = b.type.shape[2]
     if batch < 2 or 0 in (m, n, k):  # (one batch: the mm, which the graph passes make it)
         return Skipped(group, SkipReason.NOT_LOWERABLE, f"batch {batch} of {m}x{n}x{k}")
-    isa = target_isa(options)
-    config = default_gemm_config(m, n, k, threads=1, base=GemmConfig.for_isa(isa))
-    a_strides, b_strides = runtime_strides(graph, a), runtime_strides(graph, b)
-    plan = gemm_plan(m, n, k, config, name=f"kiln_bmm_{batch}x{m}x{n}x{k}", batch=batch,
-                     a_strides=a_strides, b_strides=b_strides)
-    return plan, (a, b), {}
+    return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
+                     name=f"kiln_bmm_{batch}x{m}x{n}x{k}", batch=batch,
+                     a_strides=runtime_strides(graph, a), b_strides=runtime_strides(graph, b))
 
 
 def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:

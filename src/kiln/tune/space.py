@@ -139,6 +139,11 @@ class GemmSpace:
     name: str = "gemm"
     kind: str = "gemm"
     bias_matrix: bool = False  # an [M, N] bias (a residual), not a row
+    # bmm: the batch (the outermost loop, on the threads; each batch one K block on one
+    # thread) and the element strides A and B are read with (None: contiguous)
+    batch: int = 0
+    a_strides: tuple[int, ...] | None = None
+    b_strides: tuple[int, ...] | None = None
 
     @staticmethod
     def for_shape(m: int, n: int, k: int, *, isa: Isa = Isa.AVX512, threads: int = 2,
@@ -149,6 +154,9 @@ class GemmSpace:
         return ("nr", "mr", "kc", "mc_tiles", "nc_panels", "split_n")
 
     def _heuristic(self) -> GemmConfig:
+        if self.batch:  # (each batch on one thread, in one K block)
+            return default_gemm_config(self.m, self.n, self.k, threads=1,
+                                       base=GemmConfig.for_isa(self.isa))
         return default_gemm_config(self.m, self.n, self.k, threads=self.threads,
                                    base=GemmConfig.for_isa(self.isa),
                                    b_prepacked=self.b_prepacked,
@@ -171,7 +179,8 @@ class GemmSpace:
             largest = max((self.isa.registers - vectors - 1) // vectors, 1)
             options = {mr for mr in (2, 4, 6, 8, 10, 12, 14, 16, 20, 24) if mr <= largest}
         elif name == "kc":
-            if self.epilogue is not None:  # the epilogue needs one K block
+            if self.epilogue is not None or self.batch:  # one K block (the epilogue needs
+                # it; a batched GEMM always takes it)
                 return (max(self.k, 1),)
             options = {kc for kc in KC_CHOICES if kc < self.k} | {max(self.k, 1)}
         elif name == "mc_tiles":
@@ -200,6 +209,8 @@ class GemmSpace:
                  gen: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:
         """Random operands in the kernel's parameter order (B packed for this point's NR
         where the space packs it; the output last, empty), and the expected outputs."""
+        if self.batch:
+            return self._batched_operands(gen)
         a = torch.randn(self.m, self.k, generator=gen)
         b = torch.randn(self.k, self.n, generator=gen)  # [K, N]
         bias = torch.randn((self.m, self.n) if self.bias_matrix else (self.n,),
@@ -214,12 +225,27 @@ class GemmSpace:
         operands = [a, b_param] + ([bias] if bias is not None else [])
         return [*operands, torch.empty(self.m, self.n)], [expected]
 
+    def _batched_operands(self, gen: torch.Generator
+                          ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """A bmm's operands laid out with the space's strides (as the run time's views
+        give them), the output contiguous, and torch.bmm's result."""
+        shapes = ((self.batch, self.m, self.k), (self.batch, self.k, self.n))
+        operands = []
+        for shape, strides in zip(shapes, (self.a_strides, self.b_strides)):
+            values = torch.randn(shape, generator=gen)
+            operands.append(values if strides is None else
+                            torch.empty_strided(shape, strides).copy_(values))
+        expected = torch.bmm(*operands)
+        return [*operands, torch.empty(self.batch, self.m, self.n)], [expected]
+
     def workload(self) -> str:
-        """The structural hash of the unscheduled program (the default's B layout) and of
-        the epilogue, which runs as a post-pass and so is not in that program."""
+        """The structural hash of the unscheduled program (the default's B layout, a bmm's
+        batch and strides) and of the epilogue, which runs as a post-pass and so is not in
+        that program."""
         return _gemm_workload(self.m, self.n, self.k, self.b_transposed, self.bias,
                               self.default()["nr"] if self.b_prepacked else 0,
-                              repr(self.epilogue), self.bias_matrix)
+                              repr(self.epilogue), self.bias_matrix, self.batch,
+                              self.a_strides, self.b_strides)
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)
@@ -229,16 +255,20 @@ class GemmSpace:
         heuristic path); a small GEMM runs on one thread, as compiled."""
         plan = gemm_plan(self.m, self.n, self.k, cfg, b_transposed=self.b_transposed,
                          bias=self.bias, name=self.name, b_prepacked=self.b_prepacked,
-                         epilogue=self.epilogue, bias_matrix=self.bias_matrix)
-        if self.m * self.n * self.k < SERIAL_MACS:
+                         epilogue=self.epilogue, bias_matrix=self.bias_matrix,
+                         batch=self.batch, a_strides=self.a_strides, b_strides=self.b_strides)
+        if max(self.batch, 1) * self.m * self.n * self.k < SERIAL_MACS:
             plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
         return plan
 
 
 @functools.lru_cache(maxsize=1024)
 def _gemm_workload(m: int, n: int, k: int, b_transposed: bool, bias: bool, b_panels: int,
-                   epilogue: str, bias_matrix: bool = False) -> str:
-    program = matmul_func(m, n, k, b_transposed, bias, "gemm", b_panels, bias_matrix)
+                   epilogue: str, bias_matrix: bool = False, batch: int = 0,
+                   a_strides: tuple[int, ...] | None = None,
+                   b_strides: tuple[int, ...] | None = None) -> str:
+    program = matmul_func(m, n, k, b_transposed, bias, "gemm", b_panels, bias_matrix, batch,
+                          a_strides, b_strides)
     return workload_key(program) + hashlib.sha256(epilogue.encode()).hexdigest()[:8]
 
 
