@@ -20,7 +20,13 @@ from kiln.ir.fused import apply_activation
 from kiln.ir.ops import Op
 from kiln.kernels.contractions import build_contraction_kernels, contraction_groups
 from kiln.kernels.conv import MAX_REDUCTION, conv_groups, refusal
-from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
+from kiln.kernels.conv_schedule import (
+    PAD_COPY_BYTES,
+    ConvConfig,
+    ConvShape,
+    conv_plan,
+    pack_conv_weight,
+)
 from kiln.kernels.decide import Decisions
 from kiln.kernels.plan import Epilogue, Recipe, Serial
 from kiln.options import Options
@@ -128,15 +134,21 @@ def test_pack_conv_weight_panels() -> None:
 
 def test_conv_default_config() -> None:
     """Two vectors of output channels where CO fills more than one; a tile that divides the
-    row where one does; the threads on the panels only where they balance."""
+    row where one does; the threads on the panels only where they balance; the padded copy
+    only where there is padding and the copy is small."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
-    assert ConvConfig.default(wide, 16) == ConvConfig(14, 32, True, True)
+    assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False)  # an 861 KB copy
     small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
-    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, True)
+    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False)
     stem = ConvShape(1, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1))
-    assert ConvConfig.default(stem, 16) == ConvConfig(14, 32, False, True)
+    assert ConvConfig.default(stem, 16) == ConvConfig(7, 32, False, False)  # guards: 7 pixels
     narrow = ConvShape(1, 3, 9, 9, 16, (3, 3), (1, 1), (0, 0))
-    assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False)
+    assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False)  # no padding
+    unpadded = ConvShape(1, 3, 225, 225, 32, (3, 3), (2, 2), (0, 0))
+    assert ConvConfig.default(unpadded, 16) == ConvConfig(14, 32, False, False)
+    tiny = ConvShape(1, 8, 14, 14, 16, (3, 3), (1, 1), (1, 1))
+    assert ConvConfig.default(tiny, 16) == ConvConfig(14, 16, False, True)  # an 8 KB copy
+    assert 4 * 8 * 16 * 16 <= PAD_COPY_BYTES < 4 * 3 * 226 * 226
 
 
 def test_conv_plan_serial_by_work() -> None:

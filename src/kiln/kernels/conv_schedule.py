@@ -14,9 +14,11 @@ the panel::
 
 No im2col buffer: the window is read in place. `conv_func` gives the program as a lowering
 would (tensors logically NCHW with channels-last strides; the sum in a LOCAL accumulator set
-to the bias by one block and stored by another; the zero padding a bounds guard on the
-update, skipped as ATen's channels-last convolution skips it, which is the same sum for
-finite weights). `schedule_conv` makes::
+to the bias by one block and stored by another). The zero padding is either a bounds guard
+on the update, skipped as ATen's channels-last convolution skips it (the same sum for finite
+weights), or, for a small input (`PAD_COPY_BYTES`), a padded copy of the input that the
+kernel writes first, so that no tap needs a guard (ResNet's 7x7 stem: 1233 us with the copy,
+3244 us with guards). `schedule_conv` makes::
 
     for n:
       parallel co_0 (or serial, with the rows parallel): # a panel of NR output channels
@@ -31,8 +33,9 @@ finite weights). `schedule_conv` makes::
 The panel loop is outside the rows so that one panel (KH*KW*CI*NR floats: 590 KB for a
 512-channel 3x3 layer) stays in L2 while every pixel passes it; the threads split the panels
 where there are enough to balance, else the rows. Post-passes: compaction, indices in loop
-variables, `kiln.tir.tails.version_tails` on the row, pixel-tile and panel loops (interior
-rows and tiles run without a guard), the padded panel's guards dropped
+variables, `kiln.tir.tails.version_tails` on the panel, row, pixel-tile and tap loops
+(interior rows and tiles run without a guard; in a border tile only the taps that reach the
+padding keep theirs), the padded panel's guards dropped
 (`kiln.tir.tails.drop_dead_guards`), and the activation in the write-back.
 """
 
@@ -78,10 +81,16 @@ from kiln.tir.nodes import Buffer as TBuffer
 from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
-__all__ = ["ConvConfig", "ConvShape", "conv_func", "conv_plan", "pack_conv_weight",
-           "schedule_conv"]
+__all__ = ["PAD_COPY_BYTES", "ConvConfig", "ConvShape", "conv_func", "conv_plan",
+           "pack_conv_weight", "schedule_conv"]
 
 F32 = DType.F32
+# the largest padded copy of the input a kernel makes (a heap temporary per call): glibc
+# serves blocks below its mmap threshold (128 KiB to start) from the heap, and maps a larger
+# one afresh whenever the heap's top was given back, so its pages fault in on the call
+# (MobileNetV2's first layer, a 613 KB copy: 347 us in a run beside ATen's and oneDNN's
+# allocations, 172 us alone; with guards instead, 131-139 us)
+PAD_COPY_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -132,22 +141,34 @@ class ConvConfig:
                 threads: int = 2) -> ConvConfig:
         """NR: two vectors where CO fills more than one, else one. The tile: as many pixels
         as the accumulators leave registers for (two for the weights' vectors, one for the
-        broadcast), preferring a tile that divides the row, and never wider than the row.
+        broadcast), preferring a tile that divides the row, and never wider than the row;
+        7 or 8 pixels where the border keeps guards.
         The threads split the panels where each thread gets the same number of them (or
-        there are at least four per thread), else the rows."""
+        there are at least four per thread), else the rows. The padded copy where there is
+        padding and the copy is at most `PAD_COPY_BYTES`; else guards."""
         lanes = max(lanes, 4)
         vectors = 2 if shape.co > lanes else 1
         nr = vectors * lanes
-        largest = max((registers - vectors - 1) // vectors, 1)
+        (ph, pw), (h, w) = shape.padding, (shape.h, shape.w)
+        copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
+        pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES
+        guarded = any(shape.padding) and not pad_copy
+        # with guards, a tile of 7 or 8 pixels: the border tiles' versions of a 14-pixel
+        # tile ran out of registers (an accumulator spilled next to a clamp's constants:
+        # MobileNetV2's first layer 309 us at 14 pixels, 126 at 7, oneDNN 160; ResNet's
+        # 64->64 3x3 1178 us at 14, 1024 at 7, oneDNN 1078)
+        largest = 8 if guarded else max((registers - vectors - 1) // vectors, 1)
         ow = shape.out[1]
         if 0 < ow <= largest:
             tile = ow
+        elif guarded:
+            tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
         else:
             dividing = [t for t in range(largest, max(largest // 2, 1) - 1, -1) if ow % t == 0]
             tile = dividing[0] if dividing else largest
         panels = -(-shape.co // nr)
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads)
-        return ConvConfig(tile, nr, split, any(shape.padding))
+        return ConvConfig(tile, nr, split, pad_copy)
 
 
 def pack_conv_weight(weight: torch.Tensor, nr: int) -> torch.Tensor:
