@@ -98,6 +98,14 @@ def _graph():  # noqa: ANN202
     return graph
 
 
+def _scores(graph, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    """What GRAPH computes, in eager torch."""
+    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
+    q, k = (x.view(6, 48) @ w).view(1, 6, 96).split([48, 48], dim=2)
+    return q.reshape(1, 6, 4, 12).permute(0, 2, 1, 3).reshape(4, 6, 12) @ \
+        k.reshape(1, 6, 4, 12).permute(0, 2, 3, 1).reshape(4, 12, 6)
+
+
 def test_runtime_strides_follow_the_view_chain() -> None:
     """The strides the executor's views give (a head of the projection, a transposed key),
     replayed on meta tensors; None for a value that is not a view."""
@@ -125,12 +133,8 @@ def test_bmm_in_the_contraction_stage_and_the_executor(kernel_options: Options) 
     run, source = build_executor(moved, plan_memory(moved), [0], built.kernels)
     assert "LAYOUT_OK" in source  # the strides are checked, not assumed
     x = torch.randn(1, 6, 48)
-    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
-    q, k = (x.view(6, 48) @ w).view(1, 6, 96).split([48, 48], dim=2)
-    want = q.reshape(1, 6, 4, 12).permute(0, 2, 1, 3).reshape(4, 6, 12) @ \
-        k.reshape(1, 6, 4, 12).permute(0, 2, 3, 1).reshape(4, 12, 6)
     (got,) = run([x])
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, _scores(graph, x), rtol=1e-4, atol=1e-4)
 
 
 def test_bmm_with_other_strides_at_run_time_takes_the_library(
@@ -145,12 +149,8 @@ def test_bmm_with_other_strides_at_run_time_takes_the_library(
     run, source = build_executor(moved, plan_memory(moved), [0], built.kernels)
     assert ".is_contiguous()" in source
     x = torch.randn(1, 6, 48)
-    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
-    q, k = (x.view(6, 48) @ w).view(1, 6, 96).split([48, 48], dim=2)
-    want = q.reshape(1, 6, 4, 12).permute(0, 2, 1, 3).reshape(4, 6, 12) @ \
-        k.reshape(1, 6, 4, 12).permute(0, 2, 3, 1).reshape(4, 12, 6)
     (got,) = run([x])
-    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, _scores(graph, x), rtol=1e-4, atol=1e-4)
 
 
 class _HeadsProduct(nn.Module):

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 import torch
 
 from kiln.ir.types import DType
+from kiln.kernels.depthwise_schedule import loop_nest, output_size, tap_position
 from kiln.kernels.gemm_schedule import SERIAL_MACS
 from kiln.kernels.plan import (
     Compact,
@@ -60,14 +61,10 @@ from kiln.kernels.plan import (
 )
 from kiln.tir.nodes import (
     Allocate,
-    Block,
     BufferStore,
     CmpOp,
     Compare,
     Expr,
-    For,
-    IterKind,
-    IterVar,
     PrimFunc,
     Scope,
     Select,
@@ -112,10 +109,7 @@ class ConvShape:
     @property
     def out(self) -> tuple[int, int]:
         """OH, OW, as ATen's convolution computes them."""
-        return tuple(  # type: ignore[return-value]
-            (size + 2 * p - d * (k - 1) - 1) // s + 1
-            for size, k, s, p, d in zip((self.h, self.w), self.kernel, self.stride,
-                                        self.padding, self.dilation))
+        return output_size(self)
 
     @property
     def macs(self) -> int:
@@ -205,28 +199,14 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
 
     def nest(block: str, body, reduce: tuple[tuple[str, int], ...] = (),  # noqa: ANN001
              guard=None) -> Stmt:  # noqa: ANN001
-        dims = spatial + reduce
-        loops = [Var(f"{block}_{d}") for d, _ in dims]
-        ivs = tuple(IterVar(Var(f"v{block}_{d}"), e,
-                            IterKind.REDUCE if (d, e) in reduce else IterKind.SPATIAL)
-                    for d, e in dims)
-        v = [iv.var for iv in ivs]
-        # the guard is on the loop variables, as `split` writes its own: then
-        # `version_tails` sees how it changes with each loop
-        stmt: Stmt = Block(block, ivs, tuple(loops), body(*v),
-                           predicate=None if guard is None else guard(*loops))
-        for loop, (_, extent) in reversed(list(zip(loops, dims))):
-            stmt = For(loop, extent, stmt)
-        return stmt
+        return loop_nest(block, spatial, body, reduce, guard)
 
     def init(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
         start = bias[vco] if bias is not None else const(0.0, F32)
         return BufferStore(acc, (vn, voh, vow, vco), start)
 
     def position(o: Var, k: Var, d: int) -> Expr:
-        s, dil, p = shape.stride[d], shape.dilation[d], shape.padding[d]
-        pos = (o if s == 1 else o * s) + (k if dil == 1 else k * dil)
-        return pos - p if p else pos
+        return tap_position(shape, o, k, d)
 
     ph, pw = shape.padding
     padded = pad_copy and (ph > 0 or pw > 0)
@@ -250,18 +230,11 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
                ) -> Expr | None:
         return None if padded else within(position(voh, vi, 0), position(vow, vj, 1))
 
-    def pad() -> Stmt:
-        dims = (("n", n), ("h", h + 2 * ph), ("w", w + 2 * pw), ("ci", ci))
-        loops = [Var(f"pad_{d}") for d, _ in dims]
-        ivs = tuple(IterVar(Var(f"vpad_{d}"), e, IterKind.SPATIAL) for d, e in dims)
-        vn, vh, vw, vci = (iv.var for iv in ivs)
+    def pad(vn: Var, vh: Var, vw: Var, vci: Var) -> Stmt:
         pos_h, pos_w = vh - ph, vw - pw
         value = Select(within(pos_h, pos_w), x[vn, vci, pos_h, pos_w],  # type: ignore[arg-type]
                        const(0.0, F32))
-        stmt: Stmt = Block("pad", ivs, tuple(loops), BufferStore(xp, (vn, vci, vh, vw), value))
-        for loop, (_, extent) in reversed(list(zip(loops, dims))):
-            stmt = For(loop, extent, stmt)
-        return stmt
+        return BufferStore(xp, (vn, vci, vh, vw), value)
 
     def store(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
         return BufferStore(out, (vn, vco, voh, vow), acc[vn, voh, vow, vco])
@@ -270,7 +243,9 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     body = seq(nest("init", init), nest("conv", update, reduce, inside), nest("store", store))
     inputs = (x, wt) if bias is None else (x, wt, bias)
     if padded:
-        return PrimFunc(name, inputs, (out,), Allocate(xp, seq(pad(), Allocate(acc, body))))
+        padding = loop_nest("pad", (("n", n), ("h", h + 2 * ph), ("w", w + 2 * pw), ("ci", ci)),
+                            pad)
+        return PrimFunc(name, inputs, (out,), Allocate(xp, seq(padding, Allocate(acc, body))))
     return PrimFunc(name, inputs, (out,), Allocate(acc, body))
 
 

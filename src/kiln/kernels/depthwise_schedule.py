@@ -37,7 +37,9 @@ over the output.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -75,8 +77,9 @@ from kiln.tir.nodes import Buffer as TBuffer
 from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
-__all__ = ["DepthwiseConfig", "DepthwiseShape", "depthwise_func",
-           "depthwise_plan", "pack_depthwise_weight", "schedule_depthwise"]
+__all__ = ["DepthwiseConfig", "DepthwiseShape", "depthwise_func", "depthwise_plan",
+           "loop_nest", "output_size", "pack_depthwise_weight", "schedule_depthwise",
+           "tap_position"]
 
 F32 = DType.F32
 
@@ -99,10 +102,7 @@ class DepthwiseShape:
     @property
     def out(self) -> tuple[int, int]:
         """OH, OW, as ATen's convolution computes them."""
-        return tuple(  # type: ignore[return-value]
-            (size + 2 * p - d * (k - 1) - 1) // s + 1
-            for size, k, s, p, d in zip((self.h, self.w), self.kernel, self.stride,
-                                        self.padding, self.dilation))
+        return output_size(self)
 
     @property
     def macs(self) -> int:
@@ -143,6 +143,43 @@ def _lt(a: Expr, b: Expr) -> Expr:
     return Compare(CmpOp.LT, a, b)
 
 
+def output_size(shape: Any) -> tuple[int, int]:
+    """OH, OW of a convolution shape (h, w, kernel, stride, padding, dilation), as ATen's
+    convolution computes them."""
+    return tuple(  # type: ignore[return-value]
+        (size + 2 * p - d * (k - 1) - 1) // s + 1
+        for size, k, s, p, d in zip((shape.h, shape.w), shape.kernel, shape.stride,
+                                    shape.padding, shape.dilation))
+
+
+def loop_nest(block: str, spatial: Sequence[tuple[str, int]], body: Callable[..., Stmt],
+              reduce: Sequence[tuple[str, int]] = (),
+              guard: Callable[..., Expr | None] | None = None) -> Stmt:
+    """One block in its own loop nest, as a lowering writes it: a loop and an iter var per
+    dim (``spatial``, then the ``reduce`` dims), ``body`` of the iter vars, and ``guard`` (a
+    predicate) of the loop vars, as `split` writes its own, so `version_tails` sees how it
+    changes with each loop."""
+    dims = (*spatial, *reduce)
+    loops = [Var(f"{block}_{d}") for d, _ in dims]
+    ivs = tuple(IterVar(Var(f"v{block}_{d}"), e,
+                        IterKind.REDUCE if (d, e) in reduce else IterKind.SPATIAL)
+                for d, e in dims)
+    predicate = None if guard is None else guard(*loops)
+    stmt: Stmt = Block(block, ivs, tuple(loops), body(*(iv.var for iv in ivs)),
+                       predicate=predicate)
+    for loop, (_, extent) in reversed(list(zip(loops, dims))):
+        stmt = For(loop, extent, stmt)
+    return stmt
+
+
+def tap_position(shape: DepthwiseShape | Any, o: Expr, k: Expr, d: int) -> Expr:
+    """The input position (row ``d`` = 0, column 1) that output position ``o`` reads at
+    tap ``k``: ``o * stride + k * dilation - padding``."""
+    s, dil, p = shape.stride[d], shape.dilation[d], shape.padding[d]
+    pos = (o if s == 1 else o * s) + (k if dil == 1 else k * dil)
+    return pos - p if p else pos
+
+
 def depthwise_func(shape: DepthwiseShape, name: str = "depthwise") -> PrimFunc:
     """The unscheduled program (see the module docstring): blocks ``init`` (the accumulator
     set to the bias, or 0), ``conv`` (the guarded update over the KH x KW taps) and
@@ -159,28 +196,14 @@ def depthwise_func(shape: DepthwiseShape, name: str = "depthwise") -> PrimFunc:
 
     def nest(block: str, body, reduce: tuple[tuple[str, int], ...] = (),  # noqa: ANN001
              guard=None) -> Stmt:  # noqa: ANN001
-        dims = spatial + reduce
-        loops = [Var(f"{block}_{d}") for d, _ in dims]
-        ivs = tuple(IterVar(Var(f"v{block}_{d}"), e,
-                            IterKind.REDUCE if (d, e) in reduce else IterKind.SPATIAL)
-                    for d, e in dims)
-        v = [iv.var for iv in ivs]
-        # the guard is on the loop variables, as `split` writes its own: then
-        # `version_tails` sees how it changes with each loop
-        stmt: Stmt = Block(block, ivs, tuple(loops), body(*v),
-                           predicate=None if guard is None else guard(*loops))
-        for loop, (_, extent) in reversed(list(zip(loops, dims))):
-            stmt = For(loop, extent, stmt)
-        return stmt
+        return loop_nest(block, spatial, body, reduce, guard)
 
     def init(vn: Var, voh: Var, vow: Var, vc: Var) -> Stmt:
         start = bias[vc] if bias is not None else const(0.0, F32)
         return BufferStore(acc, (vn, voh, vow, vc), start)
 
     def position(o: Var, k: Var, d: int) -> Expr:
-        s, dil, p = shape.stride[d], shape.dilation[d], shape.padding[d]
-        pos = (o if s == 1 else o * s) + (k if dil == 1 else k * dil)
-        return pos - p if p else pos
+        return tap_position(shape, o, k, d)
 
     def update(vn: Var, voh: Var, vow: Var, vc: Var, vi: Var, vj: Var) -> Stmt:
         tap = x[vn, vc, position(voh, vi, 0), position(vow, vj, 1)] * wt[vi, vj, vc]
