@@ -97,3 +97,20 @@ def test_a_batched_gemm_space_keeps_one_k_block_and_its_strides() -> None:
     from kiln.tir import interp
     (got,) = interp.run_torch(plan.build(), operands[:2])
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batched_gemm_is_measured_on_its_strided_operands(tmp_path) -> None:  # noqa: ANN001
+    """The tuner's runner passes a bmm's operands with the strides its kernel reads (made
+    contiguous, a head's view would be read wrongly: every candidate failed its check)."""
+    import dataclasses as dc
+
+    from kiln.options import Options
+    from kiln.tune.measure import time_one
+
+    space = GemmSpace.for_shape(6, 6, 12, batch=3, a_strides=(12, 72, 1),
+                                b_strides=(12, 1, 72))
+    assert space.strided_operands == (0, 1)
+    assert GemmSpace.for_shape(6, 6, 12, batch=3).strided_operands == ()
+    result = time_one(dc.replace(space, name="bmm_measured"), space.default(),
+                      Options(kernel_cache_dir=str(tmp_path), measure_kernels=False), 1, 0.2)
+    assert result.error is None and result.run_times

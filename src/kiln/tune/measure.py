@@ -76,7 +76,10 @@ def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads
     kernel.set_num_threads(threads)
     gen = torch.Generator().manual_seed(0)
     operands, expected = space.operands(point, gen)
-    operands = [t.contiguous() for t in operands]  # kernels read dense memory by pointer
+    # kernels read dense memory by pointer, but for the operands a space lays out with the
+    # strides its kernel reads (a bmm's views)
+    strided = getattr(space, "strided_operands", ())
+    operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
     pointers = [t.data_ptr() for t in operands]
     kernel.run_unchecked(*pointers)
     for out, want in zip(operands[len(operands) - len(expected):], expected):

@@ -225,6 +225,13 @@ class GemmSpace:
         operands = [a, b_param] + ([bias] if bias is not None else [])
         return [*operands, torch.empty(self.m, self.n)], [expected]
 
+    @property
+    def strided_operands(self) -> tuple[int, ...]:
+        """The positions of the operands `operands` lays out with the kernel's own strides
+        (which a measurement must pass as they are)."""
+        return tuple(i for i, s in enumerate((self.a_strides, self.b_strides))
+                     if self.batch and s is not None)
+
     def _batched_operands(self, gen: torch.Generator
                           ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """A bmm's operands laid out with the space's strides (as the run time's views

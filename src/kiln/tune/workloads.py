@@ -40,6 +40,11 @@ class KernelWorkload:
             extras = [x for x in ("+bias" if s.bias else "",
                                   s.epilogue.activation.text if s.epilogue else "",
                                   "B packed" if s.b_prepacked else "") if x]
+            if s.batch:  # (a bmm: the batch, and whether it reads views)
+                extras.append("strided" if s.strided_operands else "")
+                extras = [x for x in extras if x]
+                return f"bmm {s.batch}x{s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}"
+                                                              if extras else "")
             return f"gemm {s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}" if extras else "")
         assert isinstance(s, GroupSpace)
         ops = " ".join(n.op.text for n in s.group.nodes)
