@@ -2,7 +2,8 @@
 on this machine: the node's own ATen call, kiln's generated GEMM on weights packed at compile
 time (`kiln.kernels.gemm`), kiln's generated depthwise or dense direct convolution on
 channels-last data (`kiln.kernels.depthwise`, `kiln.kernels.conv`), or the library's kernel
-on weights reordered once (`kiln.kernels.library`, oneDNN). Each candidate is checked
+on weights reordered once (`kiln.kernels.library`, oneDNN). Pools, the weightless window
+reductions, compete the same way (`kiln.kernels.pool`). Each candidate is checked
 against the ATen call first; then all are timed together with it, interleaved
 (`kiln.kernels.decide.fastest`), and the decision is kept on disk.
 
@@ -23,6 +24,7 @@ from kiln.kernels.depthwise import depthwise_candidate, depthwise_groups, plan_d
 from kiln.kernels.gemm import gemm_candidate, plan_gemm
 from kiln.kernels.library import library_candidates, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
+from kiln.kernels.pool import plan_pool, pool_candidate, pool_groups
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, gemms
 
@@ -35,6 +37,7 @@ def contraction_groups(graph: Graph) -> list[KernelGroup]:
     groups.update({g.last: g for g in gemms(graph)})
     groups.update({g.last: g for g in depthwise_groups(graph)})
     groups.update({g.last: g for g in conv_groups(graph)})
+    groups.update({g.last: g for g in pool_groups(graph)})
     index = {node: i for i, node in enumerate(graph.nodes)}
     return sorted(groups.values(), key=lambda g: index[g.last])
 
@@ -47,6 +50,7 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     gemm_nodes = {g.last for g in gemms(graph)} if generate else set()
     depthwise_nodes = {g.last for g in depthwise_groups(graph)} if generate else set()
     conv_nodes = {g.last for g in conv_groups(graph)} if generate else set()
+    pool_nodes = {g.last for g in pool_groups(graph)} if options.generated_kernels else set()
     checked: dict[str, bool] = {}
     compiler = True
     planned: dict[KernelGroup, object] = {
@@ -54,6 +58,7 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     planned.update({g: plan_depthwise(graph, g, options) for g in groups
                     if g.last in depthwise_nodes})
     planned.update({g: plan_conv(graph, g, options) for g in groups if g.last in conv_nodes})
+    planned.update({g: plan_pool(graph, g, options) for g in groups if g.last in pool_nodes})
     prebuild([p[0].build() for p in planned.values()  # type: ignore[index]
               if not isinstance(p, Skipped)], options)
     for group in groups:
@@ -61,7 +66,8 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
         reasons: list[Skipped] = []
         generated = gemm_candidate if group.last in gemm_nodes else \
             depthwise_candidate if group.last in depthwise_nodes else \
-            conv_candidate if group.last in conv_nodes else None
+            conv_candidate if group.last in conv_nodes else \
+            pool_candidate if group.last in pool_nodes else None
         if compiler and generated is not None:
             built = generated(graph, group, options, checked, planned[group])  # type: ignore
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:

@@ -44,8 +44,8 @@ __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library"]
 # clearly (measurement noise on a tie would flip the choice between compiles); a fused
 # elementwise or row kernel also saves the intermediates' memory traffic, so a tie keeps it;
 # a library variant on prepared weights must win by a little more than the noise
-MARGIN = {Recipe.GEMM: 0.95, Recipe.DEPTHWISE: 0.95, Recipe.CONV: 0.95, Recipe.ROWS: 1.0,
-          Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.97}
+MARGIN = {Recipe.GEMM: 0.95, Recipe.DEPTHWISE: 0.95, Recipe.CONV: 0.95, Recipe.POOL: 0.95,
+          Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.97}
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
 TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock
 _CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB

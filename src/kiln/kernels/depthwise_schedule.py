@@ -226,11 +226,14 @@ def depthwise_func(shape: DepthwiseShape, name: str = "depthwise") -> PrimFunc:
     return PrimFunc(name, inputs, (out,), Allocate(acc, body))
 
 
-def schedule_depthwise(func: PrimFunc, config: DepthwiseConfig) -> tuple[Schedule, list[str]]:
-    """The register-tiled schedule of `depthwise_func`'s program; returns the schedule and
-    the loops whose bodies `version_tails` versions (rows, pixel tiles, channel blocks)."""
+def schedule_depthwise(func: PrimFunc, config: DepthwiseConfig,
+                       update: str = "conv") -> tuple[Schedule, list[str]]:
+    """The register-tiled schedule of `depthwise_func`'s program (or another with its
+    ``init`` / ``update`` / ``store`` nests: `kiln.kernels.pool_schedule`'s); returns the
+    schedule and the loops whose bodies `version_tails` versions (rows, pixel tiles, channel
+    blocks)."""
     sch = Schedule(func)
-    conv = sch.get_block("conv")
+    conv = sch.get_block(update)
     n, oh, ow, c, i, j = sch.get_loops(conv)
     ow_0, ow_1 = sch.split(ow, [None, config.tile])
     c_0, c_1 = sch.split(c, [None, config.lanes])

@@ -68,6 +68,7 @@ class Recipe(enum.Enum):
     GEMM = "gemm"  # mm / addmm / linear: packed panels and a register-tiled micro-kernel
     DEPTHWISE = "depthwise"  # depthwise convolution, channels-last: a pixels x channels tile
     CONV = "conv"  # dense direct convolution, channels-last: pixels x a panel of out channels
+    POOL = "pool"  # max / average pooling, channels-last: the depthwise tile without weights
     LIBRARY = "library"  # not generated: a library entry point on weights prepared once
 
 
