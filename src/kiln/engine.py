@@ -17,7 +17,7 @@ from kiln.kernels.contractions import build_contraction_kernels, contraction_gro
 from kiln.kernels.decide import Decisions
 from kiln.kernels.outcome import Built, KernelBuild, Skipped
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup, gather, partition
+from kiln.passes.partition import KernelGroup, alone, gather, partition
 from kiln.passes.pipeline import PIPELINE, run_pipeline
 from kiln.report import GraphReport, KernelInfo
 from kiln.report.details import GraphDetails, planned_buffers, steps_of
@@ -125,7 +125,8 @@ def build_kernels_for(graph: Graph, options: Options) -> KernelBuild:
     for stage in KERNEL_STAGES:
         if stage.wanted(options):
             taken = {n for k in result.kernels for n in k.group.nodes}
-            groups = [g for g in stage.groups(graph) if not taken & set(g.nodes)]
+            groups = [g if not taken & set(g.nodes) else alone(graph, g)  # (a GEMM whose
+                      for g in stage.groups(graph) if g.last not in taken]  # bias was taken)
             done = stage.build(graph, groups, options, decisions)
             result.kernels += done.kernels
             result.skipped += done.skipped

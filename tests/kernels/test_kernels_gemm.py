@@ -185,3 +185,56 @@ def test_the_portable_paths_without_avx512(kernel_options: Options, flags: tuple
             (actual,) = run([x])
         (expected,) = support.run_interpreter(graph, (x,))
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+RESIDUAL_TEXT = """\
+graph(%x: f32[{m}, {k}], %r: f32[{m}, {n}]) {{
+  %w = constant {{name='w'}} : f32[{k}, {n}]
+  %b = constant {{name='b'}} : f32[{n}]
+  %s = add(%r, %b) : f32[{m}, {n}]
+  %y = addmm_act(%s, %x, %w) {{activation=op('relu'), act_args=(), beta=1, alpha=1}}\
+ : f32[{m}, {n}]
+  return %y{extra}
+}}"""
+
+
+def _residual_graph(m: int, k: int, n: int, extra: str = "") -> Graph:
+    torch.manual_seed(0)
+    graph = parse_graph(RESIDUAL_TEXT.format(m=m, k=k, n=n, extra=extra),
+                        {"w": torch.randn(k, n), "b": torch.randn(n)})
+    verify(graph)
+    return graph
+
+
+def test_a_residual_plus_bias_is_the_gemms_own_init(kernel_options: Options) -> None:
+    """``addmm_act(residual + b, x, w)`` (a 1x1 convolution's residual, `passes.pointwise`)
+    is one kernel: the tiles start from residual + b, read once; the sum is never written.
+    NaN and infinities in the residual come through as the library's add + addmm give them."""
+    graph = _residual_graph(29, 33, 40)
+    (group,) = gemms(graph)
+    assert [n.name for n in group.nodes] == ["s", "y"]
+    assert [repr(v) for v in group.inputs] == ["%r", "%b", "%x", "%w"]
+    built = gemm_kernels(graph, kernel_options, Decisions(None, False))
+    (kernel,) = built.kernels
+    assert [repr(v) for v in kernel.inputs] == ["%x", "%w", "%r", "%b"]
+    assert "bias_row=True" in kernel.trace
+    assert "bias_row[" in (kernel.source or "")
+    moved = gather(graph, [kernel.group])
+    run, source = build_executor(moved, plan_memory(moved), [0, 1], built.kernels)
+    assert source.count("KERNEL") == 1 and "aten.add" not in source
+    x, r = support.random_inputs(graph, 3)
+    r[0, 0], r[3, 5], r[7, 39] = float("nan"), float("inf"), -float("inf")
+    with torch.no_grad():
+        (actual,) = run([x, r])
+    (expected,) = support.run_interpreter(graph, (x, r))
+    assert torch.equal(actual.isnan(), expected.isnan())
+    finite = expected.isfinite()
+    assert torch.equal(actual[~finite & ~expected.isnan()], expected[~finite & ~expected.isnan()])
+    torch.testing.assert_close(actual[finite], expected[finite], rtol=1e-5, atol=1e-5)
+
+
+def test_a_residual_sum_read_elsewhere_stays_outside() -> None:
+    """Where the sum has another reader, it is written: the GEMM takes it as its input."""
+    graph = _residual_graph(14, 8, 16, extra=", %s")
+    (group,) = gemms(graph)
+    assert [n.name for n in group.nodes] == ["y"]

@@ -96,26 +96,34 @@ def test_micro_kernel_is_clean_c() -> None:
     assert "float C_local[448]" in source  # the register tile
 
 
+@pytest.mark.parametrize("row", [False, True], ids=["matrix", "matrix_and_row"])
 @pytest.mark.parametrize("m,n,k,kc", [(13, 37, 5, 5), (13, 37, 29, 5), (28, 64, 16, 16),
                                       (1, 3, 1, 8)], ids=["one_k_block", "k_blocks", "no_a_pack",
                                                           "tiny"])
 def test_an_m_by_n_bias_is_the_residual_the_tiles_start_from(options: Options, m: int, n: int,
-                                                              k: int, kc: int) -> None:
+                                                              k: int, kc: int, row: bool) -> None:
+    """The tiles start from the [M, N] bias (plus, with ``bias_row``, a row added to it)."""
     cfg = GemmConfig(mr=14 if m >= 14 else 4, nr=32 if n >= 32 else 8, kc=kc,
                      mc=28 if m >= 14 else 8, nc=64)
-    func = gemm_func(m, n, k, cfg, bias=True, bias_matrix=True)
+    func = gemm_func(m, n, k, cfg, bias=True, bias_matrix=True, bias_row=row)
     gen = torch.Generator().manual_seed(m + n + k)
     a, b, r = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen), \
         torch.randn(m, n, generator=gen)
     r[0, 0] = float("nan")
-    expected = torch.addmm(r, a, b)
+    extra = [torch.randn(n, generator=gen)] if row else []
+    expected = torch.addmm(r + extra[0] if row else r, a, b)
     kernel = compile_kernel(func, options)
     assert isinstance(kernel, CompiledKernel)
     c = torch.full((m, n), 7.0)
-    kernel(a, b, r, c)
+    kernel(a, b, r, *extra, c)
     torch.testing.assert_close(c, expected, rtol=1e-5, atol=1e-5, equal_nan=True)
-    torch.testing.assert_close(interp.run_torch(func, [a, b, r])[0], expected, rtol=1e-5,
-                               atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(interp.run_torch(func, [a, b, r, *extra])[0], expected,
+                               rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_a_row_bias_needs_a_matrix_bias() -> None:
+    with pytest.raises(ValueError, match="bias_matrix"):
+        gemm_func(4, 4, 4, bias=True, bias_row=True)
 
 
 def test_one_k_block_starts_the_register_tile_from_the_bias() -> None:

@@ -99,6 +99,23 @@ def test_a_batched_gemm_space_keeps_one_k_block_and_its_strides() -> None:
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_residual_and_its_row_bias_are_in_the_workload_and_the_operands() -> None:
+    """The GEMM that adds a residual's bias row in its init: another workload than the
+    residual alone, operands (A, B, residual, row) and a program that computes addmm(r + b)."""
+    space = GemmSpace.for_shape(20, 40, 12, bias=True, bias_matrix=True, bias_row=True,
+                                b_prepacked=True)
+    alone = GemmSpace.for_shape(20, 40, 12, bias=True, bias_matrix=True, b_prepacked=True)
+    assert space.workload() != alone.workload()
+    point = random_point(space, random.Random(3))
+    plan = space.plan(point)
+    assert "bias_row=True" in plan.notes
+    operands, (expected,) = space.operands(point, torch.Generator().manual_seed(0))
+    assert [tuple(t.shape) for t in operands[2:]] == [(20, 40), (40,), (20, 40)]
+    from kiln.tir import interp
+    (got,) = interp.run_torch(plan.build(), operands[:4])
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_a_batched_gemm_is_measured_on_its_strided_operands(tmp_path) -> None:  # noqa: ANN001
     """The tuner's runner passes a bmm's operands with the strides its kernel reads (made
     contiguous, a head's view would be read wrongly: every candidate failed its check)."""

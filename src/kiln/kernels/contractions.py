@@ -26,7 +26,7 @@ from kiln.kernels.library import library_candidates, library_groups
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.kernels.pool import plan_pool, pool_candidate, pool_groups
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup, gemms
+from kiln.passes.partition import KernelGroup, alone, gemms
 
 __all__ = ["build_contraction_kernels", "contraction_groups"]
 
@@ -64,6 +64,8 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     for group in groups:
         candidates: list[Built] = []
         reasons: list[Skipped] = []
+        if len(group.nodes) > 1 and group.last not in gemm_nodes:
+            group = alone(graph, group)  # (only the generated GEMM takes a residual's sum)
         generated = gemm_candidate if group.last in gemm_nodes else \
             depthwise_candidate if group.last in depthwise_nodes else \
             conv_candidate if group.last in conv_nodes else \
@@ -73,7 +75,9 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
                 compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)
-        if options.prepacked_library:
+        if len(group.nodes) > 1 and not candidates:  # the library's, for the GEMM alone
+            group = alone(graph, group)
+        if options.prepacked_library and len(group.nodes) == 1:
             for built in library_candidates(graph, group):
                 if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
                     (candidates if isinstance(built, Built) else reasons).append(built)

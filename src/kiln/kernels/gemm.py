@@ -31,7 +31,7 @@ from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup
+from kiln.passes.partition import KernelGroup, residual_bias
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.nodes import contiguous_strides
 from kiln.tir.te import NotLowerable
@@ -46,8 +46,9 @@ GemmPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
 
 def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace | Skipped:
-    """The design space of the generated GEMM for a one-node mm / addmm / addmm_act group:
-    its shapes, bias, whether B is a constant packed at compile time, and its epilogue. Its
+    """The design space of the generated GEMM for an mm / addmm / addmm_act group (one
+    node, or an [M, N] bias's ``add(residual, row)`` and the GEMM: `partition.gemms`): its
+    shapes, bias, whether B is a constant packed at compile time, and its epilogue. Its
     default point is the heuristic schedule; `kiln tune` searches the rest."""
     node = group.last
     if node.op is Op.BMM:
@@ -62,15 +63,18 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
         return Skipped(group, SkipReason.NOT_LOWERABLE, "K = 0: no K block to end with the "
                        "epilogue")
     matrix = bias is not None and len(bias.type.shape) == 2  # addmm's [M, N] input
+    row = len(group.nodes) == 2  # (that input is the sum of the group's first node)
+    suffix = "_rb" if row else "_r" if matrix else ""
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
                      bias=bias is not None, b_prepacked=b.node.op is Op.CONSTANT,
-                     epilogue=epilogue, name=f"kiln_gemm_{m}x{n}x{k}{'_r' if matrix else ''}",
-                     bias_matrix=matrix)
+                     epilogue=epilogue, name=f"kiln_gemm_{m}x{n}x{k}{suffix}",
+                     bias_matrix=matrix, bias_row=row)
 
 
 def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
-    """The plan of the generated GEMM for a one-node mm / bmm / addmm / addmm_act group, its
-    inputs, and the weights packed for it: the tuning database's fastest schedule
+    """The plan of the generated GEMM for an mm / bmm / addmm / addmm_act group, its inputs
+    (A, B, then the bias, or the residual and its row), and the weights packed for it: the
+    tuning database's fastest schedule
     (``Options.tuning_db``) where it has one, else the heuristic."""
     space = gemm_space(graph, group, options)
     if isinstance(space, Skipped):
@@ -95,7 +99,10 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     weights = {}
     if space.b_prepacked:  # packed once, here: the kernel reads B's panels in place
         weights[b] = pack_b(graph.constant(b.node), config.nr)
-    return plan, ((a, b) if bias is None else (a, b, bias)), weights
+    operands = (a, b) if bias is None else (a, b, bias)
+    if space.bias_row:  # the sum stays in the kernel: its operands are the inputs
+        operands = (a, b, *residual_bias(bias, graph.users(), set(graph.outputs)))  # type: ignore
+    return plan, operands, weights
 
 
 def _bmm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace | Skipped:

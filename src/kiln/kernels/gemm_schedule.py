@@ -180,12 +180,14 @@ def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:
 def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool = False,
                 name: str = "gemm", b_panels: int = 0, bias_matrix: bool = False,
                 batch: int = 0, a_strides: tuple[int, ...] | None = None,
-                b_strides: tuple[int, ...] | None = None) -> PrimFunc:
+                b_strides: tuple[int, ...] | None = None, bias_row: bool = False) -> PrimFunc:
     """``C = A @ B`` (``A @ B.T`` with ``b_transposed``; ``+ bias`` as the init) as the loop
     lowering of mm/addmm gives it (`kiln.tir.lower_contract`): one reduction block ``C``
     over loops ``i0, i1, k0``. With ``b_panels`` (NR) B comes prepacked by the caller
     (`pack_b`): ``B[n // NR, k, n % NR]``, f32[ceil(N / NR), K, NR], the tail zero-padded.
-    With ``bias_matrix`` the bias is [M, N], an addmm's full input (a residual).
+    With ``bias_matrix`` the bias is [M, N], an addmm's full input (a residual); with
+    ``bias_row`` too, one more input ``bias_row`` [N] is added to it in the init, so
+    ``addmm(residual + b, ...)`` reads the residual once and writes no sum.
 
     With ``batch`` it is bmm's: A [batch, M, K], B [batch, K, N] and C [batch, M, N], one
     more (outermost) loop; A and B read with the element strides given (a head's slice of a
@@ -202,6 +204,9 @@ def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool =
     if b_strides is not None:
         b_buf = dataclasses.replace(b_buf, strides=tuple(b_strides))
     bias_buf = b.buffer("bias", (m, n) if bias_matrix else (n,), F32) if bias else None
+    if bias_row and not (bias and bias_matrix):
+        raise ValueError("bias_row adds a row to an [M, N] bias: it needs bias_matrix")
+    row_buf = b.buffer("bias_row", (n,), F32) if bias_row else None
     c_buf = b.buffer("C", (*lead, m, n), F32)
 
     def product(v: tuple[Var, ...], r: tuple[Var, ...]) -> Expr:
@@ -213,9 +218,11 @@ def matmul_func(m: int, n: int, k: int, b_transposed: bool = False, bias: bool =
         return a_buf[(*bt, v[0], r[0])] * rhs
 
     finit = None if bias_buf is None else \
+        (lambda v: bias_buf[v[0], v[1]] + row_buf[v[1]]) if row_buf is not None else \
         (lambda v: bias_buf[v[0], v[1]]) if bias_matrix else (lambda v: bias_buf[v[1]])
     b.reduce("C", c_buf, (k,), BinOp.ADD, product, finit)
     inputs = (a_buf, b_buf) if bias_buf is None else (a_buf, b_buf, bias_buf)
+    inputs += (row_buf,) if row_buf is not None else ()
     return PrimFunc(name, inputs, (c_buf,), b.body())
 
 
@@ -336,7 +343,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
               b_prepacked: bool = False, epilogue: Epilogue | None = None,
               bias_matrix: bool = False, batch: int = 0,
               a_strides: tuple[int, ...] | None = None,
-              b_strides: tuple[int, ...] | None = None) -> KernelPlan:
+              b_strides: tuple[int, ...] | None = None, bias_row: bool = False) -> KernelPlan:
     """The GEMM as a plan (see the module docstring): `matmul_func`'s program, the Trace of
     `schedule_gemm`, and the lowering post-passes: compaction (packed panels, register tile),
     indices in loop vars, full K blocks and tiles versioned without bounds checks (tiles
@@ -344,7 +351,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     tiles' micro-kernel padded (its checks dropped where only unused values depend on them)."""
     cfg = config or default_gemm_config(m, n, k)
     program = matmul_func(m, n, k, b_transposed, bias, name, cfg.nr if b_prepacked else 0,
-                          bias_matrix, batch, a_strides, b_strides)
+                          bias_matrix, batch, a_strides, b_strides, bias_row)
     sch, tails = schedule_gemm(program, cfg, b_transposed)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   DropDeadGuards())
@@ -354,7 +361,8 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
         post += (epilogue,)
     batched = f", batch={batch}, a_strides={a_strides}, b_strides={b_strides}" if batch else ""
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
-            f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''}{batched})")
+            f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''}"
+            f"{', bias_row=True' if bias_row else ''}{batched})")
     return KernelPlan(Recipe.GEMM, program, sch.trace, post, notes=f"# kiln.kernels.{call}",
                       scheduled=sch.func)
 
@@ -362,7 +370,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
 def gemm_func(m: int, n: int, k: int, config: GemmConfig | None = None,
               b_transposed: bool = False, bias: bool = False, name: str = "gemm",
               b_prepacked: bool = False, epilogue: Epilogue | None = None,
-              bias_matrix: bool = False) -> PrimFunc:
-    """`gemm_plan`'s program: ``C = A @ B`` (``+ bias``) with inputs A, B (, bias)."""
+              bias_matrix: bool = False, bias_row: bool = False) -> PrimFunc:
+    """`gemm_plan`'s program: ``C = A @ B`` (``+ bias``) with inputs A, B (, bias, row)."""
     return gemm_plan(m, n, k, config, b_transposed, bias, name, b_prepacked, epilogue,
-                     bias_matrix).build()
+                     bias_matrix, bias_row=bias_row).build()

@@ -30,7 +30,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.types import DType
 
-__all__ = ["KernelGroup", "gather", "gemms", "partition", "without_last"]
+__all__ = ["KernelGroup", "alone", "gather", "gemms", "partition", "residual_bias", "without_last"]
 
 _NORMALIZATIONS = (Op.SOFTMAX, Op.LAYER_NORM)
 
@@ -145,16 +145,23 @@ def singles(graph: Graph, keep: Callable[[Node], bool]) -> list[KernelGroup]:
     return [_describe([n], users, returned) for n in graph.nodes if keep(n)]
 
 
+def alone(graph: Graph, group: KernelGroup) -> KernelGroup:
+    """The group's last node as a group of its own (a GEMM without its residual's sum)."""
+    return singles(graph, lambda node: node is group.last)[0]
+
+
 def gemms(graph: Graph) -> list[KernelGroup]:
-    """Single-node groups for the float32 ``mm``, ``bmm``, ``addmm`` and ``addmm_act``
-    (beta = alpha = 1, bias over the columns or of the output's shape) nodes, which a
-    generated GEMM may run instead of the library."""
+    """Groups for the float32 ``mm``, ``bmm``, ``addmm`` and ``addmm_act`` (beta = alpha =
+    1, bias over the columns or of the output's shape) nodes, which a generated GEMM may run
+    instead of the library: one node, or two where an [M, N] bias is `residual_bias`'s sum
+    (the GEMM adds the row in its init)."""
     if graph.device.type != "cpu":
         return []
     users = graph.users()
     returned = set(graph.outputs)
     found = []
     for node in graph.nodes:
+        nodes = [node]
         if node.op in (Op.MM, Op.BMM):
             operands = node.inputs
         elif node.op in (Op.ADDMM, Op.ADDMM_ACT):  # (the activation: the GEMM's epilogue)
@@ -165,11 +172,32 @@ def gemms(graph: Graph) -> list[KernelGroup]:
                     node.type.shape[1:], node.type.shape):  # a row, or [M, N] (a residual)
                 continue
             operands = node.inputs
+            if residual_bias(bias, users, returned) is not None:
+                nodes = [bias.node, node]
+                operands = (*bias.node.inputs, *node.inputs[1:])
         else:
             continue
         if all(v.node.op is not Op.SCALAR and v.type.dtype is DType.F32 for v in operands):
-            found.append(_describe([node], users, returned))
+            found.append(_describe(nodes, users, returned))
     return found
+
+
+def residual_bias(bias: Value, users: dict[Node, list[Node]], returned: set[Value]
+                  ) -> tuple[Value, Value] | None:
+    """(matrix, row) where an addmm's [M, N] input is ``add(matrix, row)`` with a row [N]
+    and nothing else reads the sum (`kiln.passes.pointwise` writes a 1x1 convolution's
+    residual plus its bias so); else None."""
+    add = bias.node
+    if add.op is not Op.ADD or len(add.inputs) != 2 or bias in returned \
+            or len(users[add]) != 1 or len(bias.type.shape) != 2:
+        return None
+    n = bias.type.shape[1]
+    matrix, row = add.inputs
+    if row.type.shape == bias.type.shape:
+        matrix, row = row, matrix
+    if matrix.type.shape != bias.type.shape or row.type.shape != (n,):
+        return None
+    return matrix, row
 
 
 def without_last(group: KernelGroup) -> KernelGroup | None:

@@ -30,10 +30,11 @@ right either way.
 
 A residual operand (``conv_act`` with ``has_residual``: ResNet's last 1x1 convolution of a
 block, MobileNetV2's projection) becomes addmm's [N*H*W, C_out] input, with the bias added
-to it first: ``addmm_act(residual + b, a, wt)``. kiln's GEMM starts its register tiles from
-that matrix (`matmul_func`'s ``bias_matrix``), so the residual is read once, in the tile, as
-oneDNN's post-op reads it; the bias costs one elementwise pass over the residual. Rounding:
-``(r + b) + x@w`` where the convolution computes ``(x@w + b) + r``.
+to it first: ``addmm_act(residual + b, a, wt)``. kiln's GEMM takes the sum and the GEMM as
+one kernel (`partition.gemms`) and starts its register tiles from ``r + b`` (`matmul_func`'s
+``bias_matrix`` and ``bias_row``), so the residual is read once, in the tile, as oneDNN's
+post-op reads it, and the sum is never written. Rounding: ``(r + b) + x@w`` where the
+convolution computes ``(x@w + b) + r``.
 """
 
 from __future__ import annotations

@@ -139,6 +139,7 @@ class GemmSpace:
     name: str = "gemm"
     kind: str = "gemm"
     bias_matrix: bool = False  # an [M, N] bias (a residual), not a row
+    bias_row: bool = False  # and a row added to it in the init (the residual's conv bias)
     # bmm: the batch (the outermost loop, on the threads; each batch one K block on one
     # thread) and the element strides A and B are read with (None: contiguous)
     batch: int = 0
@@ -215,14 +216,17 @@ class GemmSpace:
         b = torch.randn(self.k, self.n, generator=gen)  # [K, N]
         bias = torch.randn((self.m, self.n) if self.bias_matrix else (self.n,),
                            generator=gen) if self.bias else None
-        expected = a @ b if bias is None else torch.addmm(bias, a, b)
+        row = torch.randn(self.n, generator=gen) if self.bias_row else None
+        expected = a @ b if bias is None else \
+            torch.addmm(bias if row is None else bias + row, a, b)
         if self.epilogue is not None:
             apply_activation(expected, self.epilogue.activation, self.epilogue.args)
         if self.b_prepacked:
             b_param = pack_b(b, decisions["nr"])
         else:
             b_param = b.t().contiguous() if self.b_transposed else b
-        operands = [a, b_param] + ([bias] if bias is not None else [])
+        operands = [a, b_param] + ([bias] if bias is not None else []) + \
+            ([row] if row is not None else [])
         return [*operands, torch.empty(self.m, self.n)], [expected]
 
     @property
@@ -252,7 +256,7 @@ class GemmSpace:
         return _gemm_workload(self.m, self.n, self.k, self.b_transposed, self.bias,
                               self.default()["nr"] if self.b_prepacked else 0,
                               repr(self.epilogue), self.bias_matrix, self.batch,
-                              self.a_strides, self.b_strides)
+                              self.a_strides, self.b_strides, self.bias_row)
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)
@@ -263,7 +267,8 @@ class GemmSpace:
         plan = gemm_plan(self.m, self.n, self.k, cfg, b_transposed=self.b_transposed,
                          bias=self.bias, name=self.name, b_prepacked=self.b_prepacked,
                          epilogue=self.epilogue, bias_matrix=self.bias_matrix,
-                         batch=self.batch, a_strides=self.a_strides, b_strides=self.b_strides)
+                         batch=self.batch, a_strides=self.a_strides, b_strides=self.b_strides,
+                         bias_row=self.bias_row)
         if max(self.batch, 1) * self.m * self.n * self.k < SERIAL_MACS:
             plan = plan.with_post(Serial(f"fewer than {SERIAL_MACS} multiply-adds"))
         return plan
@@ -273,9 +278,9 @@ class GemmSpace:
 def _gemm_workload(m: int, n: int, k: int, b_transposed: bool, bias: bool, b_panels: int,
                    epilogue: str, bias_matrix: bool = False, batch: int = 0,
                    a_strides: tuple[int, ...] | None = None,
-                   b_strides: tuple[int, ...] | None = None) -> str:
+                   b_strides: tuple[int, ...] | None = None, bias_row: bool = False) -> str:
     program = matmul_func(m, n, k, b_transposed, bias, "gemm", b_panels, bias_matrix, batch,
-                          a_strides, b_strides)
+                          a_strides, b_strides, bias_row)
     return workload_key(program) + hashlib.sha256(epilogue.encode()).hexdigest()[:8]
 
 
