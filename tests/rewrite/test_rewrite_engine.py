@@ -57,6 +57,30 @@ def test_trace_says_where_a_rule_fired_and_why_it_did_not() -> None:
     assert "expected a value of all 1" in missed["b"] and "%y" in missed["b"]
 
 
+def test_a_commutative_root_is_tried_the_other_way_when_the_first_fails() -> None:
+    """``add(x, conv(x))`` where x is itself a convolution read twice (MobileNetV2's first
+    residual of a stage): the written order binds x's conv, which the add cannot absorb;
+    the other order fuses the conv only the add reads."""
+    text = """graph(%img: f32[1, 4, 6, 6]) {
+  %w1 = constant {name='w1'} : f32[4, 4, 1, 1]
+  %w2 = constant {name='w2'} : f32[4, 4, 1, 1]
+  %x = convolution(%img, %w1) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=1} : f32[1, 4, 6, 6]
+  %y = convolution(%x, %w2) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=1} : f32[1, 4, 6, 6]
+  %s = add(%x, %y) : f32[1, 4, 6, 6]
+  return %s
+}"""
+    torch.manual_seed(0)
+    graph = parse_graph(text, {"w1": torch.randn(4, 4, 1, 1), "w2": torch.randn(4, 4, 1, 1)})
+    result = apply_rules(graph, [rule_named("conv-residual")], Options())
+    assert result.stats["conv-residual"].fired == 1
+    (fused,) = [n for n in result.graph.nodes if n.op is Op.CONV_ACT]
+    assert fused.name == "y" and fused.inputs[-1].node.name == "x"
+    img = torch.randn(1, 4, 6, 6)
+    torch.testing.assert_close(interpret(result.graph, [img]), interpret(graph, [img]))
+
+
 def test_guard_refusal_is_traced() -> None:
     text = """graph(%x: f32[4]) {
   %c = scalar {value=3.0} : f64[]

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kiln.ir.graph import Graph, Node, Value, substitute
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, OpGroup
 from kiln.options import Options
 from kiln.rewrite.pattern import MatchContext
 from kiln.rewrite.rule import Match, Rule
@@ -148,7 +148,24 @@ def _sweep(graph: Graph, by_root: dict[Op, list[Rule]], stats: dict[str, RuleSta
 
 def _try(rule: Rule, node: Node, ctx: MatchContext, claimed: set[Node]
          ) -> str | tuple[Match, dict[Value, Value]] | None:
-    """Why ``rule`` does not fire at ``node`` (a string), or the match and its rewrite."""
+    """Why ``rule`` does not fire at ``node`` (a string), or the match and its rewrite. A
+    commutative root whose match fails a check is tried once more with its operands the
+    other way round (``x + conv(..)`` where x is a shared conv output: the conv that only
+    the add reads is the one to fuse)."""
+    outcome = _try_order(rule, node, ctx, claimed)
+    if not isinstance(outcome, str) or not node.op.is_a(OpGroup.COMMUTATIVE) \
+            or len(node.inputs) != 2:
+        return outcome
+    ctx.swapped.add(node)
+    try:
+        swapped = _try_order(rule, node, ctx, claimed)
+    finally:
+        ctx.swapped.discard(node)
+    return outcome if isinstance(swapped, str) else swapped
+
+
+def _try_order(rule: Rule, node: Node, ctx: MatchContext, claimed: set[Node]
+               ) -> str | tuple[Match, dict[Value, Value]] | None:
     pattern = rule.pattern
     root_value = node.out(getattr(pattern, "output", 0))
     bindings: dict[str, Any] = {}

@@ -34,6 +34,9 @@ class MatchContext:
         self.graph = graph
         self.users = graph.users()
         self._weight_only: dict[Node, bool] = {}
+        # commutative nodes whose operands are tried in the other order first: a match that
+        # binds one order may fail the engine's checks where the other order passes them
+        self.swapped: set[Node] = set()
 
     def is_weight_only(self, value: Value) -> bool:
         """True when the value depends on weights and numbers only (constant folding's domain)."""
@@ -244,7 +247,7 @@ class On(Pattern):
             return f"{node.name}: expected {len(self.operands)} operands, got {len(node.inputs)}"
         orders = [tuple(range(len(self.operands)))]
         if node.op.is_a(OpGroup.COMMUTATIVE) and len(self.operands) == 2:
-            orders.append((1, 0))
+            orders.insert(1 if node not in ctx.swapped else 0, (1, 0))
         reasons = []
         for order in orders:
             trial = dict(b)
