@@ -29,18 +29,19 @@ from __future__ import annotations
 import torch
 
 from kiln.codegen.isa import target_isa
-from kiln.ir.attrs import ConvActAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
-from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
-from kiln.kernels.depthwise import checked_candidate, conv_bias, direct_refusal
+from kiln.kernels.conv_schedule import ConvShape, pack_conv_weight
+from kiln.kernels.depthwise import checked_candidate, conv_bias, direct_refusal, epilogue_of
 from kiln.kernels.outcome import Built, Skipped, SkipReason
-from kiln.kernels.plan import Epilogue, KernelPlan
+from kiln.kernels.plan import KernelPlan
 from kiln.options import Options
 from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, singles
+from kiln.tune.apply import tuned_or_default
+from kiln.tune.space_window import WindowSpace
 
-__all__ = ["MAX_REDUCTION", "conv_candidate", "conv_groups", "plan_conv", "refusal"]
+__all__ = ["MAX_REDUCTION", "conv_candidate", "conv_groups", "conv_space", "plan_conv", "refusal"]
 
 ConvPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
@@ -90,19 +91,21 @@ def plan_conv(graph: Graph, group: KernelGroup, options: Options) -> ConvPlanned
     why = refusal(graph, node)
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
-    shape = conv_shape(node)
-    a = node.attrs
-    act = a.activation if isinstance(a, ConvActAttrs) else None
-    epilogue = Epilogue(act, a.act_args) if act is not None else None  # type: ignore
-    isa = target_isa(options)
-    config = ConvConfig.default(shape, isa.f32_lanes, isa.registers, torch.get_num_threads())
-    (kh, kw), (sh, sw) = shape.kernel, shape.stride
-    name = f"kiln_conv_{shape.ci}x{shape.h}x{shape.w}_{shape.co}_k{kh}x{kw}_s{sh}x{sw}"
-    plan = conv_plan(shape, config, name, epilogue)
+    plan, decisions = tuned_or_default(conv_space(node, options), options)
     w = node.inputs[1]
     bias = conv_bias(node)
     inputs = (node.inputs[0], w) if bias is None else (node.inputs[0], w, bias)
-    return plan, inputs, {w: pack_conv_weight(graph.constant(w.node), config.nr)}
+    return plan, inputs, {w: pack_conv_weight(graph.constant(w.node), decisions["nr"])}
+
+
+def conv_space(node: Node, options: Options) -> WindowSpace:
+    """The design space of the generated kernel for a dense convolution the kernel takes;
+    its default point is `ConvConfig.default`, `kiln tune` searches the rest."""
+    shape = conv_shape(node)
+    (kh, kw), (sh, sw) = shape.kernel, shape.stride
+    return WindowSpace("conv", shape, target_isa(options), torch.get_num_threads(),
+                       epilogue_of(node),
+                       f"kiln_conv_{shape.ci}x{shape.h}x{shape.w}_{shape.co}_k{kh}x{kw}_s{sh}x{sw}")
 
 
 def conv_candidate(graph: Graph, group: KernelGroup, options: Options,

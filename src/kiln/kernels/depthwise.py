@@ -38,12 +38,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels.build import compile_plan
-from kiln.kernels.depthwise_schedule import (
-    DepthwiseConfig,
-    DepthwiseShape,
-    depthwise_plan,
-    pack_depthwise_weight,
-)
+from kiln.kernels.depthwise_schedule import DepthwiseShape, pack_depthwise_weight
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.validate import agrees_with_library
@@ -52,9 +47,11 @@ from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, singles
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.te import NotLowerable
+from kiln.tune.apply import tuned_or_default
+from kiln.tune.space_window import WindowSpace
 
 __all__ = ["checked_candidate", "conv_bias", "depthwise_candidate", "depthwise_groups",
-           "direct_refusal", "plan_depthwise", "refusal"]
+           "depthwise_space", "direct_refusal", "epilogue_of", "plan_depthwise", "refusal"]
 
 DepthwisePlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
@@ -141,18 +138,28 @@ def plan_depthwise(graph: Graph, group: KernelGroup, options: Options
     why = refusal(graph, node)
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
-    shape = depthwise_shape(node)
-    a = node.attrs
-    act = a.activation if isinstance(a, ConvActAttrs) else None
-    epilogue = Epilogue(act, a.act_args) if act is not None else None  # type: ignore
-    (kh, kw), (sh, sw) = shape.kernel, shape.stride
-    name = f"kiln_depthwise_{shape.c}x{shape.h}x{shape.w}_k{kh}x{kw}_s{sh}x{sw}"
-    config = DepthwiseConfig.default(shape, target_isa(options).f32_lanes)
-    plan = depthwise_plan(shape, config, name, epilogue)
+    plan, _ = tuned_or_default(depthwise_space(node, options), options)
     w = node.inputs[1]
     bias = conv_bias(node)
     inputs = (node.inputs[0], w) if bias is None else (node.inputs[0], w, bias)
     return plan, inputs, {w: pack_depthwise_weight(graph.constant(w.node))}
+
+
+def depthwise_space(node: Node, options: Options) -> WindowSpace:
+    """The design space of the generated kernel for a depthwise convolution it takes; its
+    default point is `DepthwiseConfig.default`, `kiln tune` searches the rest."""
+    shape = depthwise_shape(node)
+    (kh, kw), (sh, sw) = shape.kernel, shape.stride
+    return WindowSpace("depthwise", shape, target_isa(options), torch.get_num_threads(),
+                       epilogue_of(node),
+                       f"kiln_depthwise_{shape.c}x{shape.h}x{shape.w}_k{kh}x{kw}_s{sh}x{sw}")
+
+
+def epilogue_of(node: Node) -> Epilogue | None:
+    """A ``conv_act``'s activation as its kernel's write-back epilogue (None: none)."""
+    a = node.attrs
+    act = a.activation if isinstance(a, ConvActAttrs) else None
+    return Epilogue(act, a.act_args) if act is not None else None  # type: ignore[union-attr]
 
 
 def depthwise_candidate(graph: Graph, group: KernelGroup, options: Options,

@@ -22,22 +22,25 @@ What it takes, and why the rest stays a library call:
 
 from __future__ import annotations
 
+import torch
+
 from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import AvgPoolAttrs, MaxPoolAttrs, ReduceAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels.build import compile_plan
-from kiln.kernels.depthwise_schedule import DepthwiseConfig
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
-from kiln.kernels.pool_schedule import PoolShape, pool_plan
+from kiln.kernels.pool_schedule import PoolShape
 from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, singles
+from kiln.tune.apply import tuned_or_default
+from kiln.tune.space_window import WindowSpace
 
-__all__ = ["plan_pool", "pool_candidate", "pool_groups", "pool_shape", "refusal"]
+__all__ = ["plan_pool", "pool_candidate", "pool_groups", "pool_shape", "pool_space", "refusal"]
 
 PoolPlanned = tuple[KernelPlan, tuple[Value, ...], dict]
 POOLS = (Op.MAX_POOL2D, Op.AVG_POOL2D, Op.MEAN)
@@ -100,12 +103,18 @@ def plan_pool(graph: Graph, group: KernelGroup, options: Options) -> PoolPlanned
     why = refusal(node, channels_last_values(graph), read)
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
+    plan, _ = tuned_or_default(pool_space(node, options), options)
+    return plan, (node.inputs[0],), {}
+
+
+def pool_space(node: Node, options: Options) -> WindowSpace:
+    """The design space of the generated kernel for a pool it takes; its default point is
+    `DepthwiseConfig.default` (the same tile), `kiln tune` searches the rest."""
     shape = pool_shape(node)
     assert shape is not None
     (kh, kw), (sh, sw) = shape.kernel, shape.stride
-    name = f"kiln_{shape.kind}pool_{shape.c}x{shape.h}x{shape.w}_k{kh}x{kw}_s{sh}x{sw}"
-    config = DepthwiseConfig.default(shape, target_isa(options).f32_lanes)  # type: ignore
-    return pool_plan(shape, config, name), (node.inputs[0],), {}
+    return WindowSpace("pool", shape, target_isa(options), torch.get_num_threads(), None,
+                       f"kiln_{shape.kind}pool_{shape.c}x{shape.h}x{shape.w}_k{kh}x{kw}_s{sh}x{sw}")
 
 
 def pool_candidate(graph: Graph, group: KernelGroup, options: Options,

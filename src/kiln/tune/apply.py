@@ -9,15 +9,17 @@ one warning per process, and every kernel keeps its heuristic schedule.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import warnings
 from typing import Any
 
+from kiln.kernels.plan import KernelPlan
 from kiln.options import Options
 from kiln.tune.db import Target, TuningDB, TuningDBError
 from kiln.tune.space import Space, repair
 
-__all__ = ["TUNED", "Tuned", "tuned_schedule"]
+__all__ = ["TUNED", "Tuned", "tuned_or_default", "tuned_schedule"]
 
 TUNED = "tuned: the tuning database's fastest schedule for this workload"  # in plan notes
 
@@ -40,6 +42,19 @@ def tuned_schedule(space: Space, options: Options) -> Tuned | None:
     if best is None or repair(space, best.decisions) != best.decisions:
         return None
     return dict(best.decisions), best.median_s
+
+
+def tuned_or_default(space: Any, options: Options) -> tuple[KernelPlan, dict[str, Any]]:
+    """The plan of ``space``'s best recorded decisions where the database has them (its
+    notes say so), else of its default point without recorded decisions (the untuned
+    compile); and the decisions."""
+    tuned = tuned_schedule(space, options)
+    if tuned is None:
+        decisions = space.default()
+        return space.plan_config(space.config(decisions)), decisions
+    plan = space.plan(tuned[0])
+    notes = plan.notes + f"\n# {TUNED} (recorded median {tuned[1] * 1e6:.1f} us)"
+    return dataclasses.replace(plan, notes=notes), tuned[0]
 
 
 @functools.lru_cache(maxsize=8)

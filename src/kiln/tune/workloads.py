@@ -7,7 +7,8 @@ The graph is the one `kiln.compile` would build kernels for (captured, then the 
 pipeline at ``options.opt_level``), so a tuned record's workload is exactly the one the
 compile looks up: the fused row and elementwise kernels of the partitioner
 (`kiln.tune.space_groups.GroupSpace`), then the GEMMs of the nodes left
-(`kiln.tune.space.GemmSpace`), as `kiln.engine.KERNEL_STAGES` takes them.
+(`kiln.tune.space.GemmSpace`) and the direct convolutions and pools
+(`kiln.tune.space_window.WindowSpace`), as `kiln.engine.KERNEL_STAGES` takes them.
 """
 
 from __future__ import annotations
@@ -17,13 +18,18 @@ from dataclasses import dataclass
 import torch
 
 from kiln.ir.graph import Graph, Node
+from kiln.kernels.conv import conv_groups, conv_space
+from kiln.kernels.depthwise import depthwise_groups, depthwise_space
 from kiln.kernels.gemm import gemm_space
 from kiln.kernels.outcome import Skipped
+from kiln.kernels.pool import pool_groups, pool_space
+from kiln.kernels.pool_schedule import PoolShape
 from kiln.options import Options
 from kiln.passes.partition import gemms, partition
 from kiln.passes.pipeline import run_pipeline
 from kiln.tune.space import GemmSpace, Space
 from kiln.tune.space_groups import GroupSpace
+from kiln.tune.space_window import WindowSpace
 
 __all__ = ["KernelWorkload", "graph_workloads", "model_workloads"]
 
@@ -37,7 +43,9 @@ class KernelWorkload:
     def label(self) -> str:
         s = self.space
         if isinstance(s, GemmSpace):
-            extras = [x for x in ("+bias" if s.bias else "",
+            bias = "+residual+bias" if s.bias_row else "+residual" if s.bias_matrix else \
+                "+bias" if s.bias else ""
+            extras = [x for x in (bias,
                                   s.epilogue.activation.text if s.epilogue else "",
                                   "B packed" if s.b_prepacked else "") if x]
             if s.batch:  # (a bmm: the batch, and whether it reads views)
@@ -46,6 +54,14 @@ class KernelWorkload:
                 return f"bmm {s.batch}x{s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}"
                                                               if extras else "")
             return f"gemm {s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}" if extras else "")
+        if isinstance(s, WindowSpace):
+            sh = s.shape
+            (kh, kw), sy = sh.kernel, sh.stride[0]
+            what = f"{sh.kind}pool" if isinstance(sh, PoolShape) else s.kind
+            sizes = f"{sh.ci}x{sh.h}x{sh.w}->{sh.co}" if s.kind == "conv" else \
+                f"{sh.c}x{sh.h}x{sh.w}"
+            act = f" {s.epilogue.activation.text}" if s.epilogue else ""
+            return f"{what} {sizes} k{kh}x{kw} s{sy}{act}"
         assert isinstance(s, GroupSpace)
         ops = " ".join(n.op.text for n in s.group.nodes)
         shape = "x".join(map(str, s.group.last.out().type.shape))
@@ -68,6 +84,12 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
         gemm = gemm_space(graph, group, options)
         if group.last not in taken and not isinstance(gemm, Skipped):
             found.setdefault(gemm.workload(), (gemm, []))[1].append(group.last.name)
+    for groups, space_of in ((depthwise_groups, depthwise_space), (conv_groups, conv_space),
+                             (pool_groups, pool_space)):
+        for group in groups(graph):
+            if group.last not in taken:
+                window = space_of(group.last, options)
+                found.setdefault(window.workload(), (window, []))[1].append(group.last.name)
     workloads = [KernelWorkload(space, tuple(nodes)) for space, nodes in found.values()]
     return sorted(workloads, key=lambda w: (-len(w.nodes), w.label))
 

@@ -1,0 +1,137 @@
+"""The design spaces of the channels-last window kernels (dense direct convolution, depthwise,
+pooling): the heuristic is the default point, points replay from their traces and compute
+what torch computes, candidates respect the registers and the guards, the runner measures
+them on channels-last operands, and a compile uses a recorded point."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.codegen.isa import Isa
+from kiln.ir.ops import Op
+from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
+from kiln.kernels.depthwise_schedule import DepthwiseConfig, DepthwiseShape, depthwise_plan
+from kiln.kernels.plan import Epilogue
+from kiln.kernels.pool_schedule import PoolShape, pool_plan
+from kiln.tir import interp
+from kiln.tir.printer import print_func
+from kiln.tune.db import Target, TuningDB, TuningRecord
+from kiln.tune.space import neighbours, random_point
+from kiln.tune.space_window import WindowSpace
+from kiln.tune.workloads import model_workloads
+
+RELU6 = Epilogue(Op.CLAMP, (0.0, 6.0))
+CONV = ConvShape(1, 3, 17, 19, 40, (3, 3), (2, 2), (1, 1), bias=True)
+DEPTHWISE = DepthwiseShape(1, 40, 11, 13, (3, 3), (1, 1), (1, 1), bias=True)
+POOL = PoolShape(1, 24, 11, 13, (3, 3), (2, 2), (1, 1))
+
+
+def _spaces(threads: int = 2) -> list[WindowSpace]:
+    return [WindowSpace("conv", CONV, Isa.AVX512, threads, RELU6, "wconv"),
+            WindowSpace("depthwise", DEPTHWISE, Isa.AVX512, threads, RELU6, "wdw"),
+            WindowSpace("pool", POOL, Isa.AVX512, threads, None, "wpool")]
+
+
+def test_the_heuristic_schedule_is_the_default_point() -> None:
+    conv, depthwise, pool = _spaces()
+    heuristic = [conv_plan(CONV, ConvConfig.default(CONV, 16, 32, 2), "wconv", RELU6),
+                 depthwise_plan(DEPTHWISE, DepthwiseConfig.default(DEPTHWISE, 16), "wdw",
+                                RELU6),
+                 pool_plan(POOL, DepthwiseConfig.default(POOL, 16), "wpool")]  # type: ignore
+    for space, plan in zip((conv, depthwise, pool), heuristic, strict=True):
+        default = space.plan_config(space.config(space.default()))
+        assert print_func(default.build()) == print_func(plan.build())
+
+
+@pytest.mark.parametrize("kind", ["conv", "depthwise", "pool"])
+def test_points_replay_from_their_trace_and_compute_what_torch_does(kind: str) -> None:
+    space = next(s for s in _spaces() if s.kind == kind)
+    rng = random.Random(7)
+    for point in [space.default(), *(random_point(space, rng) for _ in range(3))]:
+        plan = space.plan(point)
+        assert plan.trace.decisions() == point
+        operands, (expected,) = space.operands(point, torch.Generator().manual_seed(1))
+        (got,) = interp.run_torch(plan.build(), operands[:-1])
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    assert all(n != space.default() for n in neighbours(space, space.default()))
+
+
+def test_candidates_respect_registers_guards_and_threads() -> None:
+    conv = _spaces()[0]
+    assert conv.candidates("nr", {}) == (16, 32)  # 40 channels: one or two vectors
+    guarded = conv.candidates("tile", {"nr": 32, "pad_copy": False})
+    assert max(guarded) == 8  # border versions of wider guarded tiles spill
+    copied = conv.candidates("tile", {"nr": 32, "pad_copy": True})
+    assert max(copied) == 10  # the output row is 10 pixels: never wider
+    unpadded = WindowSpace("conv", ConvShape(1, 3, 30, 30, 8, (3, 3), (1, 1), (0, 0)),
+                           Isa.AVX512, 1)
+    assert unpadded.candidates("nr", {}) == (16,)
+    assert unpadded.candidates("pad_copy", {"nr": 16}) == (False,)
+    assert unpadded.candidates("split_panels", {}) == (False,)  # one thread
+    assert max(unpadded.candidates("tile", {"nr": 16, "pad_copy": False})) == 28
+    depthwise = _spaces()[1]
+    assert max(depthwise.candidates("tile", {"lanes": 32})) <= 15  # 2 vectors a pixel
+
+
+def test_the_workload_is_the_program_kind_and_epilogue() -> None:
+    conv, depthwise, pool = _spaces()
+    assert len({conv.workload(), depthwise.workload(), pool.workload()}) == 3
+    plain = WindowSpace("depthwise", DEPTHWISE, Isa.AVX512, 2, None, "other name")
+    assert plain.workload() != depthwise.workload()
+    assert WindowSpace("depthwise", DEPTHWISE, Isa.AVX512, 2, RELU6,
+                       "other name").workload() == depthwise.workload()
+
+
+@pytest.fixture
+def options(tmp_path: Path) -> kiln.Options:
+    opts = kiln.Options(kernel_cache_dir=str(tmp_path / "kernels"), measure_kernels=False)
+    if isinstance(toolchain(opts), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    return opts
+
+
+def test_the_runner_measures_channels_last_operands(options: kiln.Options) -> None:
+    from kiln.tune.measure import time_one
+
+    for space in _spaces():
+        point = random_point(space, random.Random(2))
+        result = time_one(space, point, options, threads=1, budget_s=0.05)
+        assert result.error is None and result.run_times
+
+
+def test_a_compile_uses_the_recorded_window_schedule(tmp_path: Path, options: kiln.Options,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 24, 3, 2, 1), nn.ReLU6(),
+                          nn.Conv2d(24, 24, 3, 1, 1, groups=24), nn.ReLU6(),
+                          nn.MaxPool2d(3, 2, 1)).eval()
+    inputs = (torch.randn(1, 3, 29, 31),)
+    workloads = {w.space.kind: w for w in model_workloads(model, inputs, options)
+                 if isinstance(w.space, WindowSpace)}
+    assert set(workloads) == {"conv", "depthwise", "pool"}
+    target = Target.here(options, torch.get_num_threads())
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    points = {}
+    for kind, workload in workloads.items():
+        space = workload.space
+        points[kind] = list(neighbours(space, space.default()))[-1]  # not the heuristic's
+        db.add(TuningRecord.measured(space.workload(), target, kind,
+                                     space.plan(points[kind]).trace.to_json(), points[kind],
+                                     [1e-6]))
+    tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
+    with torch.no_grad():
+        compiled = kiln.compile(model, inputs, options=tuned)
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-4, atol=1e-5)
+    for kind, workload in workloads.items():
+        (kernel,) = [k for k in compiled.report.kernels if k.nodes[-1:] == workload.nodes]
+        assert kernel.decision.startswith("generated (tuned)"), kernel.decision
+        assert all(f"sch.sample_categorical({name!r}, " in kernel.trace
+                   for name in points[kind])
