@@ -178,7 +178,8 @@ class GemmSpace:
             # fit in the registers
             vectors = max(fixed["nr"] // lanes, 1)
             largest = max((self.isa.registers - vectors - 1) // vectors, 1)
-            options = {mr for mr in (2, 4, 6, 8, 10, 12, 14, 16, 20, 24) if mr <= largest}
+            options = {mr for mr in (2, 4, 6, 8, 10, 12, 14, 16, 20, 24, 28)
+                       if mr <= largest}
         elif name == "kc":
             if self.epilogue is not None or self.batch:  # one K block (the epilogue needs
                 # it; a batched GEMM always takes it)
