@@ -119,6 +119,20 @@ def test_pool_non_finite_inputs(built: dict, case: tuple) -> None:
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("case", [CASES[0], CASES[1]], ids=[IDS[0], IDS[1]])
+def test_max_pool_keeps_the_first_of_equal_zeros(built: dict, case: tuple) -> None:
+    """Signed zeros tie: the earlier tap in the window stays, as in ATen, so a window
+    holding -0.0 then +0.0 pools to -0.0 and the other way round to +0.0."""
+    shape, _, kernel = built[case]
+    gen = torch.Generator().manual_seed(4)
+    signs = torch.randint(0, 2, (shape.n, shape.c, shape.h, shape.w), generator=gen)
+    x = torch.where(signs.bool(), torch.tensor(-0.0), torch.tensor(0.0)).contiguous(
+        memory_format=CL)
+    got, want = _run(kernel, shape, x), _eager(shape, x)
+    assert torch.equal(got.signbit(), want.signbit())
+    assert want.signbit().any() and not want.signbit().all()
+
+
 def test_pool_plan_serial_below_grain() -> None:
     """A small pool runs on one thread; a large one keeps its threads."""
     small = PoolShape(1, 16, 8, 8, (3, 3), (2, 2), (1, 1))

@@ -9,8 +9,9 @@ depthwise convolution without weights::
     avg: out[n, oh, ow, c:c+L] = (sum_{i, j} x[...]) / divisor(oh, ow)
 
 The padded taps are skipped (a bounds guard on the update block), as ATen's channels-last
-kernels skip them. ``max`` is NaN-propagating (`kiln_max_f32`: a NaN tap makes the output
-NaN, as ATen's ``val > max || isnan(val)``). The average divides the sum, taken in tap order
+kernels skip them. ``max`` is NaN-propagating and keeps the earlier of equal taps
+(``max(tap, acc)`` in `kiln_max_f32`: ATen's ``val > max || isnan(val)``, so -0.0 before
++0.0 stays -0.0). The average divides the sum, taken in tap order
 from 0, by ATen's divisor: ``divisor_override``, else the window clipped to the padded input
 (``count_include_pad``), else clipped to the input; a per-pixel expression that the versioned
 interior tiles see as the constant KH * KW. A global average pool (``mean`` over H and W,
@@ -130,8 +131,10 @@ def pool_func(shape: PoolShape, name: str = "pool") -> PrimFunc:
 
     def update(vn: Var, voh: Var, vow: Var, vc: Var, vi: Var, vj: Var) -> Stmt:
         tap = x[vn, vc, tap_position(shape, voh, vi, 0), tap_position(shape, vow, vj, 1)]
-        return BufferStore(acc, (vn, voh, vow, vc),
-                           Binary(combine, acc[vn, voh, vow, vc], tap))
+        # max(tap, acc): on a tie the earlier tap stays, as in ATen (-0.0 before +0.0
+        # gives -0.0); a NaN on either side wins
+        pair = (tap, acc[vn, voh, vow, vc]) if is_max else (acc[vn, voh, vow, vc], tap)
+        return BufferStore(acc, (vn, voh, vow, vc), Binary(combine, *pair))
 
     def inside(vn: Var, voh: Var, vow: Var, vc: Var, vi: Var, vj: Var) -> Expr | None:
         conds = []
