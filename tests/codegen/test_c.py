@@ -291,3 +291,49 @@ def test_a_select_reads_its_in_bounds_loads_first(options: Options, shift: int) 
     kernel(x, m.to(torch.uint8), y)
     want = interp.run_torch(func, [x, m.to(torch.uint8)])[0]
     assert torch.equal(y, want)
+
+
+def _through_temp(rows: int, cols: int) -> PrimFunc:
+    """C = 2 * T where T = A + 1, T a heap temporary of rows x cols floats."""
+    from kiln.tir.nodes import Allocate
+
+    a, c = Buffer("A", (rows, cols), F32), Buffer("C", (rows, cols), F32)
+    t = Buffer("T", (rows, cols), F32)
+
+    def nest(name: str, out: Buffer, value) -> Stmt:  # noqa: ANN001
+        i, j, vi, vj = Var(f"{name}_i"), Var(f"{name}_j"), Var(f"v{name}_i"), Var(f"v{name}_j")
+        block = Block(name, (IterVar(vi, rows), IterVar(vj, cols)), (i, j),
+                      BufferStore(out, (vi, vj), value(vi, vj)))
+        return For(i, rows, For(j, cols, block, ForKind.VECTORIZED), ForKind.PARALLEL)
+
+    body = seq(nest("fill", t, lambda vi, vj: a[vi, vj] + const(1.0, F32)),
+               nest("out", c, lambda vi, vj: t[vi, vj] * const(2.0, F32)))
+    return PrimFunc(f"through_temp_{rows}x{cols}", (a,), (c,), Allocate(t, body))
+
+
+@pytest.mark.parametrize("rows,kept", [(8, False), (128, True)], ids=["small", "workspace"])
+def test_a_large_heap_temporary_is_a_kept_per_thread_workspace(options: Options, rows: int,
+                                                               kept: bool) -> None:
+    """From 64 KiB up a heap temporary is allocated once per calling thread and kept (no
+    fresh mapping to fault in on each call); smaller ones are allocated and freed per call.
+    Either way, calls from several threads at once each get their own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    func = _through_temp(rows, 256)
+    source = render_c(func)
+    assert ("static __thread float* T_ws" in source) is kept
+    assert ("free(T)" in source) is not kept
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+
+    def run(seed: int) -> bool:
+        a = torch.randn(rows, 256, generator=torch.Generator().manual_seed(seed))
+        ok = True
+        for _ in range(20):
+            c = torch.empty_like(a)
+            kernel(a, c)
+            ok &= torch.equal(c, (a + 1) * 2)
+        return ok
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(run, range(8)))

@@ -22,6 +22,7 @@ from kiln.kernels.contractions import build_contraction_kernels, contraction_gro
 from kiln.kernels.conv import MAX_REDUCTION, conv_groups, refusal
 from kiln.kernels.conv_schedule import (
     PAD_COPY_BYTES,
+    SMALL_COPY_BYTES,
     ConvConfig,
     ConvShape,
     conv_plan,
@@ -135,7 +136,8 @@ def test_pack_conv_weight_panels() -> None:
 def test_conv_default_config() -> None:
     """Two vectors of output channels where CO fills more than one; a tile that divides the
     row where one does; the threads on the panels only where they balance; the padded copy
-    only where there is padding and the copy is small."""
+    only where there is padding and the copy is small, or the window is wide over few
+    channels (a 7x7 stem)."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
     assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False)  # an 861 KB copy
     small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
@@ -148,7 +150,11 @@ def test_conv_default_config() -> None:
     assert ConvConfig.default(unpadded, 16) == ConvConfig(14, 32, False, False)
     tiny = ConvShape(1, 8, 14, 14, 16, (3, 3), (1, 1), (1, 1))
     assert ConvConfig.default(tiny, 16) == ConvConfig(14, 16, False, True)  # an 8 KB copy
-    assert 4 * 8 * 16 * 16 <= PAD_COPY_BYTES < 4 * 3 * 226 * 226
+    assert 4 * 8 * 16 * 16 <= SMALL_COPY_BYTES < 4 * 3 * 226 * 226 <= PAD_COPY_BYTES
+    resnet_stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
+    assert ConvConfig.default(resnet_stem, 16).pad_copy  # a 635 KB copy: 49 taps over 3
+    huge = ConvShape(1, 3, 2400, 2400, 64, (7, 7), (2, 2), (3, 3))
+    assert not ConvConfig.default(huge, 16).pad_copy  # past the workspace cap
 
 
 def test_conv_plan_serial_by_work() -> None:

@@ -71,6 +71,12 @@ from kiln.tir.visit import iter_exprs, iter_stmts, map_expr
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
 
 LOCAL_STACK_LIMIT = 64 * 1024  # bytes; larger LOCAL buffers go on the heap (thread stacks)
+# heap temporaries from this size up are allocated once per calling thread and kept (a
+# thread-local workspace): glibc maps a block this large afresh whenever the heap's top was
+# given back, and its pages then fault in on every call (a 613 KB padded copy: 347 us for a
+# convolution that runs in 110); up to the cap, so a kernel never holds a large block for good
+WORKSPACE_MIN = 64 * 1024
+WORKSPACE_MAX = 16 * 1024 * 1024
 DYNAMIC_WORK = 1 << 13  # statements per parallel iteration from which scheduling is dynamic
 INDENT = "  "
 
@@ -354,6 +360,12 @@ class CRenderer:
             head = [f"{ctype} {name}[{max(buf.numel, 1)}] __attribute__((aligned(64)));"]
             return ["{", *[INDENT + x for x in head + body], "}"]
         size = (nbytes + 63) // 64 * 64
+        if WORKSPACE_MIN <= size <= WORKSPACE_MAX:  # kept by the calling thread
+            ws = f"{name}_ws"
+            head = [f"static __thread {ctype}* {ws} = 0;",
+                    f"if (!{ws}) {ws} = ({ctype}*)aligned_alloc(64, {size});",
+                    f"{ctype}* restrict {name} = {ws};"]
+            return ["{", *[INDENT + x for x in head + body], "}"]
         head = [f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {size});"]
         return ["{", *[INDENT + x for x in head + body], f"{INDENT}free({name});", "}"]
 

@@ -16,9 +16,9 @@ No im2col buffer: the window is read in place. `conv_func` gives the program as 
 would (tensors logically NCHW with channels-last strides; the sum in a LOCAL accumulator set
 to the bias by one block and stored by another). The zero padding is either a bounds guard
 on the update, skipped as ATen's channels-last convolution skips it (the same sum for finite
-weights), or, for a small input (`PAD_COPY_BYTES`), a padded copy of the input that the
-kernel writes first, so that no tap needs a guard (ResNet's 7x7 stem: 1233 us with the copy,
-3244 us with guards). `schedule_conv` makes::
+weights), or a padded copy of the input that the kernel writes first, so that no tap needs a guard
+(for a small input, or a wide window over few channels: ResNet's 7x7 stem, 1094 us with the
+copy, 1359 us with guards). `schedule_conv` makes::
 
     for n:
       parallel co_0 (or serial, with the rows parallel): # a panel of NR output channels
@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kiln.codegen.c import WORKSPACE_MAX
 from kiln.ir.types import DType
 from kiln.kernels.depthwise_schedule import loop_nest, output_size, tap_position
 from kiln.kernels.gemm_schedule import SERIAL_MACS
@@ -78,16 +79,21 @@ from kiln.tir.nodes import Buffer as TBuffer
 from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
-__all__ = ["PAD_COPY_BYTES", "ConvConfig", "ConvShape", "conv_func", "conv_plan",
-           "pack_conv_weight", "schedule_conv"]
+__all__ = ["PAD_COPY_BYTES", "SMALL_COPY_BYTES", "ConvConfig", "ConvShape", "conv_func",
+           "conv_plan", "pack_conv_weight", "schedule_conv"]
 
 F32 = DType.F32
-# the largest padded copy of the input a kernel makes (a heap temporary per call): glibc
-# serves blocks below its mmap threshold (128 KiB to start) from the heap, and maps a larger
-# one afresh whenever the heap's top was given back, so its pages fault in on the call
-# (MobileNetV2's first layer, a 613 KB copy: 347 us in a run beside ATen's and oneDNN's
-# allocations, 172 us alone; with guards instead, 131-139 us)
-PAD_COPY_BYTES = 128 * 1024
+# the largest padded copy of the input a kernel makes: the copy is a workspace each calling
+# thread allocates once and keeps (`kiln.codegen.c.WORKSPACE_MAX`); freed after each call,
+# glibc mapped a block this large afresh whenever the heap's top had been given back, and its
+# pages faulted in on the call (MobileNetV2's first layer, a 613 KB copy: 347 us beside
+# ATen's and oneDNN's allocations, 172 us alone; with guards instead, 131-139 us)
+PAD_COPY_BYTES = WORKSPACE_MAX
+# a copy up to this size always; a larger one only for a wide window over few channels
+# (Zen 4, 2 threads, tile 7, the copy a kept workspace): ResNet's 7x7 stem over 3 channels
+# 1094 us with the copy, 1359 with guards (oneDNN 1360-1470); MobileNetV2's 3x3 first layer
+# 164 us with it, 122 with guards; 3x3 layers over 32-256 channels 3-20% slower with it
+SMALL_COPY_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -139,13 +145,17 @@ class ConvConfig:
         7 or 8 pixels where the border keeps guards.
         The threads split the panels where each thread gets the same number of them (or
         there are at least four per thread), else the rows. The padded copy where there is
-        padding and the copy is at most `PAD_COPY_BYTES`; else guards."""
+        padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
+        up) over few input channels, so that a guard costs more than its taps' work (up to
+        `PAD_COPY_BYTES`); else guards."""
         lanes = max(lanes, 4)
         vectors = 2 if shape.co > lanes else 1
         nr = vectors * lanes
         (ph, pw), (h, w) = shape.padding, (shape.h, shape.w)
         copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
-        pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES
+        few_channels_wide_window = shape.ci < 8 and shape.kernel[0] * shape.kernel[1] >= 25
+        pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES and (
+            copy_bytes <= SMALL_COPY_BYTES or few_channels_wide_window)
         guarded = any(shape.padding) and not pad_copy
         # with guards, a tile of 7 or 8 pixels: the border tiles' versions of a 14-pixel
         # tile ran out of registers (an accumulator spilled next to a clamp's constants:
@@ -155,13 +165,15 @@ class ConvConfig:
         ow = shape.out[1]
         if 0 < ow <= largest:
             tile = ow
-        elif guarded:
+        elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
+            # 1094 us at 7 pixels, 1188 at 14)
             tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
         else:
             dividing = [t for t in range(largest, max(largest // 2, 1) - 1, -1) if ow % t == 0]
             tile = dividing[0] if dividing else largest
         panels = -(-shape.co // nr)
-        split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads)
+        split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads) \
+            and not few_channels_wide_window
         return ConvConfig(tile, nr, split, pad_copy)
 
 
