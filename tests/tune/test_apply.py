@@ -11,19 +11,10 @@ import torch
 
 import kiln
 from kiln import models
-from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.tune.db import Target, TuningDB, TuningRecord
 from kiln.tune.search import space_workload
 from kiln.tune.space import neighbours
 from kiln.tune.workloads import model_workloads
-
-
-@pytest.fixture
-def options(tmp_path: Path) -> kiln.Options:
-    opts = kiln.Options(kernel_cache_dir=str(tmp_path / "kernels"), measure_kernels=False)
-    if isinstance(toolchain(opts), CompilerUnavailable):
-        pytest.skip("no C compiler")
-    return opts
 
 
 def test_a_compile_uses_the_recorded_schedule(tmp_path: Path, options: kiln.Options) -> None:

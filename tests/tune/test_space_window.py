@@ -13,7 +13,6 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.codegen.isa import Isa
 from kiln.ir.ops import Op
 from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
@@ -87,14 +86,6 @@ def test_the_workload_is_the_program_kind_and_epilogue() -> None:
     assert plain.workload() != depthwise.workload()
     assert WindowSpace("depthwise", DEPTHWISE, Isa.AVX512, 2, RELU6,
                        "other name").workload() == depthwise.workload()
-
-
-@pytest.fixture
-def options(tmp_path: Path) -> kiln.Options:
-    opts = kiln.Options(kernel_cache_dir=str(tmp_path / "kernels"), measure_kernels=False)
-    if isinstance(toolchain(opts), CompilerUnavailable):
-        pytest.skip("no C compiler")
-    return opts
 
 
 def test_the_runner_measures_channels_last_operands(options: kiln.Options) -> None:

@@ -175,9 +175,9 @@ def depthwise_candidate(graph: Graph, group: KernelGroup, options: Options,
 def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
                       planned: DepthwisePlanned | Skipped,
                       checked: dict[str, bool] | None = None) -> Built | Skipped:
-    """A one-node convolution group's planned kernel (a direct convolution: depthwise, or
-    dense from `kiln.kernels.conv`), compiled with its packed weight and checked against the
-    node's ATen call once per source and weight."""
+    """A one-node window group's planned kernel (a direct convolution: depthwise, or dense
+    from `kiln.kernels.conv`; or a pool from `kiln.kernels.pool`), compiled with its packed
+    weight and checked against the node's ATen call once per source and weight."""
     if isinstance(planned, Skipped):
         return planned
     plan, inputs, weights = planned
@@ -185,7 +185,7 @@ def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
     if isinstance(built, Skipped):
         return built
     checked = {} if checked is None else checked
-    key = f"{built.source}\n{group.last.inputs[1].node.name}"  # (each with its own weights)
+    key = f"{built.source}\n{','.join(w.node.name for w in weights)}"  # (each with its weights)
     if key not in checked:
         checked[key] = agrees_with_library(graph, built)
     return built if checked[key] else Skipped(group, SkipReason.DISAGREED)

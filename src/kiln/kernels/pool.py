@@ -29,11 +29,10 @@ from kiln.ir.attrs import AvgPoolAttrs, MaxPoolAttrs, ReduceAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
-from kiln.kernels.build import compile_plan
+from kiln.kernels.depthwise import checked_candidate
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
 from kiln.kernels.pool_schedule import PoolShape
-from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, singles
@@ -123,13 +122,4 @@ def pool_candidate(graph: Graph, group: KernelGroup, options: Options,
     """The generated pool for a one-node group, compiled and checked against the node's ATen
     call on channels-last operands once per source, not yet measured."""
     planned = planned if planned is not None else plan_pool(graph, group, options)
-    if isinstance(planned, Skipped):
-        return planned
-    plan, inputs, _ = planned
-    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options)
-    if isinstance(built, Skipped):
-        return built
-    checked = {} if checked is None else checked
-    if built.source not in checked:
-        checked[built.source] = agrees_with_library(graph, built)
-    return built if checked[built.source] else Skipped(group, SkipReason.DISAGREED)
+    return checked_candidate(graph, group, options, planned, checked)
