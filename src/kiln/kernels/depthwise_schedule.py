@@ -79,7 +79,7 @@ from kiln.tir.visit import conjoin
 
 __all__ = ["DepthwiseConfig", "DepthwiseShape", "depthwise_func", "depthwise_plan",
            "loop_nest", "output_size", "pack_depthwise_weight", "schedule_depthwise",
-           "tap_position"]
+           "tap_inside", "tap_position"]
 
 F32 = DType.F32
 
@@ -180,6 +180,17 @@ def tap_position(shape: DepthwiseShape | Any, o: Expr, k: Expr, d: int) -> Expr:
     return pos - p if p else pos
 
 
+def tap_inside(shape: Any, oh: Expr, ow: Expr, i: Expr, j: Expr) -> Expr | None:
+    """The guard of a window kernel's update: tap (i, j) of output pixel (oh, ow) reads
+    inside the input, not the padding (None without padding: every tap is inside)."""
+    conds = []
+    for d, (o, k, size) in enumerate(((oh, i, shape.h), (ow, j, shape.w))):
+        if shape.padding[d] > 0:
+            pos = tap_position(shape, o, k, d)
+            conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
+    return conjoin(*conds)
+
+
 def depthwise_func(shape: DepthwiseShape, name: str = "depthwise") -> PrimFunc:
     """The unscheduled program (see the module docstring): blocks ``init`` (the accumulator
     set to the bias, or 0), ``conv`` (the guarded update over the KH x KW taps) and
@@ -210,12 +221,7 @@ def depthwise_func(shape: DepthwiseShape, name: str = "depthwise") -> PrimFunc:
         return BufferStore(acc, (vn, voh, vow, vc), acc[vn, voh, vow, vc] + tap)
 
     def inside(vn: Var, voh: Var, vow: Var, vc: Var, vi: Var, vj: Var) -> Expr | None:
-        conds = []
-        for d, (o, k, size) in enumerate(((voh, vi, h), (vow, vj, w))):
-            if shape.padding[d] > 0:  # (without padding every tap is inside)
-                pos = position(o, k, d)
-                conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
-        return conjoin(*conds)
+        return tap_inside(shape, voh, vow, vi, vj)
 
     def store(vn: Var, voh: Var, vow: Var, vc: Var) -> Stmt:
         return BufferStore(out, (vn, vc, voh, vow), acc[vn, voh, vow, vc])

@@ -33,6 +33,7 @@ from kiln.kernels.depthwise_schedule import (
     loop_nest,
     output_size,
     schedule_depthwise,
+    tap_inside,
     tap_position,
 )
 from kiln.kernels.plan import (
@@ -50,8 +51,6 @@ from kiln.tir.nodes import (
     Binary,
     BinOp,
     BufferStore,
-    CmpOp,
-    Compare,
     Expr,
     PrimFunc,
     Scope,
@@ -63,7 +62,6 @@ from kiln.tir.nodes import (
 )
 from kiln.tir.nodes import Buffer as TBuffer
 from kiln.tir.te import cast, identity_of, max_, min_
-from kiln.tir.visit import conjoin
 
 __all__ = ["PoolShape", "pool_func", "pool_plan"]
 
@@ -91,10 +89,6 @@ class PoolShape:
     def out(self) -> tuple[int, int]:
         """OH, OW without ceil mode."""
         return output_size(self)
-
-
-def _lt(a: Expr, b: Expr) -> Expr:
-    return Compare(CmpOp.LT, a, b)
 
 
 def _divisor(shape: PoolShape, oh: Var, ow: Var) -> Expr:
@@ -137,12 +131,7 @@ def pool_func(shape: PoolShape, name: str = "pool") -> PrimFunc:
         return BufferStore(acc, (vn, voh, vow, vc), Binary(combine, *pair))
 
     def inside(vn: Var, voh: Var, vow: Var, vc: Var, vi: Var, vj: Var) -> Expr | None:
-        conds = []
-        for d, (o, k, size) in enumerate(((voh, vi, h), (vow, vj, w))):
-            pos = tap_position(shape, o, k, d)
-            if shape.padding[d] > 0:
-                conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
-        return conjoin(*conds)
+        return tap_inside(shape, voh, vow, vi, vj)
 
     def store(vn: Var, voh: Var, vow: Var, vc: Var) -> Stmt:
         value = acc[vn, voh, vow, vc]
