@@ -238,3 +238,35 @@ def test_a_residual_sum_read_elsewhere_stays_outside() -> None:
     graph = _residual_graph(14, 8, 16, extra=", %s")
     (group,) = gemms(graph)
     assert [n.name for n in group.nodes] == ["y"]
+
+
+def test_a_residual_gemm_that_loses_still_gets_the_librarys_variant(
+        kernel_options: Options, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the GEMM with the residual's sum loses to ATen's add + addmm, the GEMM alone is
+    still offered the library's prepacked variant (the add then stays an ATen call)."""
+    import kiln
+    from kiln.kernels.plan import Recipe
+
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    monkeypatch.setitem(decide.MARGIN, Recipe.GEMM, 0.0)  # the generated GEMM never wins
+    monkeypatch.setitem(decide.MARGIN, Recipe.LIBRARY, 1e9)  # a library variant always does
+
+    class Block(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.expand = torch.nn.Conv2d(8, 16, 1)
+            self.project = torch.nn.Conv2d(16, 8, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.project(torch.relu(self.expand(x))) + x
+
+    torch.manual_seed(0)
+    model, x = Block().eval(), torch.randn(1, 8, 10, 12)
+    options = dataclasses.replace(kernel_options, measure_kernels=True)
+    compiled = kiln.compile(model, (x,), options)
+    kernels = compiled.report.kernels
+    (residual,) = [k for k in kernels if k.ops in (("addmm",), ("add", "addmm"))]
+    assert residual.ops == ("addmm",) and residual.kind == "prepacked"
+    assert any(k.ops == ("add",) and k.kind == "library" for k in kernels)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)

@@ -87,5 +87,12 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
                                               "; ".join(str(r) for r in reasons)))
             continue
         decided = fastest(graph, candidates, decisions)
+        if isinstance(decided, Skipped) and len(group.nodes) > 1 and options.prepacked_library:
+            # the GEMM with its residual's sum lost to ATen's add + addmm: a library variant
+            # may still beat ATen's call for the GEMM alone
+            variants = [b for b in library_candidates(graph, alone(graph, group))
+                        if isinstance(b, Built)]
+            alternative = fastest(graph, variants, decisions) if variants else decided
+            decided = alternative if isinstance(alternative, Built) else decided
         (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
     return result
