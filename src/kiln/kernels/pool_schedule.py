@@ -46,6 +46,7 @@ from kiln.kernels.plan import (
     SimplifyIndices,
     VersionTails,
 )
+from kiln.tir.lower_contract import avg_pool_divisor
 from kiln.tir.nodes import (
     Allocate,
     Binary,
@@ -57,11 +58,10 @@ from kiln.tir.nodes import (
     Stmt,
     Var,
     channels_last_strides,
-    const,
     seq,
 )
 from kiln.tir.nodes import Buffer as TBuffer
-from kiln.tir.te import cast, identity_of, max_, min_
+from kiln.tir.te import identity_of
 
 __all__ = ["PoolShape", "pool_func", "pool_plan"]
 
@@ -89,21 +89,6 @@ class PoolShape:
     def out(self) -> tuple[int, int]:
         """OH, OW without ceil mode."""
         return output_size(self)
-
-
-def _divisor(shape: PoolShape, oh: Var, ow: Var) -> Expr:
-    """ATen's avg_pool2d divisor at output pixel (oh, ow), as f32."""
-    if shape.divisor_override:
-        return const(float(shape.divisor_override), F32)
-    size: Expr | None = None
-    for o, k, s, p, extent in zip((oh, ow), shape.kernel, shape.stride, shape.padding,
-                                  (shape.h, shape.w)):
-        start = o * s - p if p else o * s
-        end = min_(start + k, extent + p)
-        length = end - start if shape.count_include_pad else min_(end, extent) - max_(start, 0)
-        size = length if size is None else size * length
-    assert size is not None
-    return cast(size, F32)
 
 
 def pool_func(shape: PoolShape, name: str = "pool") -> PrimFunc:
@@ -136,7 +121,8 @@ def pool_func(shape: PoolShape, name: str = "pool") -> PrimFunc:
     def store(vn: Var, voh: Var, vow: Var, vc: Var) -> Stmt:
         value = acc[vn, voh, vow, vc]
         if not is_max:
-            value = Binary(BinOp.DIV, value, _divisor(shape, voh, vow))
+            value = Binary(BinOp.DIV, value, avg_pool_divisor(shape, (voh, vow),
+                                                                (h, w), F32))
         return BufferStore(out, (vn, vc, voh, vow), value)
 
     body = seq(loop_nest("init", spatial, init),

@@ -3,7 +3,8 @@ pooling. Padding is a bounds check around the load (Select is lazy), not a padde
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from kiln.ir import attrs as A
 from kiln.ir.graph import Node
@@ -148,20 +149,27 @@ def lower_avg_pool(b: Builder, node: Node, args: list[TensorRef], outs: list[Buf
         return select(guard, cast(x.read((*v[:lead], *pos)), out.dtype), 0.0)
     b.reduce(f"{node.name}_sum", total, tuple(a.kernel), BinOp.ADD, body)
 
-    def divisor(v: Index) -> Expr:
-        if a.divisor_override:
-            return const(float(a.divisor_override), out.dtype)
-        size: Expr = const(1, DType.I64)
-        for d in range(2):
-            extent = x.shape[lead + d]
-            start = v[lead + d] * a.stride[d] - a.padding[d]
-            end = min_(start + a.kernel[d], extent + a.padding[d])
-            if a.count_include_pad:
-                size = size * (end - start)
-            else:
-                size = size * (min_(end, extent) - max_(start, 0))
-        return cast(size, out.dtype)
-    b.compute(node.name, out, lambda v: total[v] / divisor(v))
+    b.compute(node.name, out, lambda v: total[v] / avg_pool_divisor(
+        a, v[lead:], x.shape[lead:], out.dtype))
+
+
+def avg_pool_divisor(a: Any, out_pos: Sequence[Expr], extents: Sequence[int],
+                     dtype: DType) -> Expr:
+    """ATen's avg_pool2d divisor at output position ``out_pos`` (H, W) of an input
+    ``extents`` (H, W) big: ``a.divisor_override``, else the window clipped to the padded
+    input (``a.count_include_pad``), else clipped to the input. ``a``: anything with the
+    pool's kernel, stride, padding, count_include_pad and divisor_override."""
+    if a.divisor_override:
+        return const(float(a.divisor_override), dtype)
+    size: Expr = const(1, DType.I64)
+    for d in range(2):
+        start = out_pos[d] * a.stride[d] - a.padding[d]
+        end = min_(start + a.kernel[d], extents[d] + a.padding[d])
+        if a.count_include_pad:
+            size = size * (end - start)
+        else:
+            size = size * (min_(end, extents[d]) - max_(start, 0))
+    return cast(size, dtype)
 
 
 def adaptive_bounds(o: Expr, in_size: int, out_size: int) -> tuple[Expr, Expr]:
