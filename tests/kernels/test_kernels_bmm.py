@@ -180,3 +180,21 @@ def test_batched_products_through_kiln_compile(kernel_options: Options) -> None:
                for k in compiled.report.kernels)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class _LongProduct(nn.Module):
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.bmm(a, b)
+
+
+def test_bmm_with_a_long_reduction_compiles(kernel_options: Options) -> None:
+    """K above the GEMM's KC (512): a batched GEMM takes one K block, so its heuristic must
+    say so (it once chose KC = K/3, which its space refused, and the whole compile fell back
+    to eager)."""
+    torch.manual_seed(0)
+    a, b = torch.randn(2, 9, 1100), torch.randn(2, 1100, 17)
+    compiled = kiln.compile(_LongProduct(), (a, b), kernel_options)
+    assert not compiled.report.fallbacks
+    assert any(k.kind == "generated" and "kiln_bmm" in (k.source or "")
+               for k in compiled.report.kernels)
+    torch.testing.assert_close(compiled(a, b), torch.bmm(a, b), rtol=1e-4, atol=1e-4)
