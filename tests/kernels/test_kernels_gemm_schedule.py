@@ -151,6 +151,27 @@ def test_short_rows_of_a_are_read_in_place_and_narrow_outputs_take_one_vector() 
     assert "A_local" in wide  # long rows are packed
 
 
+
+def test_short_reductions_over_many_rows_take_a_one_vector_tile() -> None:
+    """K <= 128 over M >= 512 rows (1x1 convolutions): 16 x 16; long K, or few rows
+    (a transformer's tokens), keep the two-vector tile; other ISAs keep theirs."""
+    from kiln.codegen.isa import Isa
+    from kiln.kernels.gemm_schedule import NARROW_TILE_MAX_K, NARROW_TILE_MIN_M, default_gemm_config
+
+    avx512 = GemmConfig.for_isa(Isa.AVX512)
+
+    def tile(m: int, n: int, k: int, base: GemmConfig = avx512) -> tuple[int, int]:
+        cfg = default_gemm_config(m, n, k, threads=2, base=base, b_prepacked=True)
+        return cfg.nr, cfg.mr
+
+    assert tile(3136, 64, 64) == (16, 16)
+    assert tile(12544, 96, 16) == (16, 16)
+    assert tile(NARROW_TILE_MIN_M, 192, NARROW_TILE_MAX_K)[0] == 16
+    assert tile(784, 192, NARROW_TILE_MAX_K + 1) == (32, 14)
+    assert tile(NARROW_TILE_MIN_M - 1, 384, 64)[0] == 32
+    assert tile(128, 768, 768)[0] == 32
+    assert tile(3136, 64, 64, GemmConfig.for_isa(Isa.AVX2)) == (16, 6)
+
 def test_tail_tiles_of_a_prepacked_b_run_without_bounds_checks() -> None:
     """B prepacked in zero-padded panels is read in bounds over the whole tile, so a tail
     tile's K loop has no guard (it had one per FMA: 16-wide outputs ran 30x slower)."""
