@@ -148,7 +148,14 @@ def test_short_rows_of_a_are_read_in_place_and_narrow_outputs_take_one_vector() 
     source = render_c(gemm_func(12544, 16, 32, cfg, bias=True, b_prepacked=True))
     assert "A_local" not in source  # one K block, one N block: A read in place
     wide = render_c(gemm_func(12544, 16, 300, cfg, bias=True, b_prepacked=True))
-    assert "A_local" in wide  # long rows are packed
+    assert "A_local" in wide  # several K blocks: A is packed
+    projection = default_gemm_config(784, 32, 192, threads=2,
+                                     base=GemmConfig.for_isa(Isa.AVX512), b_prepacked=True)
+    assert "A_local" not in render_c(gemm_func(784, 32, 192, projection, bias=True,
+                                               b_prepacked=True))
+    long = default_gemm_config(784, 32, 600, threads=2, base=GemmConfig.for_isa(Isa.AVX512),
+                               b_prepacked=True, one_k_block=True)
+    assert "A_local" in render_c(gemm_func(784, 32, 600, long, bias=True, b_prepacked=True))
 
 
 
