@@ -8,16 +8,17 @@ where it measures fastest against the node's ATen call and oneDNN on a weight re
                                          bias; clamp in the write-back; out NHWC)
 
 Which convolutions get a candidate: those whose reduction per output (CI * KH * KW) is at
-most `MAX_REDUCTION`. Measured on Zen 4 (2 threads, `benchmarks/conv.py`), the generated
-kernel runs ResNet-50's 3x3 layers within a few percent of oneDNN's jit kernels, either way.
-Offered on every dense convolution, it made ResNet-50 2% faster and Inception v3 1% (in-process
-A/B: 49.1 vs 50.1 ms, 59.5 vs 60.2 ms), while a cold compile took 1.2 s (ResNet-50) and 2.9 s
-(Inception v3) longer for the C compilation and the measurements; kiln's cold compiles are
-already near or over their 10 s budget, so the rest stays with the libraries. On
-a short reduction (a network's first layer, 3 input channels) the libraries fall to 30-60%
-of peak, and the generated kernel wins clearly (MobileNetV2's: 119 us, ATen 199, oneDNN 330;
-the model 5.42 vs 5.59 ms in-process A/B); ResNet's 7x7 stem, with its input copied once into
-a padded workspace, runs in 1094-1188 us against oneDNN's 1360-1470.
+most `MAX_REDUCTION`, which covers every dense layer of ResNet-50, VGG and Inception v3
+(the longest: 512 x 3 x 3). Measured at compile time against ATen's and oneDNN's (on a weight
+reordered once), the generated kernel won each of ResNet-50's 3x3 layers (56x56x64: 1.09 ms,
+ATen 1.27, oneDNN 1.17; 7x7x512: 0.90, ATen 2.06), and in-process A/B against offering it only
+up to a reduction of 160 (first layers): ResNet-50 44.9 vs 46.2 ms, Inception v3 60.0 vs
+62.9. It costs cold compiles the C compilation of one kernel per distinct layer (0.1-0.5 s
+each, two at a time) and their measurements: ResNet-50 8.8 -> 12.4 s, Inception v3 14.4 ->
+19.4 s. On a short reduction (a network's first layer, 3 input channels) the libraries fall
+to 30-60% of peak (MobileNetV2's: 119 us, ATen 199, oneDNN 330); ResNet's 7x7 stem, with
+its input copied once into a padded workspace, runs in 1094-1188 us against oneDNN's
+1360-1470.
 
 The rest is as for the depthwise kernel (`kiln.kernels.depthwise.direct_refusal`): fp32, a
 constant finite weight, no residual input, an activation with a loop form, any kernel size,
@@ -46,9 +47,9 @@ __all__ = ["MAX_REDUCTION", "conv_candidate", "conv_groups", "conv_space", "plan
 
 ConvPlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
-# the longest reduction per output (CI * KH * KW) that gets a generated candidate (see the
-# module docstring: MobileNetV2's first layer is 27, ResNet-50's 147)
-MAX_REDUCTION = 160
+# the longest reduction per output (CI * KH * KW) that gets a generated candidate: the
+# longest measured (see the module docstring; ResNet-50's and VGG's 512 x 3 x 3)
+MAX_REDUCTION = 4608
 
 
 def conv_groups(graph: Graph) -> list[KernelGroup]:
