@@ -43,3 +43,29 @@ def test_a_contender_that_raises_leaves_the_race_with_its_error() -> None:
     ok, bad = interleaved([lambda: None, flaky], Budget(min_rounds=4, max_rounds=4))
     assert len(ok.samples) == 4 and isinstance(bad.error, RuntimeError)
     assert len(bad.samples) == 1  # the warm-up and one timed call, then it raised
+
+
+def test_settled_stops_after_the_least_rounds_and_not_before() -> None:
+    asked: list[int] = []
+
+    def settled(timings: list) -> bool:
+        asked.append(len(timings[0].samples))
+        return True
+    a, b = interleaved([lambda: None, lambda: None], Budget(min_rounds=3, max_rounds=9),
+                       settled=settled)
+    assert len(a.samples) == len(b.samples) == 3 and asked == [3]
+    (c,) = interleaved([lambda: None], Budget(min_rounds=2, max_rounds=6),
+                       settled=lambda timings: False)
+    assert len(c.samples) == 6  # never settled: every round
+
+
+def test_the_first_batch_is_guessed_from_the_untimed_call() -> None:
+    """A call of about 0.2 ms and 2 ms samples: the batch starts near 10 calls, where doubling
+    from one call would run 1 + 2 + 4 + 8 + 16 of them before the first sample."""
+    count = [0]
+
+    def call() -> None:
+        count[0] += 1
+        time.sleep(2e-4)
+    interleaved([call], Budget(min_rounds=1, max_rounds=1, min_sample_s=2e-3, warmup=1))
+    assert count[0] <= 1 + 2 * 10 + 10  # the warm-up, at most two sizing batches, the sample

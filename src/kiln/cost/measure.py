@@ -46,8 +46,9 @@ class Budget:
 
     @staticmethod
     def kernel() -> Budget:
-        """For one kernel against its library call at compile time: short and robust."""
-        return Budget(min_rounds=5, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3,
+        """For one kernel against its library call at compile time: short and robust (3
+        rounds where the caller's ``settled`` says the ranking is already clear, else 5)."""
+        return Budget(min_rounds=3, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3,
                       settle_calls=1, collect_first=False)
 
 
@@ -71,15 +72,22 @@ class Timing:
         return max(self.samples) if self.samples else math.inf
 
 
-def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget()) -> list[Timing]:
+def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
+                settled: Callable[[list[Timing]], bool] | None = None) -> list[Timing]:
     """Time each of ``fns`` in interleaved rounds (see the module docstring). A contender that
-    raises is dropped from later rounds; its Timing carries the error."""
+    raises is dropped from later rounds; its Timing carries the error. ``settled``: after
+    ``budget.min_rounds``, stop once it says the timings so far answer the caller's question
+    (a ranking no further round would change), else go on to ``budget.max_rounds``;
+    ``budget.target_s`` is then unused."""
     timings = [Timing() for _ in fns]
     live = list(range(len(fns)))
+    untimed_s: dict[int, float] = {}
     for i in list(live):
+        start = time.perf_counter()
         if not _untimed(fns[i], budget.warmup, timings[i]):
             live.remove(i)
-    batches = {i: _batch(fns[i], budget.min_sample_s) for i in live}
+        untimed_s[i] = (time.perf_counter() - start) / budget.warmup if budget.warmup else 0.0
+    batches = {i: _batch(fns[i], budget.min_sample_s, untimed_s[i]) for i in live}
     started = time.perf_counter()
     rounds = 0
     if budget.collect_first:
@@ -102,8 +110,14 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget()) 
             rounds += 1
             if rounds < budget.min_rounds:
                 continue
+            if time.perf_counter() - started >= budget.cap_s:
+                break
+            if settled is not None:  # (it stands in for target_s)
+                if settled(timings):
+                    break
+                continue
             spent = min((sum(timings[i].samples) * batches[i] for i in live), default=math.inf)
-            if spent >= budget.target_s or time.perf_counter() - started >= budget.cap_s:
+            if spent >= budget.target_s:
                 break
     finally:
         gc.enable()
@@ -120,9 +134,11 @@ def _untimed(fn: Callable[[], object], count: int, timing: Timing) -> bool:
     return True
 
 
-def _batch(fn: Callable[[], object], min_sample_s: float) -> int:
-    """Calls per sample so that a sample lasts at least ``min_sample_s``."""
-    n = 1
+def _batch(fn: Callable[[], object], min_sample_s: float, call_s: float = 0.0) -> int:
+    """Calls per sample so that a sample lasts at least ``min_sample_s``: a first guess from
+    ``call_s`` (an untimed call's seconds, which its one-time costs can only lengthen: the
+    guess errs short), then doubled until a timed batch lasts long enough."""
+    n = max(int(min_sample_s / call_s), 1) if call_s > 0 else 1
     while min_sample_s > 0:
         start = time.perf_counter()
         for _ in range(n):

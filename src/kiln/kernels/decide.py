@@ -30,7 +30,7 @@ import torch
 
 from kiln.codegen.build import cache_dir
 from kiln.codegen.kernel import CompiledKernel
-from kiln.cost.measure import Budget, interleaved
+from kiln.cost.measure import Budget, Timing, interleaved
 from kiln.ir.graph import Graph
 from kiln.ir.interp import evaluate_node
 from kiln.kernels.outcome import Built, Measured, Skipped, SkipReason
@@ -185,10 +185,30 @@ def measure(graph: Graph, candidates: Sequence[Built]) -> tuple[list[Measured], 
                     for v in node.inputs]
             values.update(zip(node.outputs, evaluate_node(node, args, graph)))
 
+    margins = [MARGIN[c.recipe] for c in candidates]
     with torch.no_grad():
-        lib, *gens = interleaved([library, *runners], Budget.kernel())
+        lib, *gens = interleaved([library, *runners], Budget.kernel(),
+                                 settled=lambda ts: _settled(ts[0], ts[1:], margins))
     steady = all(t.max_s - t.min_s <= STEADY * t.median_s for t in (lib, *gens))
     return [Measured(lib.median_s, g.median_s) for g in gens], steady
+
+
+def _settled(library: Timing, generated: Sequence[Timing], margins: Sequence[float]) -> bool:
+    """Whether more rounds could change the decision: every sample of each candidate is on
+    one side of its margin against every sample of the library call, and of the candidates
+    that beat it, every sample of the fastest is below every sample of the others."""
+    if library.error is not None or not library.samples:
+        return False
+    winners = []
+    for timing, margin in zip(generated, margins):
+        if timing.error is not None:
+            continue
+        if timing.max_s <= margin * library.min_s:
+            winners.append(timing)
+        elif timing.min_s <= margin * library.max_s:
+            return False  # on both sides of the margin
+    winners.sort(key=lambda t: t.min_s)
+    return len(winners) < 2 or winners[0].max_s < winners[1].min_s
 
 
 def measured_strides(candidates: Sequence[Built]) -> dict:
