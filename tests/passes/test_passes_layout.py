@@ -65,13 +65,34 @@ def test_no_change_when_not_faster_or_no_convolution() -> None:
 
 def test_measurement_gives_times_for_both_layouts() -> None:
     node = next(n for n in _chain().nodes if n.op.text == "convolution")
-    standard, nhwc = layout._conv_times(layout._signature(node))
-    assert standard > 0 and nhwc > 0
+    (standard, nhwc), steady = layout._conv_times(layout._signature(node))
+    assert standard > 0 and nhwc > 0 and isinstance(steady, bool)
+
+
+def test_layout_timings_are_kept_on_disk_for_the_next_compile(tmp_path, monkeypatch) -> None:
+    """A second compile (a new process: nothing in memory) reads the timings back; an
+    unsteady measurement is used once and not kept."""
+    options = kiln.Options(kernel_cache_dir=str(tmp_path))
+    convs = [n for n in _chain().nodes if n.op.text == "convolution"]
+    calls = []
+
+    def timed(signature, prepacked=False, steady=True):
+        calls.append(signature)
+        return (2e-3, 1e-3), steady
+    monkeypatch.setattr(layout, "_conv_times", timed)
+    assert layout._measured_faster(convs, options)
+    assert layout._measured_faster(convs, options)
+    assert len(calls) == len(convs)  # the second decision measured nothing
+    monkeypatch.setattr(layout, "_conv_times", lambda s, p=False: timed(s, p, steady=False))
+    other = kiln.Options(kernel_cache_dir=str(tmp_path / "other"))
+    layout._measured_faster(convs, other)
+    layout._measured_faster(convs, other)
+    assert len(calls) == 3 * len(convs)  # unsteady: measured each time
 
 
 @pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "inception"])
 def test_zoo_models_in_nhwc_match_eager(name, monkeypatch) -> None:
-    monkeypatch.setattr(layout, "_measured_faster", lambda convs, prepacked=False: True)
+    monkeypatch.setattr(layout, "_measured_faster", lambda convs, options: True)
     model, inputs = models.build(name, quick=True)
     compiled = kiln.compile(model, inputs, kiln.Options(opt_level=3, debug=True, strict=True))
     assert compiled.report.op_counts()["to_layout"] >= 1

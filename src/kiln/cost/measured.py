@@ -20,6 +20,7 @@ import hashlib
 import platform
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,7 @@ from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.options import Options
 
-__all__ = ["MeasuredCost"]
+__all__ = ["MeasuredCost", "kept_seconds"]
 
 TIMEOUT_S = 5.0
 STEADY = 0.5  # kept on disk only when every sample is within 50% of the median
@@ -91,15 +92,48 @@ class MeasuredCost:
         return hashlib.sha256(text.encode()).hexdigest()
 
     def _query(self, sql: str, args: tuple) -> Any:
-        if self.path is None:
-            return None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with contextlib.closing(sqlite3.connect(self.path, timeout=TIMEOUT_S)) as db, db:
-                db.execute(_SCHEMA)
-                return db.execute(sql, args).fetchone()
-        except (sqlite3.Error, OSError):
-            return None  # the cache is lost, not the compile
+        return _query(self.path, sql, args)
+
+
+def kept_seconds(options: Options, what: tuple,
+                 measure: Callable[[], tuple[tuple[float, ...], bool]]) -> tuple[float, ...]:
+    """Timings measured once per machine, threads and torch version, and kept beside the op
+    timings: ``what`` names them (its repr is the key), ``measure`` returns the seconds and
+    whether they were steady (only steady ones are kept, as for ops)."""
+    from kiln.codegen.build import cache_dir  # the cache folder, not code generation
+
+    path = cache_dir(options) / "op_times.sqlite"
+    text = (f"{what!r}|{torch.get_num_threads()}|{torch.__version__}|{platform.machine()}|"
+            f"{platform.processor()}")
+    keys = [hashlib.sha256(f"{text}|{i}".encode()).hexdigest() for i in range(_KEPT_MAX)]
+    found: list[float] = []
+    for key in keys:
+        row = _query(path, "SELECT seconds FROM op_times WHERE key = ?", (key,))
+        if not row:  # never kept (or a write cut short before its end mark)
+            break
+        if row[0] < 0:  # the end mark, written last
+            return tuple(found)
+        found.append(row[0])
+    seconds, steady = measure()
+    if steady and len(seconds) < _KEPT_MAX:
+        for key, value in zip(keys, (*seconds, -1.0)):
+            _query(path, "INSERT OR REPLACE INTO op_times VALUES (?, ?)", (key, value))
+    return seconds
+
+
+_KEPT_MAX = 16  # timings per kept_seconds entry, at most
+
+
+def _query(path: Path | None, sql: str, args: tuple) -> Any:
+    if path is None:
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.closing(sqlite3.connect(path, timeout=TIMEOUT_S)) as db, db:
+            db.execute(_SCHEMA)
+            return db.execute(sql, args).fetchone()
+    except (sqlite3.Error, OSError):
+        return None  # the cache is lost, not the compile
 
 
 def _time_node(node: Node, graph: Graph | None) -> tuple[float | None, bool]:

@@ -28,6 +28,7 @@ from collections.abc import Callable
 import torch
 
 from kiln.cost.measure import Budget, interleaved
+from kiln.cost.measured import kept_seconds
 from kiln.ir import calls
 from kiln.ir.attrs import NO_ATTRS, Attrs, LayoutAttrs
 from kiln.ir.graph import Graph, Node, Value, transform
@@ -41,6 +42,7 @@ CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
 # constant_pad_nd too: TF-style explicit pads before MobileNetV2's stride-2 convolutions)
 KEEPS_LAYOUT = frozenset({Op.CONV_ACT, Op.CONVOLUTION, Op.CAT, Op.BATCH_NORM, Op.PAD})
 REQUIRED_GAIN = 0.95
+STEADY = 0.5  # layout timings are kept on disk only when each sample is this near its median
 # per convolution, both layouts; no full garbage collection first: at compile time, with the
 # compiler's objects alive, one costs more than the timing (0.35 s each on Inception)
 LAYOUT_BUDGET = Budget(min_rounds=3, max_rounds=3, collect_first=False)
@@ -54,7 +56,7 @@ def to_channels_last(graph: Graph, options: Options | None = None,
         return graph
     if decide is None:
         options = options if options is not None else Options()
-        decide = _measured_faster(convs, options.prepacked_library)
+        decide = _measured_faster(convs, options)
     if not decide:
         return graph
     return _rewrite(graph, set(convs))
@@ -228,10 +230,15 @@ def _needs_standard_layout(node: Node, index: int) -> bool:
     return False
 
 
-def _measured_faster(convs: list[Node], prepacked: bool = False) -> bool:
+def _measured_faster(convs: list[Node], options: Options) -> bool:
+    """Whether the convolutions run faster in NHWC, by their times in both layouts: measured
+    once per machine and kept on disk (`kiln.cost.measured.kept_seconds`), so that a
+    recompile does not time them again (Inception v3's 40 took 0.8 s of each compile)."""
     standard = nhwc = 0.0
     for node in convs:
-        a, b = _conv_times(_signature(node), prepacked)
+        signature = _signature(node)
+        a, b = kept_seconds(options, ("conv layouts", signature, options.prepacked_library),
+                            functools.partial(_conv_times, signature, options.prepacked_library))
         standard += a
         nhwc += b
     return nhwc < REQUIRED_GAIN * standard
@@ -245,11 +252,12 @@ def _signature(node: Node) -> tuple:
 
 
 @functools.lru_cache(maxsize=512)
-def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[float, float]:
+def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[tuple[float, float], bool]:
     """Median seconds of one convolution in NCHW and in NHWC, interleaved: per layout the
     faster of ATen's convolution and, with ``prepacked``, oneDNN on a weight reordered once
     (what `kiln.kernels.library` may run it with; it gains more from NHWC than ATen does:
-    ResNet-50 55.8 -> 50.1 ms with every convolution NHWC, where ATen alone shows no gain)."""
+    ResNet-50 55.8 -> 50.1 ms with every convolution NHWC, where ATen alone shows no gain);
+    and whether every sample was within `STEADY` of its median (only such are kept)."""
     x_shape, w_shape, dtype, stride, padding, dilation, groups = signature
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(x_shape, generator=gen).to(dtype)
@@ -273,5 +281,7 @@ def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[float, float
                                                          "")
         contenders += [onednn(x), onednn(x_cl)]
     with torch.no_grad():
-        times = [t.median_s for t in interleaved(contenders, LAYOUT_BUDGET)]
-    return min(times[0::2]), min(times[1::2])
+        timings = interleaved(contenders, LAYOUT_BUDGET)
+    times = [t.median_s for t in timings]
+    steady = all(t.max_s - t.min_s <= STEADY * t.median_s for t in timings)
+    return (min(times[0::2]), min(times[1::2])), steady
