@@ -69,3 +69,12 @@ def test_the_first_batch_is_guessed_from_the_untimed_call() -> None:
         time.sleep(2e-4)
     interleaved([call], Budget(min_rounds=1, max_rounds=1, min_sample_s=2e-3, warmup=1))
     assert count[0] <= 1 + 2 * 10 + 10  # the warm-up, at most two sizing batches, the sample
+
+
+def test_before_sample_runs_untimed_before_every_sample() -> None:
+    calls: list[str] = []
+    interleaved([lambda: calls.append("a"), lambda: calls.append("b")],
+                Budget(min_rounds=2, max_rounds=2, warmup=1, settle_calls=1),
+                before_sample=lambda: calls.append("flush"))
+    # warm-ups, then per round and contender: its settle call, the flush, the timed call
+    assert calls == ["a", "b"] + ["a", "flush", "a", "b", "flush", "b"] * 2

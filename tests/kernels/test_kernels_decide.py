@@ -34,3 +34,46 @@ def test_errors_and_a_failed_library_call() -> None:
     failed = Timing(error=RuntimeError("boom"))
     assert _settled(_t(1.0, 1.1), [failed, _t(0.5, 0.6)], [0.95, 0.95])
     assert not _settled(failed, [_t(0.5, 0.6)], [0.95])
+
+
+def test_a_matrix_vector_product_over_large_weights_is_timed_cold(
+        kernel_options, monkeypatch) -> None:  # noqa: ANN001
+    """A classifier's 1-row GEMM over 1.3 MB of weights streams them: the caches are evicted
+    before every sample; a many-row GEMM, small weights, and a two-output node are timed as
+    before (and none of them raises)."""
+    import dataclasses
+
+    import torch
+
+    from kiln.ir import parse_graph
+    from kiln.kernels import decide
+    from kiln.kernels.contractions import build_contraction_kernels
+    from kiln.kernels.decide import Decisions, streams_weights
+    from kiln.passes.partition import KernelGroup, gemms
+
+    def graph(m: int, k: int, n: int):  # noqa: ANN202
+        text = (f"graph(%x: f32[{m}, {k}]) {{\n  %w = constant {{name='w'}} : f32[{k}, {n}]\n"
+                f"  %b = constant {{name='b'}} : f32[{n}]\n"
+                f"  %y = addmm(%b, %x, %w) {{beta=1, alpha=1}} : f32[{m}, {n}]\n"
+                f"  return %y\n}}")
+        return parse_graph(text, {"w": torch.randn(k, n), "b": torch.randn(n)})
+
+    classifier, rows, small = graph(1, 640, 512), graph(64, 640, 512), graph(1, 64, 64)
+    assert [streams_weights(g, gemms(g)[0]) for g in (classifier, rows, small)] == \
+        [True, False, False]
+    pool = parse_graph("graph(%x: f32[1, 4, 6, 6]) {\n"
+                       "  %xl = to_layout(%x) {channels_last=True} : f32[1, 4, 6, 6]\n"
+                       "  %p = max_pool2d(%xl) {kernel=(2, 2), stride=(2, 2), padding=(0, 0), "
+                       "dilation=(1, 1), ceil_mode=False} : (f32[1, 4, 3, 3], i64[1, 4, 3, 3])"
+                       "\n  return %p#0\n}", {})
+    node = next(n for n in pool.nodes if n.name == "p")
+    assert not streams_weights(pool, KernelGroup((node,), tuple(node.inputs), node.outputs))
+
+    evictions = []
+    monkeypatch.setattr(decide, "evict_caches", lambda: evictions.append(1))
+    measured = dataclasses.replace(kernel_options, measure_kernels=True,
+                                   prepacked_library=False)
+    build_contraction_kernels(rows, gemms(rows), measured, Decisions(None))
+    assert not evictions
+    build_contraction_kernels(classifier, gemms(classifier), measured, Decisions(None))
+    assert len(evictions) >= 2 * 3  # the library call and the GEMM, 3 rounds at least

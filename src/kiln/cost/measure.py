@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Budget", "Timing", "interleaved"]
+__all__ = ["Budget", "Timing", "evict_caches", "interleaved"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,14 @@ class Budget:
     # a full garbage collection first (then none while timing): a clean heap for a benchmark;
     # at compile time, with the compiler's own objects alive, it costs more than the timing
     collect_first: bool = True
+
+    @staticmethod
+    def kernel_cold() -> Budget:
+        """For a kernel that streams its weights once per model call (a matrix-vector
+        product): one call per sample, no settle call, the caches evicted before each sample
+        (`interleaved`'s ``before_sample``), as a model call finds them."""
+        return Budget(min_rounds=3, target_s=0.0, cap_s=2.0, max_rounds=7, min_sample_s=0.0,
+                      settle_calls=0, collect_first=False)
 
     @staticmethod
     def kernel() -> Budget:
@@ -73,12 +82,14 @@ class Timing:
 
 
 def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
-                settled: Callable[[list[Timing]], bool] | None = None) -> list[Timing]:
+                settled: Callable[[list[Timing]], bool] | None = None,
+                before_sample: Callable[[], object] | None = None) -> list[Timing]:
     """Time each of ``fns`` in interleaved rounds (see the module docstring). A contender that
     raises is dropped from later rounds; its Timing carries the error. ``settled``: after
     ``budget.min_rounds``, stop once it says the timings so far answer the caller's question
     (a ranking no further round would change), else go on to ``budget.max_rounds``;
-    ``budget.target_s`` is then unused."""
+    ``budget.target_s`` is then unused. ``before_sample`` runs, untimed, before each sample
+    (after its settle calls): `evict_caches`, for a cold-cache timing."""
     timings = [Timing() for _ in fns]
     live = list(range(len(fns)))
     untimed_s: dict[int, float] = {}
@@ -100,6 +111,8 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
                 try:
                     for _ in range(budget.settle_calls):
                         fns[i]()
+                    if before_sample is not None:
+                        before_sample()
                     t0 = time.perf_counter()
                     for _ in range(n):
                         fns[i]()
@@ -147,3 +160,26 @@ def _batch(fn: Callable[[], object], min_sample_s: float, call_s: float = 0.0) -
             break
         n *= 2
     return n
+
+
+def evict_caches() -> None:
+    """Pass over a buffer twice the last-level cache (64 MiB where the size is unknown), so
+    that what a timed call reads next comes from memory, as weights read once per model call
+    do."""
+    global _EVICTION
+    if _EVICTION is None:
+        import torch  # (the timing loop itself needs no torch)
+
+        _EVICTION = torch.zeros(_last_level_cache_bytes() // 2, dtype=torch.float32)
+    _EVICTION.add_(1.0)
+
+
+_EVICTION = None
+
+
+def _last_level_cache_bytes() -> int:
+    try:
+        size = os.sysconf("SC_LEVEL3_CACHE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        size = 0
+    return min(max(size, 16 << 20), 128 << 20) if size > 0 else 32 << 20
