@@ -78,3 +78,12 @@ def test_before_sample_runs_untimed_before_every_sample() -> None:
                 before_sample=lambda: calls.append("flush"))
     # warm-ups, then per round and contender: its settle call, the flush, the timed call
     assert calls == ["a", "b"] + ["a", "flush", "a", "b", "flush", "b"] * 2
+
+
+def test_a_timing_is_steady_when_its_spread_is_small() -> None:
+    from kiln.cost.measure import Timing
+
+    assert Timing([1.0, 1.1, 1.2]).steady()
+    assert not Timing([1.0, 1.1, 2.0]).steady()  # spread 1.0 > 0.5 x median 1.1
+    assert Timing([1.0, 1.1, 2.0]).steady(1.0)
+    assert not Timing().steady()

@@ -80,6 +80,12 @@ class Timing:
     def max_s(self) -> float:
         return max(self.samples) if self.samples else math.inf
 
+    def steady(self, spread: float = 0.5) -> bool:
+        """Whether the samples span at most ``spread`` of their median: on a busy machine,
+        time slices taken by other processes show as outliers, and such a timing is used
+        once but not kept."""
+        return bool(self.samples) and self.max_s - self.min_s <= spread * self.median_s
+
 
 def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
                 settled: Callable[[list[Timing]], bool] | None = None,

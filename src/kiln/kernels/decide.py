@@ -153,12 +153,13 @@ def fastest(graph: Graph, candidates: Sequence[Built], decisions: Decisions
     if not decisions.measure:
         return candidates[0]
     strides = measured_strides(candidates)
-    cold = "cold" if streams_weights(graph, candidates[0].group) else ""  # (how it was timed)
-    keys = [decision_key(c, strides) + cold for c in candidates]
+    cold = streams_weights(graph, candidates[0].group)
+    keys = [decision_key(c, strides) + ("cold" if cold else "")  # (how it was timed)
+            for c in candidates]
     known = [decisions.get(key) for key in keys]
     missing = [i for i, m in enumerate(known) if m is None]
     if missing:
-        measured, steady = measure(graph, [candidates[i] for i in missing])
+        measured, steady = measure(graph, [candidates[i] for i in missing], cold)
         for i, m in zip(missing, measured):
             known[i] = m
             if steady:  # a measurement disturbed by other work is used now, not kept
@@ -172,10 +173,11 @@ def fastest(graph: Graph, candidates: Sequence[Built], decisions: Decisions
     return Skipped(candidates[0].group, SkipReason.SLOWER, detail, timed[0][1])
 
 
-def measure(graph: Graph, candidates: Sequence[Built]) -> tuple[list[Measured], bool]:
-    """The kernels and the group's library calls, interleaved on the same random operands;
-    and whether the samples were steady (each contender's spread within `STEADY` of its
-    median: on a busy machine, time slices taken by other processes show as outliers)."""
+def measure(graph: Graph, candidates: Sequence[Built], cold: bool = False
+            ) -> tuple[list[Measured], bool]:
+    """The kernels and the group's library calls, interleaved on the same random operands
+    (``cold``: with the caches evicted before each call, `streams_weights`); and whether the
+    samples were steady (each contender's spread within `STEADY` of its median)."""
     group = candidates[0].group
     env = random_operands(graph, group, measured_strides(candidates))
     runners = []
@@ -191,13 +193,12 @@ def measure(graph: Graph, candidates: Sequence[Built]) -> tuple[list[Measured], 
             values.update(zip(node.outputs, evaluate_node(node, args, graph)))
 
     margins = [MARGIN[c.recipe] for c in candidates]
-    cold = streams_weights(graph, group)
     with torch.no_grad():
         lib, *gens = interleaved([library, *runners],
                                  Budget.kernel_cold() if cold else Budget.kernel(),
                                  settled=lambda ts: _settled(ts[0], ts[1:], margins),
                                  before_sample=evict_caches if cold else None)
-    steady = all(t.max_s - t.min_s <= STEADY * t.median_s for t in (lib, *gens))
+    steady = all(t.steady(STEADY) for t in (lib, *gens))
     return [Measured(lib.median_s, g.median_s) for g in gens], steady
 
 

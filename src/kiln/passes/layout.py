@@ -42,7 +42,6 @@ CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
 # constant_pad_nd too: TF-style explicit pads before MobileNetV2's stride-2 convolutions)
 KEEPS_LAYOUT = frozenset({Op.CONV_ACT, Op.CONVOLUTION, Op.CAT, Op.BATCH_NORM, Op.PAD})
 REQUIRED_GAIN = 0.95
-STEADY = 0.5  # layout timings are kept on disk only when each sample is this near its median
 # per convolution, both layouts; no full garbage collection first: at compile time, with the
 # compiler's objects alive, one costs more than the timing (0.35 s each on Inception)
 LAYOUT_BUDGET = Budget(min_rounds=3, max_rounds=3, collect_first=False)
@@ -257,7 +256,7 @@ def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[tuple[float,
     faster of ATen's convolution and, with ``prepacked``, oneDNN on a weight reordered once
     (what `kiln.kernels.library` may run it with; it gains more from NHWC than ATen does:
     ResNet-50 55.8 -> 50.1 ms with every convolution NHWC, where ATen alone shows no gain);
-    and whether every sample was within `STEADY` of its median (only such are kept)."""
+    and whether they were steady (`Timing.steady`; only such are kept)."""
     x_shape, w_shape, dtype, stride, padding, dilation, groups = signature
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(x_shape, generator=gen).to(dtype)
@@ -283,5 +282,5 @@ def _conv_times(signature: tuple, prepacked: bool = False) -> tuple[tuple[float,
     with torch.no_grad():
         timings = interleaved(contenders, LAYOUT_BUDGET)
     times = [t.median_s for t in timings]
-    steady = all(t.max_s - t.min_s <= STEADY * t.median_s for t in timings)
+    steady = all(t.steady() for t in timings)
     return (min(times[0::2]), min(times[1::2])), steady
