@@ -135,7 +135,7 @@ def test_pack_conv_weight_panels() -> None:
 
 def test_conv_default_config() -> None:
     """Two vectors of output channels where CO fills more than one; a tile that divides the
-    row where one does; the threads on the panels only where they balance; the padded copy
+    row where one does, else the fewest and most even tiles; the threads on the panels only where they balance; the padded copy
     only where there is padding and the copy is small, or the window is wide over few
     channels (a 7x7 stem)."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
@@ -148,6 +148,11 @@ def test_conv_default_config() -> None:
     assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False)  # no padding
     unpadded = ConvShape(1, 3, 225, 225, 32, (3, 3), (2, 2), (0, 0))
     assert ConvConfig.default(unpadded, 16) == ConvConfig(14, 32, False, False)
+    # no tile divides a row of 71 (or 17) pixels: the fewest tiles, as even as they go
+    prime_row = ConvShape(1, 80, 73, 73, 192, (3, 3), (1, 1), (0, 0))
+    assert ConvConfig.default(prime_row, 16) == ConvConfig(12, 32, True, False)  # 5x12 + 11
+    reduction = ConvShape(1, 288, 35, 35, 384, (3, 3), (2, 2), (0, 0))
+    assert ConvConfig.default(reduction, 16).tile == 9  # 9 + 8, not 14 + 3
     tiny = ConvShape(1, 8, 14, 14, 16, (3, 3), (1, 1), (1, 1))
     assert ConvConfig.default(tiny, 16) == ConvConfig(14, 16, False, True)  # an 8 KB copy
     assert 4 * 8 * 16 * 16 <= SMALL_COPY_BYTES < 4 * 3 * 226 * 226 <= PAD_COPY_BYTES
