@@ -171,13 +171,9 @@ def explain_rule(name: str, graph: Graph, records: Sequence[PassRecord],
 
 def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
     """The kiln Graph that kiln.compile would optimize: torch.export, frozen weights, import."""
-    from kiln.frontend.export import _freeze
-    from kiln.frontend.importer import import_fx
+    from kiln.frontend.export import import_model
 
-    with torch.no_grad():
-        program = torch.export.export(model, inputs).run_decompositions()
-    frozen, _ = _freeze(program)
-    return import_fx(program.graph_module, frozen).graph
+    return import_model(model, inputs).graph
 
 
 def show_kernels(graph: Graph, options: kiln.Options, brief: bool = False) -> None:

@@ -98,19 +98,13 @@ def _from_torch(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
 
 def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
     """The graph kiln.compile would optimize: torch.export to core ATen, weights frozen."""
-    # private names, as kiln.cli and the tests use them: the capture kiln.compile makes
-    from kiln.frontend.export import _decompositions, _freeze
-    from kiln.frontend.importer import UnsupportedGraph, import_fx
+    from kiln.frontend.export import import_model
+    from kiln.frontend.importer import UnsupportedGraph
 
     if not all(isinstance(x, torch.Tensor) for x in inputs):
         raise OnnxExportError("example inputs must all be tensors")
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        program = torch.export.export(model, inputs).run_decompositions(_decompositions())
-    frozen, _ = _freeze(program)
     try:
-        imported = import_fx(program.graph_module, frozen)
+        imported = import_model(model, inputs)
     except UnsupportedGraph as err:
         raise OnnxExportError(f"kiln cannot hold {type(model).__name__}'s graph: {err}") from None
     if any(not isinstance(t, int) for t in imported.output_template):

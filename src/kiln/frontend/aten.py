@@ -122,6 +122,22 @@ def _where(ctx: Context, cond: Value, a: Value, b: Value) -> Any:
     return ctx.emit(Op.WHERE, cond, a, b)
 
 
+# the next two as torch's core-ATen decompositions spell them (kiln.frontend.export reads
+# graphs these were not decomposed in)
+@converts(aten.silu.default)
+def _silu(ctx: Context, x: Value) -> Any:
+    (s,) = ctx.emit(Op.SIGMOID, x)
+    return ctx.emit(Op.MUL, x, s)
+
+
+@converts(aten.masked_fill.Scalar)
+def _masked_fill(ctx: Context, x: Value, mask: Value, value: Any) -> Any:
+    if mask.type.dtype is not DType.BOOL:
+        return None
+    (fill,) = ctx.emit(Op.FULL, attrs=A.FullAttrs((), value, x.type.dtype))
+    return ctx.emit(Op.WHERE, mask, fill, x)
+
+
 @converts(aten.gelu.default)
 def _gelu(ctx: Context, x: Value, approximate: str = "none") -> Any:
     return ctx.emit(Op.GELU, x, attrs=A.GeluAttrs(approximate))
@@ -396,6 +412,20 @@ def _full(ctx: Context, size: Any, fill_value: Any, *, dtype: Any = None, layout
         return None
     out = ctx.out_types[0]
     return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, fill_value, out.dtype))
+
+
+_FILLS = {aten.zeros.default: 0, aten.ones.default: 1, aten.new_zeros.default: 0,
+          aten.new_ones.default: 1}
+
+
+@converts(*_FILLS)
+def _fill(ctx: Context, *sizes: Any, dtype: Any = None, layout: Any = None, device: Any = None,
+          pin_memory: Any = None) -> Any:
+    """zeros / ones (size) and new_zeros / new_ones (x, size): the shape and dtype captured."""
+    if not _creation_ok(ctx, layout, device, pin_memory):
+        return None
+    out = ctx.out_types[0]
+    return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, _FILLS[ctx.target], out.dtype))
 
 
 @converts(aten.full_like.default)

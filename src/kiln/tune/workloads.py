@@ -96,12 +96,8 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
 
 def model_workloads(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
                     options: Options) -> list[KernelWorkload]:
-    from kiln.frontend.export import _freeze
-    from kiln.frontend.importer import import_fx
+    from kiln.frontend.export import import_model
 
-    with torch.no_grad():
-        program = torch.export.export(model, inputs).run_decompositions()
-    frozen, _ = _freeze(program)
-    graph = import_fx(program.graph_module, frozen).graph
+    graph = import_model(model, inputs).graph
     optimized, _, _ = run_pipeline(graph, options)
     return graph_workloads(optimized, options)
