@@ -135,9 +135,9 @@ def test_pack_conv_weight_panels() -> None:
 
 def test_conv_default_config() -> None:
     """Two vectors of output channels where CO fills more than one; a tile that divides the
-    row where one does, else the fewest and most even tiles; the threads on the panels only where they balance; the padded copy
-    only where there is padding and the copy is small, or the window is wide over few
-    channels (a 7x7 stem)."""
+    row where one does, else the fewest and most even tiles; the threads on the panels only
+    where they balance; the padded copy only where there is padding and the copy is small,
+    or the window is wide over few channels (a 7x7 stem)."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
     assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False)  # an 861 KB copy
     small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))

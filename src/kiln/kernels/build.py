@@ -25,11 +25,11 @@ from kiln.codegen.build import CompileError, CompilerUnavailable
 from kiln.codegen.c import UnsupportedForC
 from kiln.codegen.kernel import compile_kernel, prebuild
 from kiln.ir.graph import Graph, Value
+from kiln.kernels.checks import Checks
 from kiln.kernels.decide import Decisions, faster_than_library
 from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.kernels.plan import GRAIN, KernelPlan
 from kiln.kernels.rows import NoRowKernel
-from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, without_last
 from kiln.tir.primitives.common import ScheduleError
@@ -45,7 +45,7 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
     library calls; the reasons elsewhere."""
     result = KernelBuild()
     decisions = decisions if decisions is not None else Decisions.open(options)
-    checked: dict[str, bool] = {}  # kernel source + types -> agreed (repeated layers)
+    checks = Checks(decisions)
     planned = {group: plan_group(graph, group, options) for group in groups}
     prebuild([p[0].build() for p in planned.values() if not isinstance(p, Skipped)], options)
     for i, group in enumerate(groups):
@@ -60,10 +60,7 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
                 result.skipped += [Skipped(g, built.reason, built.detail) for g in groups[i + 1:]]
                 break
             continue
-        key = built.source + repr([v.type for v in built.inputs])
-        if key not in checked:
-            checked[key] = agrees_with_library(graph, built)
-        if not checked[key]:
+        if not checks.agrees(graph, built):
             warnings.warn(f"kiln: generated kernel {built.kernel.name} disagrees with the library "
                           f"calls on random data; using the library calls", RuntimeWarning,
                           stacklevel=2)

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from kiln.codegen.kernel import prebuild
 from kiln.ir.graph import Graph
+from kiln.kernels.checks import Checks
 from kiln.kernels.conv import conv_candidate, conv_groups, plan_conv
 from kiln.kernels.decide import Decisions, fastest
 from kiln.kernels.depthwise import depthwise_candidate, depthwise_groups, plan_depthwise
@@ -51,7 +52,7 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     depthwise_nodes = {g.last for g in depthwise_groups(graph)} if generate else set()
     conv_nodes = {g.last for g in conv_groups(graph)} if generate else set()
     pool_nodes = {g.last for g in pool_groups(graph)} if options.generated_kernels else set()
-    checked: dict[str, bool] = {}
+    checks = Checks(decisions)
     compiler = True
     planned: dict[KernelGroup, object] = {
         g: plan_gemm(graph, g, options) for g in groups if g.last in gemm_nodes}
@@ -71,14 +72,14 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
             conv_candidate if group.last in conv_nodes else \
             pool_candidate if group.last in pool_nodes else None
         if compiler and generated is not None:
-            built = generated(graph, group, options, checked, planned[group])  # type: ignore
+            built = generated(graph, group, options, checks, planned[group])  # type: ignore
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
                 compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)
         if len(group.nodes) > 1 and not candidates:  # the library's, for the GEMM alone
             group = alone(graph, group)
         if options.prepacked_library and len(group.nodes) == 1:
-            for built in library_candidates(graph, group):
+            for built in library_candidates(graph, group, checks):
                 if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
                     (candidates if isinstance(built, Built) else reasons).append(built)
         if not candidates:

@@ -33,6 +33,7 @@ import torch
 from kiln.codegen.isa import target_isa
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
+from kiln.kernels.checks import Checks
 from kiln.kernels.conv_schedule import ConvShape, pack_conv_weight
 from kiln.kernels.depthwise import checked_candidate, conv_bias, direct_refusal, epilogue_of
 from kiln.kernels.outcome import Built, Skipped, SkipReason
@@ -111,9 +112,9 @@ def conv_space(node: Node, options: Options) -> WindowSpace:
 
 
 def conv_candidate(graph: Graph, group: KernelGroup, options: Options,
-                   checked: dict[str, bool] | None = None,
+                   checks: Checks | None = None,
                    planned: ConvPlanned | Skipped | None = None) -> Built | Skipped:
     """The generated dense convolution for a one-node group, compiled and checked against the
     node's ATen call on channels-last operands, not yet measured."""
     planned = planned if planned is not None else plan_conv(graph, group, options)
-    return checked_candidate(graph, group, options, planned, checked)
+    return checked_candidate(graph, group, options, planned, checks)

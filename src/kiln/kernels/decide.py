@@ -53,8 +53,10 @@ STREAMED_WEIGHT_BYTES = 1 << 20  # about a core's L2: larger weights stream (str
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
 TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock
 _CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
-_SCHEMA = """CREATE TABLE IF NOT EXISTS decisions (
-    key TEXT PRIMARY KEY, library_s REAL NOT NULL, generated_s REAL NOT NULL)"""
+_SCHEMA = ("""CREATE TABLE IF NOT EXISTS decisions (
+    key TEXT PRIMARY KEY, library_s REAL NOT NULL, generated_s REAL NOT NULL)""",
+           # a kernel's correctness check (kiln.kernels.checks): 1 agreed, 0 disagreed
+           """CREATE TABLE IF NOT EXISTS checks (key TEXT PRIMARY KEY, agreed INTEGER NOT NULL)""")
 
 
 @dataclass
@@ -84,6 +86,14 @@ class Decisions:
         self._memory[key] = measured
         self._query("INSERT OR REPLACE INTO decisions VALUES (?, ?, ?)",
                     (key, measured.library_s, measured.generated_s))
+
+    def agreed(self, key: str) -> bool | None:
+        """A kept check's answer (`kiln.kernels.checks`); None where there is none."""
+        row = self._query("SELECT agreed FROM checks WHERE key = ?", (key,))
+        return None if row is None else bool(row[0])
+
+    def put_agreed(self, key: str, agreed: bool) -> None:
+        self._query("INSERT OR REPLACE INTO checks VALUES (?, ?)", (key, int(agreed)))
 
     def _query(self, sql: str, args: tuple) -> tuple | None:
         """Run one statement; an unusable database file costs the cache, not the compile."""
@@ -127,7 +137,8 @@ def _execute(path: Path, sql: str, args: tuple) -> tuple | None:
     """One statement in its own transaction, on a connection closed straight after."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.closing(sqlite3.connect(path, timeout=TIMEOUT_S)) as db, db:
-        db.execute(_SCHEMA)
+        for table in _SCHEMA:
+            db.execute(table)
         return db.execute(sql, args).fetchone()
 
 
@@ -252,14 +263,14 @@ def decision_key(built: Built, strides: dict | None = None) -> str:
     identity = kernel.library.key if isinstance(kernel, CompiledKernel) else kernel.source
     laid = [strides[v] for v in built.group.inputs if v in strides] if strides else []
     parts = (identity, repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),
-             str(torch.get_num_threads()), torch.__version__, _machine())
+             str(torch.get_num_threads()), torch.__version__, machine())
     for part in parts:
         digest.update(part.encode())
         digest.update(b"\0")
     return digest.hexdigest()
 
 
-def _machine() -> str:
+def machine() -> str:
     model = platform.processor()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

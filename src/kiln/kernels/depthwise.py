@@ -38,10 +38,10 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels.build import compile_plan
+from kiln.kernels.checks import Checks
 from kiln.kernels.depthwise_schedule import DepthwiseShape, pack_depthwise_weight
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
-from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, singles
@@ -163,18 +163,18 @@ def epilogue_of(node: Node) -> Epilogue | None:
 
 
 def depthwise_candidate(graph: Graph, group: KernelGroup, options: Options,
-                        checked: dict[str, bool] | None = None,
+                        checks: Checks | None = None,
                         planned: DepthwisePlanned | Skipped | None = None) -> Built | Skipped:
     """The generated depthwise kernel for a one-node group, compiled and checked against the
-    node's ATen call on channels-last operands (``checked`` remembers sources already
-    checked, with their weights), not yet measured."""
+    node's ATen call on channels-last operands (``checks`` remembers the answers), not yet
+    measured."""
     planned = planned if planned is not None else plan_depthwise(graph, group, options)
-    return checked_candidate(graph, group, options, planned, checked)
+    return checked_candidate(graph, group, options, planned, checks)
 
 
 def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
                       planned: DepthwisePlanned | Skipped,
-                      checked: dict[str, bool] | None = None) -> Built | Skipped:
+                      checks: Checks | None = None) -> Built | Skipped:
     """A one-node window group's planned kernel (a direct convolution: depthwise, or dense
     from `kiln.kernels.conv`; or a pool from `kiln.kernels.pool`), compiled with its packed
     weight and checked against the node's ATen call once per source and weight."""
@@ -184,8 +184,5 @@ def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
     built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
     if isinstance(built, Skipped):
         return built
-    checked = {} if checked is None else checked
-    key = f"{built.source}\n{','.join(w.node.name for w in weights)}"  # (each with its weights)
-    if key not in checked:
-        checked[key] = agrees_with_library(graph, built)
-    return built if checked[key] else Skipped(group, SkipReason.DISAGREED)
+    checks = Checks() if checks is None else checks
+    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)

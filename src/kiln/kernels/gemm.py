@@ -26,10 +26,10 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
 from kiln.kernels.build import compile_plan
+from kiln.kernels.checks import Checks
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
-from kiln.kernels.validate import agrees_with_library
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, residual_bias
 from kiln.tir.lower_elementwise import activation
@@ -146,10 +146,10 @@ def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:
 
 
 def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
-                   checked: dict[str, bool] | None = None,
+                   checks: Checks | None = None,
                    planned: GemmPlanned | Skipped | None = None) -> Built | Skipped:
     """The generated GEMM for a one-node mm / addmm / addmm_act group, compiled and checked
-    against the library (``checked`` remembers sources already checked), not yet measured."""
+    against the library (``checks`` remembers the answers), not yet measured."""
     planned = planned if planned is not None else plan_gemm(graph, group, options)
     if isinstance(planned, Skipped):
         return planned
@@ -157,10 +157,8 @@ def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
     built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
     if isinstance(built, Skipped):
         return built
-    checked = {} if checked is None else checked
-    if built.source not in checked:
-        checked[built.source] = agrees_with_library(graph, built)
-    return built if checked[built.source] else Skipped(group, SkipReason.DISAGREED)
+    checks = Checks() if checks is None else checks
+    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)
 
 
 def _epilogue(node: Node) -> Epilogue | None | bool:

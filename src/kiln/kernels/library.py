@@ -30,6 +30,7 @@ from kiln.ir.fused import ACTIVATIONS, apply_activation
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
+from kiln.kernels.checks import Checks
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.passes.partition import KernelGroup, singles
 
@@ -61,11 +62,12 @@ def library_groups(graph: Graph) -> list[KernelGroup]:
     return singles(graph, lambda node: bool(_variants(graph, node)))
 
 
-def library_candidates(graph: Graph, group: KernelGroup) -> list[Built | Skipped]:
+def library_candidates(graph: Graph, group: KernelGroup, checks: Checks | None = None
+                       ) -> list[Built | Skipped]:
     """The prepared-weight library kernels for a one-node group, each checked against the
-    node's ATen call, not yet measured (a Skipped saying why for one that fails)."""
-    from kiln.kernels.validate import agrees_with_library
-
+    node's ATen call (``checks`` remembers the answers), not yet measured (a Skipped saying
+    why for one that fails)."""
+    checks = Checks() if checks is None else checks
     node = group.last
     makers = _variants(graph, node)
     if not makers:
@@ -78,7 +80,7 @@ def library_candidates(graph: Graph, group: KernelGroup) -> list[Built | Skipped
             found.append(Skipped(group, SkipReason.NOT_LOWERABLE, str(err)))
             continue
         built = Built(group, kernel, tuple(inputs), (node.out(),), None)
-        found.append(built if agrees_with_library(graph, built)
+        found.append(built if checks.agrees(graph, built)
                      else Skipped(group, SkipReason.DISAGREED))
     return found
 

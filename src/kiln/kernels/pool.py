@@ -29,6 +29,7 @@ from kiln.ir.attrs import AvgPoolAttrs, MaxPoolAttrs, ReduceAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
+from kiln.kernels.checks import Checks
 from kiln.kernels.depthwise import checked_candidate
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
@@ -117,9 +118,9 @@ def pool_space(node: Node, options: Options) -> WindowSpace:
 
 
 def pool_candidate(graph: Graph, group: KernelGroup, options: Options,
-                   checked: dict[str, bool] | None = None,
+                   checks: Checks | None = None,
                    planned: PoolPlanned | Skipped | None = None) -> Built | Skipped:
     """The generated pool for a one-node group, compiled and checked against the node's ATen
     call on channels-last operands once per source, not yet measured."""
     planned = planned if planned is not None else plan_pool(graph, group, options)
-    return checked_candidate(graph, group, options, planned, checked)
+    return checked_candidate(graph, group, options, planned, checks)

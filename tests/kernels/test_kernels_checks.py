@@ -1,0 +1,97 @@
+"""A kernel's correctness check is asked once: its answer is kept in the decisions database
+under a key of everything it depends on, and a changed weight asks again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from kiln.ir import parse_graph
+from kiln.ir.graph import Graph
+from kiln.kernels import checks as checks_module
+from kiln.kernels.checks import Checks
+from kiln.kernels.decide import Decisions
+from kiln.kernels.gemm import gemm_candidate
+from kiln.kernels.outcome import Built
+from kiln.options import Options
+from kiln.passes.partition import gemms
+
+
+def _graph(w: torch.Tensor) -> Graph:
+    text = ("graph(%x: f32[9, 24]) {\n  %w = constant {name='w'} : f32[24, 40]\n"
+            "  %b = constant {name='b'} : f32[40]\n"
+            "  %y = addmm(%b, %x, %w) {beta=1, alpha=1} : f32[9, 40]\n  return %y\n}")
+    return parse_graph(text, {"w": w, "b": torch.ones(40)})
+
+
+class _Unasked(Checks):
+    def agrees(self, graph: Graph, built: Built) -> bool:
+        return True
+
+
+def _built(graph: Graph, options: Options) -> Built:
+    """The graph's GEMM kernel, built without a check (the tests ask for theirs)."""
+    built = gemm_candidate(graph, gemms(graph)[0], options, _Unasked())
+    assert isinstance(built, Built)
+    return built
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """The answers `agrees_with_library` gave, one per check actually run."""
+    ran: list[bool] = []
+    real = checks_module.agrees_with_library
+
+    def agrees(graph: Graph, built: Built) -> bool:
+        ran.append(real(graph, built))
+        return ran[-1]
+
+    monkeypatch.setattr(checks_module, "agrees_with_library", agrees)
+    return ran
+
+
+def test_an_answer_is_kept_across_compiles(kernel_options: Options, tmp_path: Path,
+                                           counted: list[bool]) -> None:
+    graph = _graph(torch.randn(24, 40))
+    built = _built(graph, kernel_options)
+    db = tmp_path / "decisions.sqlite"
+    assert Checks(Decisions(db)).agrees(graph, built) and counted == [True]
+    assert Checks(Decisions(db)).agrees(graph, built)  # a new compile: read, not run
+    assert counted == [True]
+
+
+def test_a_changed_weight_is_checked_again(kernel_options: Options, tmp_path: Path,
+                                           counted: list[bool]) -> None:
+    db = tmp_path / "decisions.sqlite"
+    first, second = _graph(torch.randn(24, 40)), _graph(torch.randn(24, 40))
+    checks = Checks(Decisions(db))
+    assert checks.key(first, _built(first, kernel_options)) != \
+        checks.key(second, _built(second, kernel_options))
+    for graph in (first, second, first):
+        assert checks.agrees(graph, _built(graph, kernel_options))
+    assert counted == [True, True]
+
+
+def test_a_disagreement_is_kept_too(kernel_options: Options, tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    graph = _graph(torch.randn(24, 40))
+    built = _built(graph, kernel_options)
+    db = tmp_path / "decisions.sqlite"
+    monkeypatch.setattr(checks_module, "agrees_with_library", lambda g, b: False)
+    assert not Checks(Decisions(db)).agrees(graph, built)
+    monkeypatch.setattr(checks_module, "agrees_with_library", lambda g, b: True)
+    assert not Checks(Decisions(db)).agrees(graph, built)  # kept: not asked again
+    assert Checks().agrees(graph, built)  # no database: asked
+
+
+def test_an_unusable_database_costs_the_answers_only(kernel_options: Options, tmp_path: Path,
+                                                     counted: list[bool]) -> None:
+    graph = _graph(torch.randn(24, 40))
+    built = _built(graph, kernel_options)
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    for _ in range(2):  # its directory is a file: nothing is kept, every compile checks
+        assert Checks(Decisions(blocked / "decisions.sqlite")).agrees(graph, built)
+    assert counted == [True, True]
