@@ -41,6 +41,7 @@ padding keep theirs), the padded panel's guards dropped
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -305,6 +306,7 @@ def _allocated(func: PrimFunc) -> list[TBuffer]:
     return found
 
 
+@functools.lru_cache(maxsize=256)  # (a plan is immutable: repeated layers share one)
 def conv_plan(shape: ConvShape, config: ConvConfig, name: str = "conv",
               epilogue: Epilogue | None = None) -> KernelPlan:
     """The convolution as a plan: `conv_func`'s program, the Trace of `schedule_conv`, then

@@ -37,6 +37,7 @@ over the output.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -257,6 +258,7 @@ def schedule_depthwise(func: PrimFunc, config: DepthwiseConfig,
     return sch, [oh.name, ow_0.name, c_0.name]
 
 
+@functools.lru_cache(maxsize=256)  # (a plan is immutable: repeated layers share one)
 def depthwise_plan(shape: DepthwiseShape, config: DepthwiseConfig | None = None,
                    name: str = "depthwise", epilogue: Epilogue | None = None) -> KernelPlan:
     """The depthwise convolution as a plan: `depthwise_func`'s program, the Trace of

@@ -48,6 +48,7 @@ benchmarks/ops.py for GFLOP/s against torch.mm and numpy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 
@@ -349,6 +350,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     return sch, tails
 
 
+@functools.lru_cache(maxsize=256)  # (a plan is immutable: repeated layers share one)
 def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
               b_transposed: bool = False, bias: bool = False, name: str = "gemm",
               b_prepacked: bool = False, epilogue: Epilogue | None = None,

@@ -25,6 +25,7 @@ one thread below `GRAIN` outputs.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from kiln.ir.types import DType
@@ -131,6 +132,7 @@ def pool_func(shape: PoolShape, name: str = "pool") -> PrimFunc:
     return PrimFunc(name, (x,), (out,), Allocate(acc, body))
 
 
+@functools.lru_cache(maxsize=256)  # (a plan is immutable: repeated layers share one)
 def pool_plan(shape: PoolShape, config: DepthwiseConfig, name: str = "pool") -> KernelPlan:
     """The pool as a plan: `pool_func`'s program, the Trace of `schedule_depthwise`, then
     compaction, indices in loop vars, the guards versioned away from interior rows, tiles and
