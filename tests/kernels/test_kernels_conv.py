@@ -19,7 +19,7 @@ from kiln.ir import parse_graph, verify
 from kiln.ir.fused import apply_activation
 from kiln.ir.ops import Op
 from kiln.kernels.contractions import build_contraction_kernels, contraction_groups
-from kiln.kernels.conv import MAX_REDUCTION, conv_groups, refusal
+from kiln.kernels.conv import MAX_REDUCTION, NCHW_MAX_CI, conv_groups, refusal
 from kiln.kernels.conv_schedule import (
     PAD_COPY_BYTES,
     SMALL_COPY_BYTES,
@@ -272,3 +272,46 @@ def test_first_layer_through_kiln_compile(kernel_options: Options,
         want = model(x)
         got = compiled(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+IMAGE = """\
+graph(%x: f32[1, {ci}, 12, 11]) {{
+  %w = constant {{name='w'}} : f32[16, {ci}, 3, 3]
+  %b = constant {{name='b'}} : f32[16]
+  %xl = to_layout(%x) {{channels_last=True}} : f32[1, {ci}, 12, 11]
+  %y = conv_act(%xl, %w, %b) {{stride=(2, 2), padding=(1, 1), dilation=(1, 1), groups=1, \
+has_bias=True, has_residual=False, activation=op('clamp'), act_args=(0.0, 6.0)}} : f32[1, 16, 6, 6]
+  %z = clone(%y) : f32[1, 16, 6, 6]
+  return %z
+}}"""
+
+
+@pytest.mark.parametrize("ci", [3, NCHW_MAX_CI + 1])
+def test_an_image_input_is_read_in_place(kernel_options: Options, ci: int) -> None:
+    """A few-channel convolution of the copy that makes an NCHW input channels-last reads the
+    input itself (the copy does not run); more channels keep the copy."""
+    torch.manual_seed(0)
+    w, b = torch.randn(16, ci, 3, 3), torch.randn(16)
+    graph = parse_graph(IMAGE.format(ci=ci), {"w": w, "b": b})
+    verify(graph)
+    (group,) = conv_groups(graph)
+    in_place = ci <= NCHW_MAX_CI
+    assert [n.name for n in group.nodes] == (["xl", "y"] if in_place else ["y"])
+    built = build_contraction_kernels(graph, contraction_groups(graph), kernel_options,
+                                      Decisions(None, False))
+    (kernel,) = built.kernels
+    assert kernel.generated and (kernel.inputs[0].node is graph.inputs[0]) == in_place
+    moved = gather(graph, [kernel.group])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    x = torch.randn(1, ci, 12, 11)
+    want = torch.nn.functional.conv2d(x, w, b, 2, 1).clamp(0.0, 6.0)
+    (got,) = run([x])
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_copy_read_elsewhere_still_runs() -> None:
+    """The copy stays where another node reads it too (here the graph returns it)."""
+    text = IMAGE.format(ci=3).replace("  return %z", "  return %z, %xl")
+    graph = parse_graph(text, {"w": torch.randn(16, 3, 3, 3), "b": torch.randn(16)})
+    (group,) = conv_groups(graph)
+    assert [n.name for n in group.nodes] == ["y"]

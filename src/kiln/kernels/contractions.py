@@ -65,6 +65,16 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
     for group in groups:
         candidates: list[Built] = []
         reasons: list[Skipped] = []
+        if len(group.nodes) > 1 and group.last in conv_nodes and compiler:
+            # the convolution reading its input's NCHW source in place, where that beats
+            # the copy and the convolution's ATen call; else the convolution alone, as usual
+            built = conv_candidate(graph, group, options, checks, planned[group])  # type: ignore
+            decided = fastest(graph, [built], decisions) if isinstance(built, Built) else built
+            if isinstance(decided, Built):
+                result.kernels.append(decided)
+                continue
+            group = alone(graph, group)
+            planned[group] = plan_conv(graph, group, options)
         if len(group.nodes) > 1 and group.last not in gemm_nodes:
             group = alone(graph, group)  # (only the generated GEMM takes a residual's sum)
         generated = gemm_candidate if group.last in gemm_nodes else \

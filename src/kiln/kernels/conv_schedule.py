@@ -100,7 +100,9 @@ SMALL_COPY_BYTES = 128 * 1024
 @dataclass(frozen=True)
 class ConvShape:
     """A dense (groups = 1) convolution's sizes: input [N, CI, H, W], CO output channels,
-    kernel KH x KW, stride, padding, dilation (per spatial dim), and whether it adds a bias."""
+    kernel KH x KW, stride, padding, dilation (per spatial dim), and whether it adds a bias.
+    ``x_strides``: the input's strides where it is not channels-last (a network's NCHW
+    input, `kiln.kernels.conv.layout_prologue`)."""
 
     n: int
     ci: int
@@ -112,6 +114,7 @@ class ConvShape:
     padding: tuple[int, int]
     dilation: tuple[int, int] = (1, 1)
     bias: bool = False
+    x_strides: tuple[int, ...] | None = None
 
     @property
     def out(self) -> tuple[int, int]:
@@ -207,7 +210,7 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     n, ci, h, w, co = shape.n, shape.ci, shape.h, shape.w, shape.co
     kh, kw = shape.kernel
     oh, ow = shape.out
-    x = TBuffer("x", (n, ci, h, w), F32, channels_last_strides((n, ci, h, w)))
+    x = TBuffer("x", (n, ci, h, w), F32, shape.x_strides or channels_last_strides((n, ci, h, w)))
     wt = TBuffer("w", (-(-co // nr), kh, kw, ci, nr), F32)
     bias = TBuffer("bias", (co,), F32) if shape.bias else None
     out = TBuffer("out", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow)))

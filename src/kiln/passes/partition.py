@@ -145,6 +145,11 @@ def singles(graph: Graph, keep: Callable[[Node], bool]) -> list[KernelGroup]:
     return [_describe([n], users, returned) for n in graph.nodes if keep(n)]
 
 
+def chain(graph: Graph, nodes: Sequence[Node]) -> KernelGroup:
+    """``nodes`` (in graph order) as one group."""
+    return _describe(list(nodes), graph.users(), set(graph.outputs))
+
+
 def alone(graph: Graph, group: KernelGroup) -> KernelGroup:
     """The group's last node as a group of its own (a GEMM without its residual's sum)."""
     return singles(graph, lambda node: node is group.last)[0]

@@ -13,19 +13,20 @@ compile looks up: the fused row and elementwise kernels of the partitioner
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from kiln.ir.graph import Graph, Node
-from kiln.kernels.conv import conv_groups, conv_space
+from kiln.kernels.conv import conv_groups, group_space
 from kiln.kernels.depthwise import depthwise_groups, depthwise_space
 from kiln.kernels.gemm import gemm_space
 from kiln.kernels.outcome import Skipped
 from kiln.kernels.pool import pool_groups, pool_space
 from kiln.kernels.pool_schedule import PoolShape
 from kiln.options import Options
-from kiln.passes.partition import gemms, partition
+from kiln.passes.partition import KernelGroup, gemms, partition
 from kiln.passes.pipeline import run_pipeline
 from kiln.tune.space import GemmSpace, Space
 from kiln.tune.space_groups import GroupSpace
@@ -84,11 +85,14 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
         gemm = gemm_space(graph, group, options)
         if group.last not in taken and not isinstance(gemm, Skipped):
             found.setdefault(gemm.workload(), (gemm, []))[1].append(group.last.name)
-    for groups, space_of in ((depthwise_groups, depthwise_space), (conv_groups, conv_space),
-                             (pool_groups, pool_space)):
+    window_spaces: tuple[tuple[Callable, Callable[[KernelGroup], WindowSpace]], ...] = (
+        (depthwise_groups, lambda g: depthwise_space(g.last, options)),
+        (conv_groups, lambda g: group_space(g, options)),
+        (pool_groups, lambda g: pool_space(g.last, options)))
+    for groups, space_of in window_spaces:
         for group in groups(graph):
             if group.last not in taken:
-                window = space_of(group.last, options)
+                window = space_of(group)
                 found.setdefault(window.workload(), (window, []))[1].append(group.last.name)
     workloads = [KernelWorkload(space, tuple(nodes)) for space, nodes in found.values()]
     return sorted(workloads, key=lambda w: (-len(w.nodes), w.label))
