@@ -315,3 +315,38 @@ def test_a_copy_read_elsewhere_still_runs() -> None:
     graph = parse_graph(text, {"w": torch.randn(16, 3, 3, 3), "b": torch.randn(16)})
     (group,) = conv_groups(graph)
     assert [n.name for n in group.nodes] == ["y"]
+
+
+@pytest.mark.parametrize("where", ["plan_conv", "fastest"])
+def test_a_bug_in_one_group_costs_its_speed_only(kernel_options: Options, where: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception planning or measuring one convolution leaves that convolution its library
+    call, with a warning; the rest of the graph is still compiled (not all of it run eagerly).
+    Under strict, it raises."""
+    from kiln.kernels import contractions
+
+    real = getattr(contractions, where)
+
+    def buggy(graph, first, *rest):  # noqa: ANN001, ANN202
+        group = first if where == "plan_conv" else first[0].group  # (fastest: candidates)
+        if group.last.op is Op.CONV_ACT and group.last.inputs[0].type.shape[1] == 16:
+            raise IndexError("a bug")
+        return real(graph, first, *rest)
+
+    monkeypatch.setattr(contractions, where, buggy)
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 16, 3, 1, 1),
+                          nn.ReLU()).eval()
+    x = torch.randn(1, 3, 21, 18)
+    options = dataclasses.replace(kernel_options, measure_kernels=True)
+    with pytest.warns(RuntimeWarning, match="a bug"):
+        compiled = kiln.compile(model, (x,), options)
+    assert not compiled.report.fallbacks
+    (second,) = [k for k in compiled.report.kernels if str(k).endswith("convolution_1 (conv_act)")]
+    assert second.kind == "library"  # (oneDNN's variant may still run it)
+    assert any(k.kind == "generated" for k in compiled.report.kernels)  # the first layer
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(IndexError, match="a bug"):
+        kiln.compile(model, (x,), dataclasses.replace(options, strict=True))

@@ -37,7 +37,7 @@ from kiln.tir.te import NotLowerable
 from kiln.tune.apply import TUNED, tuned_schedule
 from kiln.tune.space_groups import GroupSpace
 
-__all__ = ["GRAIN", "build_group_kernel", "build_kernels", "compile_plan"]
+__all__ = ["GRAIN", "build_group_kernel", "build_kernels", "compile_plan", "internal_error"]
 
 def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
                   decisions: Decisions | None = None) -> KernelBuild:
@@ -94,7 +94,7 @@ def plan_group(graph: Graph, group: KernelGroup, options: Options) -> Planned | 
     except (NotLowerable, ScheduleError) as err:
         return Skipped(group, SkipReason.NOT_LOWERABLE, str(err))
     except Exception as err:  # noqa: BLE001 - a bug in lowering must cost speed, not the model
-        return _internal_error(group, err, options)
+        return internal_error(group, err, options)
     return plan, tuple(ins), tuple(outs)
 
 
@@ -122,13 +122,15 @@ def compile_plan(graph: Graph, group: KernelGroup, plan: KernelPlan, ins: tuple[
                       f"calls ({str(err).splitlines()[0]})", RuntimeWarning, stacklevel=3)
         return Skipped(group, SkipReason.COMPILER_REJECTED, str(err).splitlines()[0])
     except Exception as err:  # noqa: BLE001 - a bug in lowering must cost speed, not the model
-        return _internal_error(group, err, options)
+        return internal_error(group, err, options)
     if isinstance(kernel, CompilerUnavailable):
         return Skipped(group, SkipReason.NO_COMPILER, kernel.reason)
     return Built(group, kernel, ins, outs, plan, weights or {})
 
 
-def _internal_error(group: KernelGroup, err: Exception, options: Options) -> Skipped:
+def internal_error(group: KernelGroup, err: Exception, options: Options) -> Skipped:
+    """A bug met while building the group's kernel: raised under ``Options.strict``, else a
+    warning and the group's library calls."""
     if options.strict:
         raise err
     warnings.warn(f"kiln: could not generate a kernel for {group} ({type(err).__name__}: "

@@ -15,9 +15,11 @@ against the ATen call first; then all are timed together with it, interleaved
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from kiln.codegen.kernel import prebuild
-from kiln.ir.graph import Graph
+from kiln.ir.graph import Graph, Node
+from kiln.kernels.build import internal_error
 from kiln.kernels.checks import Checks
 from kiln.kernels.conv import conv_candidate, conv_groups, plan_conv
 from kiln.kernels.decide import Decisions, fastest
@@ -45,46 +47,83 @@ def contraction_groups(graph: Graph) -> list[KernelGroup]:
 
 def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
                               decisions: Decisions) -> KernelBuild:
-    """The fastest checked candidate per group, where one beats the ATen call."""
+    """The fastest checked candidate per group, where one beats the ATen call. A bug in one
+    group's planning, check or measurement costs that group's speed, not the model: it keeps
+    its library call, with a warning (raised under ``Options.strict``)."""
     result = KernelBuild()
     generate = options.generated_kernels and options.generated_gemm
-    gemm_nodes = {g.last for g in gemms(graph)} if generate else set()
-    depthwise_nodes = {g.last for g in depthwise_groups(graph)} if generate else set()
-    conv_nodes = {g.last for g in conv_groups(graph)} if generate else set()
-    pool_nodes = {g.last for g in pool_groups(graph)} if options.generated_kernels else set()
-    checks = Checks(decisions)
-    compiler = True
-    planned: dict[KernelGroup, object] = {
-        g: plan_gemm(graph, g, options) for g in groups if g.last in gemm_nodes}
-    planned.update({g: plan_depthwise(graph, g, options) for g in groups
-                    if g.last in depthwise_nodes})
-    planned.update({g: plan_conv(graph, g, options) for g in groups if g.last in conv_nodes})
-    planned.update({g: plan_pool(graph, g, options) for g in groups if g.last in pool_nodes})
-    prebuild([p[0].build() for p in planned.values()  # type: ignore[index]
+    stage = _Stage(graph, options, decisions, Checks(decisions),
+                   gemm={g.last for g in gemms(graph)} if generate else set(),
+                   depthwise={g.last for g in depthwise_groups(graph)} if generate else set(),
+                   conv={g.last for g in conv_groups(graph)} if generate else set(),
+                   pool={g.last for g in pool_groups(graph)} if options.generated_kernels
+                   else set())
+    for group in groups:
+        stage.plan(group)
+    prebuild([p[0].build() for p in stage.planned.values()  # type: ignore[index]
               if not isinstance(p, Skipped)], options)
     for group in groups:
+        try:
+            decided = stage.decide(group)
+        except Exception as err:  # noqa: BLE001 - see the docstring
+            decided = internal_error(group, err, options)
+        if decided is not None:
+            (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
+    return result
+
+
+@dataclass
+class _Stage:
+    """What the decisions of one graph's contraction groups share: the nodes each generated
+    kernel takes, the plans, the checks, and whether a C compiler answered."""
+
+    graph: Graph
+    options: Options
+    decisions: Decisions
+    checks: Checks
+    gemm: set[Node]
+    depthwise: set[Node]
+    conv: set[Node]
+    pool: set[Node]
+    planned: dict[KernelGroup, object] = field(default_factory=dict)
+    compiler: bool = True
+
+    def plan(self, group: KernelGroup) -> None:
+        """The group's generated plan, if a generated kernel takes it."""
+        for nodes, make in ((self.gemm, plan_gemm), (self.depthwise, plan_depthwise),
+                            (self.conv, plan_conv), (self.pool, plan_pool)):
+            if group.last in nodes:
+                try:
+                    self.planned[group] = make(self.graph, group, self.options)
+                except Exception as err:  # noqa: BLE001 - see build_contraction_kernels
+                    self.planned[group] = internal_error(group, err, self.options)
+                return
+
+    def decide(self, group: KernelGroup) -> Built | Skipped | None:
+        """The group's fastest checked candidate, or why it keeps its library call (None:
+        no candidate and no reason)."""
+        graph, options, decisions, checks = self.graph, self.options, self.decisions, self.checks
         candidates: list[Built] = []
         reasons: list[Skipped] = []
-        if len(group.nodes) > 1 and group.last in conv_nodes and compiler:
+        if len(group.nodes) > 1 and group.last in self.conv and self.compiler:
             # the convolution reading its input's NCHW source in place, where that beats
             # the copy and the convolution's ATen call; else the convolution alone, as usual
-            built = conv_candidate(graph, group, options, checks, planned[group])  # type: ignore
+            built = conv_candidate(graph, group, options, checks, self.planned[group])  # type: ignore
             decided = fastest(graph, [built], decisions) if isinstance(built, Built) else built
             if isinstance(decided, Built):
-                result.kernels.append(decided)
-                continue
+                return decided
             group = alone(graph, group)
-            planned[group] = plan_conv(graph, group, options)
-        if len(group.nodes) > 1 and group.last not in gemm_nodes:
+            self.plan(group)
+        if len(group.nodes) > 1 and group.last not in self.gemm:
             group = alone(graph, group)  # (only the generated GEMM takes a residual's sum)
-        generated = gemm_candidate if group.last in gemm_nodes else \
-            depthwise_candidate if group.last in depthwise_nodes else \
-            conv_candidate if group.last in conv_nodes else \
-            pool_candidate if group.last in pool_nodes else None
-        if compiler and generated is not None:
-            built = generated(graph, group, options, checks, planned[group])  # type: ignore
+        generated = gemm_candidate if group.last in self.gemm else \
+            depthwise_candidate if group.last in self.depthwise else \
+            conv_candidate if group.last in self.conv else \
+            pool_candidate if group.last in self.pool else None
+        if self.compiler and generated is not None:
+            built = generated(graph, group, options, checks, self.planned[group])  # type: ignore
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
-                compiler = False  # (warned once, by codegen.build)
+                self.compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)
         if len(group.nodes) > 1 and not candidates:  # the library's, for the GEMM alone
             group = alone(graph, group)
@@ -93,17 +132,14 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
                 if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
                     (candidates if isinstance(built, Built) else reasons).append(built)
         if not candidates:
-            if reasons:
-                result.skipped.append(Skipped(group, reasons[0].reason,
-                                              "; ".join(str(r) for r in reasons)))
-            continue
+            return Skipped(group, reasons[0].reason, "; ".join(str(r) for r in reasons)) \
+                if reasons else None
         decided = fastest(graph, candidates, decisions)
         if isinstance(decided, Skipped) and len(group.nodes) > 1 and options.prepacked_library:
             # the GEMM with its residual's sum lost to ATen's add + addmm: a library variant
             # may still beat ATen's call for the GEMM alone
-            variants = [b for b in library_candidates(graph, alone(graph, group))
+            variants = [b for b in library_candidates(graph, alone(graph, group), checks)
                         if isinstance(b, Built)]
             alternative = fastest(graph, variants, decisions) if variants else decided
             decided = alternative if isinstance(alternative, Built) else decided
-        (result.kernels if isinstance(decided, Built) else result.skipped).append(decided)
-    return result
+        return decided
