@@ -144,7 +144,9 @@ def standalone(graph: Graph, group: KernelGroup
                ) -> tuple[Graph, KernelGroup, dict[Value, Value]]:
     """``group`` as a graph of its own: its inputs become graph inputs (weights stay
     constants, numbers stay numbers), its outputs the graph's outputs; and the map from its
-    values back to ``graph``'s."""
+    values back to ``graph``'s. Names are by position (``in0``, ``c0``, ``n0``), so the
+    layers of a model that repeat one structure give equal programs, whose plans are then
+    built once (`kiln.kernels.plan._build`: GPT-2's 23 add + layer-norm groups)."""
     b = GraphBuilder(graph.device)
     mapping: dict[Value, Value] = {}
 
@@ -152,7 +154,8 @@ def standalone(graph: Graph, group: KernelGroup
         if v not in mapping:
             node = v.node
             if node.op is Op.CONSTANT:
-                mapping[v] = b.constant(node.attrs.name, graph.constant(node))  # type: ignore
+                constants = sum(1 for m in mapping if m.node.op is Op.CONSTANT)
+                mapping[v] = b.constant(f"c{constants}", graph.constant(node))
             elif node.op is Op.SCALAR:
                 mapping[v] = b.scalar(node.attrs.value)  # type: ignore[attr-defined]
             else:
@@ -162,9 +165,9 @@ def standalone(graph: Graph, group: KernelGroup
     for v in group.inputs:
         source(v)
     nodes = []
-    for node in group.nodes:
+    for i, node in enumerate(group.nodes):
         new = b.add(Node(node.op, [mapping.get(v) or source(v) for v in node.inputs],
-                         node.attrs, node.types, node.name))
+                         node.attrs, node.types, f"n{i}"))
         mapping.update(zip(node.outputs, new.outputs))
         nodes.append(new)
     alone = b.build(*(mapping[v] for v in group.outputs))
