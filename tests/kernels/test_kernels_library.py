@@ -164,3 +164,26 @@ def test_gemms_over_pixels_also_run_as_the_1x1_convolution_they_were(act) -> Non
             got = built.kernel.fn(*[env[v] for v in built.inputs])
             assert torch.equal(got.isnan(), want.isnan())
             torch.testing.assert_close(got[want.isfinite()], want[want.isfinite()])
+
+
+def test_weights_are_reordered_on_first_use_only() -> None:
+    """Building a library candidate reorders nothing; its first run (or a question of its
+    packed size) does, once."""
+    from kiln.kernels.library import library_candidates
+    from kiln.kernels.outcome import Built
+
+    class Kept:  # a check answered by the database: the kernel does not run
+        def agrees(self, graph: Graph, built: Built) -> bool:
+            return True
+
+    graph = _linear_graph(8, 32, 24, None)
+    (built,) = library_candidates(graph, library_groups(graph)[0], Kept())  # type: ignore
+    assert isinstance(built, Built)
+    pack = built.kernel.pack  # type: ignore[union-attr]
+    assert pack.cache_info().currsize == 0
+    x = torch.randn(8, 32)
+    got = built.kernel.fn(x)  # type: ignore[union-attr]
+    w, b = (graph.constant(n) for n in graph.nodes if n.op is Op.CONSTANT)
+    torch.testing.assert_close(got, torch.addmm(b, x, w))
+    assert pack.cache_info().currsize == 1 and built.kernel.packed_bytes > 0  # type: ignore
+    assert pack.cache_info().misses == 1

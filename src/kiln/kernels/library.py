@@ -19,6 +19,7 @@ with the prepared weights bound.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,19 +41,26 @@ mkldnn = torch.ops.mkldnn
 
 @dataclass(frozen=True)
 class LibraryKernel:
-    """A library entry point standing for one node: ``fn(*operands)`` returns its output."""
+    """A library entry point standing for one node: ``fn(*operands)`` returns its output.
+    Its weights are reordered into the library's layout on first use, by ``pack`` (a run, a
+    check, or `packed_bytes`): a compile whose kept decision and check chose another kernel
+    never reorders them (GPT-2's 50257-column head: 154 MB)."""
 
     name: str  # e.g. "onednn_conv_packed"
     fn: Callable[..., torch.Tensor]
     description: str  # the call, as text, for reports
-    packed_bytes: int = 0  # the weights it holds in the library's layout
-    # the tensors its weights live in, kept alive as long as the kernel (the library's
-    # reordered tensor may be a view of the source weight's memory)
-    holds: tuple[torch.Tensor, ...] = field(default=(), repr=False, compare=False)
+    # the tensors its weights live in, the reordered one last, made once and then kept as
+    # long as the kernel (the library's reordered tensor may be a view of the source's memory)
+    pack: Callable[[], tuple[torch.Tensor, ...]] = field(repr=False, compare=False)
 
     @property
     def source(self) -> str:
         return self.description
+
+    @property
+    def packed_bytes(self) -> int:
+        """The weights it holds in the library's layout."""
+        return _nbytes(self.pack()[-1])
 
 
 def library_groups(graph: Graph) -> list[KernelGroup]:
@@ -80,8 +88,12 @@ def library_candidates(graph: Graph, group: KernelGroup, checks: Checks | None =
             found.append(Skipped(group, SkipReason.NOT_LOWERABLE, str(err)))
             continue
         built = Built(group, kernel, tuple(inputs), (node.out(),), None)
-        found.append(built if checks.agrees(graph, built)
-                     else Skipped(group, SkipReason.DISAGREED))
+        try:
+            agreed = checks.agrees(graph, built)
+        except RuntimeError as err:  # the library refuses these shapes (reordering or running)
+            found.append(Skipped(group, SkipReason.NOT_LOWERABLE, str(err)))
+            continue
+        found.append(built if agreed else Skipped(group, SkipReason.DISAGREED))
     return found
 
 
@@ -152,12 +164,15 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
         residual, act, act_args = None, None, ()
     stride, padding = list(a.stride), list(a.padding)
     dilation = onednn_dilation(w.type.shape, a.dilation)
-    # the reordered weight may share the source's memory (no reorder needed): the kernel
-    # holds both, so the source outlives every call
-    source = graph.constant(w.node).contiguous()
-    packed = mkldnn._reorder_convolution_weight(source, padding, stride,
-                                                dilation, a.groups, list(x.type.shape))
-    held = (source, packed)
+    weight = graph.constant(w.node)
+
+    @functools.cache
+    def pack() -> tuple[torch.Tensor, ...]:
+        # the reordered weight may share the source's memory (no reorder needed): the kernel
+        # holds both, so the source outlives every call
+        source = weight.contiguous()
+        return source, mkldnn._reorder_convolution_weight(source, padding, stride, dilation,
+                                                          a.groups, list(x.type.shape))
     b = graph.constant(bias.node).contiguous() if bias is not None and \
         bias.node.op is Op.CONSTANT else None
     inputs = [x] + ([bias] if bias is not None and b is None else []) + \
@@ -165,20 +180,20 @@ def _conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     if residual is None:
         def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
             bt = rest[0].contiguous() if b is None and rest else b  # oneDNN ignores its strides
-            return mkldnn._convolution_pointwise(xt, packed, bt, padding, stride, dilation,
-                                                 a.groups, "none", [], "")
+            return mkldnn._convolution_pointwise(xt, pack()[-1], bt, padding, stride,
+                                                 dilation, a.groups, "none", [], "")
     else:
         def conv(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
             bt = rest[0].contiguous() if b is None and bias is not None else b
             return mkldnn._convolution_pointwise.binary(
-                xt, rest[-1], packed, bt, padding, stride, dilation, a.groups, "add", 1.0,
+                xt, rest[-1], pack()[-1], bt, padding, stride, dilation, a.groups, "add", 1.0,
                 None, [], None)
     run = _then(_like_aten(conv), act, act_args)
     text = (f"mkldnn._convolution_pointwise{'.binary' if residual is not None else ''}"
             f"(x, W reordered once, stride={stride}, padding={padding}, groups={a.groups}, "
             f"post-ops: {'bias, ' if bias is not None else ''}"
             f"{'residual add' if residual is not None else ''}){_act_text(act)}")
-    return LibraryKernel("onednn_conv_packed", run, text, _nbytes(packed), held), inputs
+    return LibraryKernel("onednn_conv_packed", run, text, pack), inputs
 
 
 def _like_aten(conv: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
@@ -202,10 +217,13 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     """oneDNN inner product on a weight reordered once; bias and activation as post-ops."""
     x, w = node.inputs[-2], node.inputs[-1]
     bias = node.inputs[0] if node.op is not Op.MM else None
-    weight = graph.constant(w.node).t().contiguous()  # [N, K], as nn.Linear keeps it
+    source = graph.constant(w.node)
     m = x.type.shape[0]
-    packed = mkldnn._reorder_linear_weight(weight, m)  # (may share weight's memory)
-    held = (weight, packed)
+
+    @functools.cache
+    def pack() -> tuple[torch.Tensor, ...]:
+        weight = source.t().contiguous()  # [N, K], as nn.Linear keeps it
+        return weight, mkldnn._reorder_linear_weight(weight, m)  # (may share its memory)
     b = graph.constant(bias.node).contiguous() if bias is not None and \
         bias.node.op is Op.CONSTANT else None
     a = node.attrs
@@ -214,11 +232,11 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
 
     def linear(xt: torch.Tensor, *rest: torch.Tensor) -> torch.Tensor:
         bt = rest[0].contiguous() if rest else b  # oneDNN ignores a bias's strides
-        return mkldnn._linear_pointwise(xt, packed, bt, "none", [], "")
+        return mkldnn._linear_pointwise(xt, pack()[-1], bt, "none", [], "")
     run = _then(linear, act, act_args)
     text = (f"mkldnn._linear_pointwise(x, W reordered once for M={m}"
             f"{', post-op: bias' if bias is not None else ''}){_act_text(act)}")
-    return LibraryKernel("onednn_linear_packed", run, text, _nbytes(packed), held), inputs
+    return LibraryKernel("onednn_linear_packed", run, text, pack), inputs
 
 
 def _pixel_rows(node: Node) -> bool:
@@ -243,11 +261,14 @@ def _pixels_conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
     (m, k), n = x.type.shape, w.type.shape[1]
     bias = node.inputs[0] if node.op is not Op.MM else None
     matrix = bias is not None and len(bias.type.shape) == 2
-    weight = graph.constant(w.node).t().contiguous().view(n, k, 1, 1)
-    packed = mkldnn._reorder_convolution_weight(
-        weight.contiguous(memory_format=torch.channels_last), [0, 0], [1, 1], [1, 1], 1,
-        [1, k, 1, m])
-    held = (weight, packed)
+    source = graph.constant(w.node)
+
+    @functools.cache
+    def pack() -> tuple[torch.Tensor, ...]:
+        weight = source.t().contiguous().view(n, k, 1, 1)
+        return weight, mkldnn._reorder_convolution_weight(
+            weight.contiguous(memory_format=torch.channels_last), [0, 0], [1, 1], [1, 1], 1,
+            [1, k, 1, m])
     b = graph.constant(bias.node).contiguous() if bias is not None and not matrix and \
         bias.node.op is Op.CONSTANT else None
     a = node.attrs
@@ -261,11 +282,11 @@ def _pixels_conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
         xi = image(xt.contiguous(), k)
         if matrix:
             y = mkldnn._convolution_pointwise.binary(
-                xi, image(rest[0].contiguous(), n), packed, None, [0, 0], [1, 1], [1, 1], 1,
+                xi, image(rest[0].contiguous(), n), pack()[-1], None, [0, 0], [1, 1], [1, 1], 1,
                 "add", 1.0, None, [], None)
         else:
             bt = rest[0].contiguous() if rest else b
-            y = mkldnn._convolution_pointwise(xi, packed, bt, [0, 0], [1, 1], [1, 1], 1,
+            y = mkldnn._convolution_pointwise(xi, pack()[-1], bt, [0, 0], [1, 1], [1, 1], 1,
                                               "none", [], "")
         return y.permute(0, 2, 3, 1).reshape(m, n)  # (a view: oneDNN answers NHWC here)
     run = _then(conv, act, act_args)
@@ -273,7 +294,7 @@ def _pixels_conv(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
             f"[1, {k}, 1, {m}] NHWC image, W reordered once as a 1x1 convolution"
             f"{', post-op: bias' if bias is not None and not matrix else ''}"
             f"{', residual add' if matrix else ''}){_act_text(act)}")
-    return LibraryKernel("onednn_pixels_conv_packed", run, text, _nbytes(packed), held), inputs
+    return LibraryKernel("onednn_pixels_conv_packed", run, text, pack), inputs
 
 
 def _then(call: Callable[..., torch.Tensor], act: Op | None,
