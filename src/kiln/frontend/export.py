@@ -256,8 +256,9 @@ def capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any
     through the core-ATen decompositions. Its pre-dispatch=False path (`_export`) gives ATen
     IR in one trace; what the core-ATen table would still rewrite there (t, transpose,
     split, silu, masked_fill, ...) kiln converts itself. Where an op of the table has no
-    converter, that program is decomposed as the public path's is. Captures: ResNet-50 0.8
-    against 1.8 s, Inception v3 0.7 against 1.7 s, a Llama 0.5 against 1.5 s."""
+    converter, that program is decomposed as the public path's is. Captures, repeated in one
+    process: ResNet-50 0.8 against 1.8 s; at the zoo's quick sizes Inception v3 0.7 against
+    1.7 s, a Llama 0.5 against 1.5 s."""
     one_trace = getattr(torch.export._trace, "_export", None)
     if one_trace is not None:  # (another torch may not have it: the public path)
         try:
