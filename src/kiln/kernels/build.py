@@ -37,7 +37,8 @@ from kiln.tir.te import NotLowerable
 from kiln.tune.apply import TUNED, tuned_schedule
 from kiln.tune.space_groups import GroupSpace
 
-__all__ = ["GRAIN", "build_group_kernel", "build_kernels", "compile_plan", "internal_error"]
+__all__ = ["GRAIN", "build_group_kernel", "build_kernels", "checked_candidate", "compile_plan",
+           "internal_error"]
 
 def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
                   decisions: Decisions | None = None) -> KernelBuild:
@@ -126,6 +127,22 @@ def compile_plan(graph: Graph, group: KernelGroup, plan: KernelPlan, ins: tuple[
     if isinstance(kernel, CompilerUnavailable):
         return Skipped(group, SkipReason.NO_COMPILER, kernel.reason)
     return Built(group, kernel, ins, outs, plan, weights or {})
+
+
+def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
+                      planned: tuple[KernelPlan, tuple[Value, ...], dict] | Skipped,
+                      checks: Checks | None = None) -> Built | Skipped:
+    """A contraction group's planned kernel (a GEMM, a direct convolution, a pool; its output
+    the last node's), compiled with its packed weights and checked against the group's ATen
+    calls (``checks`` remembers the answers)."""
+    if isinstance(planned, Skipped):
+        return planned
+    plan, inputs, weights = planned
+    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
+    if isinstance(built, Skipped):
+        return built
+    checks = Checks() if checks is None else checks
+    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)
 
 
 def internal_error(group: KernelGroup, err: Exception, options: Options) -> Skipped:

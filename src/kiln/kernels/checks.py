@@ -16,10 +16,9 @@ import hashlib
 
 import torch
 
-from kiln.codegen.kernel import CompiledKernel
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
-from kiln.kernels.decide import Decisions, machine
+from kiln.kernels.decide import Decisions, decision_key, digest
 from kiln.kernels.outcome import Built
 from kiln.kernels.validate import agrees_with_library, operand_strides
 
@@ -47,20 +46,13 @@ class Checks:
         return self._answers[key]
 
     def key(self, graph: Graph, built: Built) -> str:
-        kernel = built.kernel
-        identity = kernel.library.key if isinstance(kernel, CompiledKernel) else kernel.source
+        """The kernel's decision key (identity, operand types and strides, threads, torch,
+        machine), with the group's nodes, the kernel's operand types and its weights."""
         nodes = [(n.op.text, repr(n.attrs), repr(n.types)) for n in built.group.nodes]
-        strides = operand_strides(built)
         weights = [self._digest(graph, v.node) for v in built.inputs
                    if v.node.op is Op.CONSTANT]
-        parts = (identity, repr(nodes), repr([v.type for v in built.inputs]),
-                 repr([strides.get(v) for v in built.inputs]), repr(weights),
-                 str(torch.get_num_threads()), torch.__version__, machine())
-        digest = hashlib.sha256()
-        for part in parts:
-            digest.update(part.encode())
-            digest.update(b"\0")
-        return digest.hexdigest()
+        return digest(decision_key(built, operand_strides(built)), repr(nodes),
+                      repr([v.type for v in built.inputs]), repr(weights))
 
     def _digest(self, graph: Graph, node: Node) -> str:
         if node not in self._weights:

@@ -35,9 +35,10 @@ import torch
 from kiln.codegen.isa import target_isa
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
+from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.conv_schedule import ConvShape, pack_conv_weight
-from kiln.kernels.depthwise import checked_candidate, conv_bias, direct_refusal, epilogue_of
+from kiln.kernels.depthwise import conv_bias, direct_refusal, epilogue_of
 from kiln.kernels.gemm import runtime_strides
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan

@@ -258,16 +258,21 @@ def decision_key(built: Built, strides: dict | None = None) -> str:
     """The kernel's library identity (source, compiler, flags), what it is called on (the
     operand types, and ``strides`` where the operands are not contiguous), the threads it
     runs on, the torch it competes with, and the machine."""
-    digest = hashlib.sha256()
     kernel = built.kernel
     identity = kernel.library.key if isinstance(kernel, CompiledKernel) else kernel.source
     laid = [strides[v] for v in built.group.inputs if v in strides] if strides else []
-    parts = (identity, repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),
-             str(torch.get_num_threads()), torch.__version__, machine())
+    return digest(identity,
+                  repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),
+                  str(torch.get_num_threads()), torch.__version__, machine())
+
+
+def digest(*parts: str) -> str:
+    """SHA-256 of ``parts``, each ended by a NUL (so no two splits of one text collide)."""
+    h = hashlib.sha256()
     for part in parts:
-        digest.update(part.encode())
-        digest.update(b"\0")
-    return digest.hexdigest()
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def machine() -> str:

@@ -37,7 +37,7 @@ from kiln.ir.attrs import ConvActAttrs, ConvAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
-from kiln.kernels.build import compile_plan
+from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.depthwise_schedule import DepthwiseShape, pack_depthwise_weight
 from kiln.kernels.outcome import Built, Skipped, SkipReason
@@ -50,7 +50,7 @@ from kiln.tir.te import NotLowerable
 from kiln.tune.apply import tuned_or_default
 from kiln.tune.space_window import WindowSpace
 
-__all__ = ["checked_candidate", "conv_bias", "depthwise_candidate", "depthwise_groups",
+__all__ = ["conv_bias", "depthwise_candidate", "depthwise_groups",
            "depthwise_space", "direct_refusal", "epilogue_of", "plan_depthwise", "refusal"]
 
 DepthwisePlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
@@ -170,19 +170,3 @@ def depthwise_candidate(graph: Graph, group: KernelGroup, options: Options,
     measured."""
     planned = planned if planned is not None else plan_depthwise(graph, group, options)
     return checked_candidate(graph, group, options, planned, checks)
-
-
-def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
-                      planned: DepthwisePlanned | Skipped,
-                      checks: Checks | None = None) -> Built | Skipped:
-    """A one-node window group's planned kernel (a direct convolution: depthwise, or dense
-    from `kiln.kernels.conv`; or a pool from `kiln.kernels.pool`), compiled with its packed
-    weight and checked against the node's ATen call once per source and weight."""
-    if isinstance(planned, Skipped):
-        return planned
-    plan, inputs, weights = planned
-    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
-    if isinstance(built, Skipped):
-        return built
-    checks = Checks() if checks is None else checks
-    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)

@@ -25,7 +25,7 @@ from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
-from kiln.kernels.build import compile_plan
+from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
@@ -151,14 +151,7 @@ def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,
     """The generated GEMM for a one-node mm / addmm / addmm_act group, compiled and checked
     against the library (``checks`` remembers the answers), not yet measured."""
     planned = planned if planned is not None else plan_gemm(graph, group, options)
-    if isinstance(planned, Skipped):
-        return planned
-    plan, inputs, weights = planned
-    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
-    if isinstance(built, Skipped):
-        return built
-    checks = Checks() if checks is None else checks
-    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)
+    return checked_candidate(graph, group, options, planned, checks)
 
 
 def _epilogue(node: Node) -> Epilogue | None | bool:

@@ -29,8 +29,8 @@ from kiln.ir.attrs import AvgPoolAttrs, MaxPoolAttrs, ReduceAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
+from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
-from kiln.kernels.depthwise import checked_candidate
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
 from kiln.kernels.pool_schedule import PoolShape
