@@ -20,11 +20,11 @@ becomes ``collapse``; one nested deeper runs serially inside the outer region); 
 ``#pragma omp simd``; UNROLLED → ``#pragma GCC unroll``. A loop that would race (a REDUCE iter
 var bound to a parallel or vectorized loop) is rendered serial with a comment, never wrong.
 
-Math calls (expf, erff, tanhf, logf, ...) are declared ``omp declare simd`` when the build
-defines KILN_LIBMVEC (glibc's vector math library), so vectorized loops call the SIMD versions
-(expf within 2.6 ulp). Without libmvec, f32 exp is ``kiln_expf``, plain arithmetic in the
-prologue that vector loops inline (within 1.02 ulp), so softmax still vectorizes. f32 erf is
-always ``kiln_erff``, a rational function (4.5e-7 absolute), faster than libmvec's.
+Math calls (tanhf, logf, sinf, ...) are declared ``omp declare simd`` when the build defines
+KILN_LIBMVEC (glibc's vector math library), so vectorized loops call the SIMD versions. f32
+exp is always ``kiln_expf`` and f32 erf always ``kiln_erff``: plain arithmetic in the
+prologue that vector loops inline (exp within 1.02 ulp, erf within 4.5e-7 absolute), with no
+slow path for large arguments, where libmvec's expf goes scalar.
 A backend for another C dialect subclasses CRenderer and overrides the hooks (``dtype_name``,
 ``const``, ``unary_call``, ``loop_pragma``, ``prologue``).
 """
@@ -223,7 +223,7 @@ class CRenderer:
         if dtype.is_floating:
             one = "1.0f" if dtype is DType.F32 else "1.0"
             suffix = "" if dtype is DType.F32 else "drop"
-            exp = "kiln_exp_f32" if dtype is DType.F32 else "exp"
+            exp = "kiln_expf" if dtype is DType.F32 else "exp"
             if op is UnOp.RSQRT:
                 return f"({one} / {self._math('sqrtf', suffix)}({arg}))"
             if op is UnOp.SIGMOID:
@@ -436,8 +436,6 @@ class CRenderer:
 
     def _unary(self, expr: Unary, scope: _Scope) -> str:
         arg = _strip(self._expr(expr.a, scope))
-        if expr.op is UnOp.EXP and expr.a.dtype is DType.F32 and _selects(expr.a):
-            return f"kiln_expf({arg})"
         return self.unary_call(expr.op, expr.a.dtype, arg)
 
     def _compare(self, expr: Compare, scope: _Scope) -> str:
@@ -556,14 +554,6 @@ def _uses(expr: Expr, name: str) -> bool:
     if isinstance(expr, Select):
         return any(_uses(e, name) for e in (expr.cond, expr.true_value, expr.false_value))
     return False
-
-
-def _selects(expr: Expr) -> bool:
-    """Whether ``expr`` holds a select: gcc if-converts it only in a loop without calls that
-    may set errno, so an exp of a select (a masked softmax) must not call libmvec's expf.
-    kiln_expf is plain arithmetic, and fast on -inf (libmvec's expf goes scalar below
-    -87.3: 6x slower on a causal mask's half of -inf)."""
-    return any(isinstance(e, Select) for e in iter_exprs(expr))
 
 
 def _hoistable_loads(expr: Select, ranges: dict[Var, tuple[int, int]]) -> list[Load]:
