@@ -36,6 +36,38 @@ graph(%x: f32[4, 16]) {
 }""") == [(["a", "y"], ["%m", "%b"], ["%y"])]
 
 
+def test_chains_that_meet_merge_into_one_group() -> None:
+    """GELU written out: 0.5 * x and the tanh chain both read x and meet at the product; the
+    lone mul used to stay a library call, one more trip through memory."""
+    assert _groups("""\
+graph(%x: f32[4, 16]) {
+  %h = scalar {value=0.5} : f64[]
+  %one = scalar {value=1.0} : f64[]
+  %a = mul(%x, %h) : f32[4, 16]
+  %t = tanh(%x) : f32[4, 16]
+  %u = add(%t, %one) : f32[4, 16]
+  %y = mul(%a, %u) : f32[4, 16]
+  return %y
+}""") == [(["a", "t", "u", "y"], ["%x"], ["%y"])]
+
+
+def test_chains_do_not_merge_past_an_outside_reader_in_between() -> None:
+    """%a is read by the softmax before the chains meet: the merged kernel would run after
+    that reader, so only the longer chain takes %y."""
+    groups = _groups("""\
+graph(%x: f32[4, 16]) {
+  %h = scalar {value=0.5} : f64[]
+  %a = mul(%x, %h) : f32[4, 16]
+  %b = add(%a, %h) : f32[4, 16]
+  %s = softmax(%a) {dim=0} : f32[4, 16]
+  %t = tanh(%x) : f32[4, 16]
+  %u = exp(%t) : f32[4, 16]
+  %y = mul(%b, %u) : f32[4, 16]
+  return %y, %s
+}""")
+    assert groups == [(["a", "b"], ["%x"], ["%a", "%b"]), (["t", "u", "y"], ["%x", "%b"], ["%y"])]
+
+
 def test_residual_add_and_layernorm_keep_the_sum_when_it_is_read_later() -> None:
     assert _groups("""\
 graph(%x: f32[2, 4, 16], %h: f32[2, 4, 16]) {

@@ -1,9 +1,9 @@
 """Partition an optimized graph into generated-kernel groups (pure graph analysis, no C).
 
-A group is a producer->consumer chain of elementwise ops, optionally closed by one
-normalization (softmax, layer norm) that reads the chain's result. It becomes one generated
-kernel: values used only inside the group are never written to memory. For GPT-2's
-``ln(x + attn)`` with the sum also kept as the residual stream::
+A group is a producer->consumer DAG of elementwise ops (chains that meet at a node merge),
+optionally closed by one normalization (softmax, layer norm) that reads the chain's result.
+It becomes one generated kernel: values used only inside the group are never written to
+memory. For GPT-2's ``ln(x + attn)`` with the sum also kept as the residual stream::
 
     %add_1 = add(%add, %view_17) : f32[1, 16, 64]                 group 0: add_1, ln
     %ln = layer_norm(%add_1, %w, %b) : (f32[1, 16, 64], ...)        inputs  %add, %view_17, %w, %b
@@ -62,12 +62,12 @@ def partition(graph: Graph) -> list[KernelGroup]:
     for node in graph.nodes:
         if not fusible(node):
             continue
-        target = _producer_group(node, group_of)
-        if target is not None and _may_join(target, node, users, index):
-            target.append(node)
-            group_of[node] = target
-        else:
-            group_of[node] = [node]
+        group = [node]
+        for target in _joinable(node, group_of, users, index):
+            group = target + [node]
+            break
+        for member in group:
+            group_of[member] = group
     groups = {id(g): g for g in group_of.values()}.values()
     result = [_describe(g, users, returned) for g in groups if _worth_it(g)]
     return sorted(result, key=lambda g: index[g.last])
@@ -96,14 +96,18 @@ def _last_axis(dim: int, rank: int) -> bool:
     return rank > 0 and dim % rank == rank - 1
 
 
-def _producer_group(node: Node, group_of: dict[Node, list[Node]]) -> list[Node] | None:
-    """The open group ``node`` would extend: the one producing its (first) operand."""
+def _joinable(node: Node, group_of: dict[Node, list[Node]], users: dict[Node, list[Node]],
+              index: dict[Node, int]) -> list[list[Node]]:
+    """The groups ``node`` may close or extend, best first: every open group producing one of
+    its operands merged into one (GELU's ``0.5 * x`` and its tanh chain, both from x, meet at
+    the final product), else the largest such group alone."""
     operands = node.inputs[:1] if node.op in _NORMALIZATIONS else node.inputs
-    candidates = [group_of[v.node] for v in operands if v.node in group_of]
-    open_ = [g for g in candidates if g[-1].op not in _NORMALIZATIONS]
-    if not open_:
-        return None
-    return max(open_, key=len)
+    open_ = list({id(g): g for v in operands if v.node in group_of
+                  for g in [group_of[v.node]] if g[-1].op not in _NORMALIZATIONS}.values())
+    options = [sorted((n for g in open_ for n in g), key=index.__getitem__)] if len(open_) > 1 \
+        else []
+    options += sorted(open_, key=len, reverse=True)
+    return [g for g in options if _may_join(g, node, users, index)]
 
 
 def _may_join(group: list[Node], node: Node, users: dict[Node, list[Node]],
