@@ -200,6 +200,22 @@ def _divide_by(*numbers: float):
     return build
 
 
+def _gelu_tanh_written_out(e: Example) -> Graph:
+    """HF's gelu_new, operands in either order, constants as numbers or fills."""
+    x = e.input(e.dims())
+
+    def mul(a: Value, b: Value) -> Value:
+        return e.op(Op.MUL, *e.pick((a, b), (b, a)))
+
+    def add(a: Value, b: Value) -> Value:
+        return e.op(Op.ADD, *e.pick((a, b), (b, a)))
+
+    cube = e.op(Op.POW, x, e.number(e.pick(3, 3.0)))
+    inner = add(x, mul(cube, e.number(0.044715)))
+    t = e.op(Op.TANH, mul(inner, e.number(e.pick(0.7978845608028654, 0.7978845608))))
+    return e.graph(mul(mul(x, _ones_like(e, x, 0.5)), add(t, _ones_like(e, x, 1.0))))
+
+
 def _broadcast_regroup(e: Example) -> Graph:
     m, n = e.dims(2, 2, 5)
     s1 = e.pick(lambda: e.weight((n,)), lambda: e.input((n,)))
@@ -367,6 +383,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "sub-sub-const": _chain(Op.SUB, Op.SUB),
     "div-div-const": _chain(Op.DIV, Op.DIV),
     "broadcast-regroup": _broadcast_regroup,
+    "gelu-tanh-idiom": _gelu_tanh_written_out,
     "mm-add-to-addmm": _mm_add,
     "mm-skip-copy": _skip_copy(Op.MM),
     "addmm-skip-copy": _skip_copy(Op.ADDMM),

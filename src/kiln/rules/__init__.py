@@ -9,6 +9,7 @@ from kiln.rules import (
     constants,
     epilogue,
     fusion,
+    idioms,
     matmul,
     merge,
     movement,
@@ -17,7 +18,7 @@ from kiln.rules import (
 
 # local algebra: each rewrite is cheaper or equal, and the set has no cycles
 SIMPLIFY: tuple[Rule, ...] = (neutral.RULES + movement.RULES + arith.RULES + constants.RULES
-                              + broadcast.RULES + matmul.RULES)
+                              + broadcast.RULES + matmul.RULES + idioms.RULES)
 # batch norms, biases and scales into weights; with SIMPLIFY so that scales can travel
 FOLD_INTO_WEIGHTS: tuple[Rule, ...] = fusion.RULES + SIMPLIFY
 EPILOGUE: tuple[Rule, ...] = epilogue.RULES
