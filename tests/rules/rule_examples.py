@@ -245,6 +245,15 @@ def _skip_copy(op: Op):
     return build
 
 
+def _clone_dense(e: Example) -> Graph:
+    """A copy of a GEMM's result (or an elementwise op of it, or a reshape), read by an op."""
+    m, k, n = e.dims(3, 2, 5)
+    v = e.op(Op.MM, e.input((m, k)), e.input((k, n)))
+    v = e.pick(lambda: v, lambda: e.op(Op.ADD, v, e.weight((n,))),
+               lambda: e.op(Op.VIEW, v, attrs=ShapeAttrs((m * n,))))
+    return e.graph(e.op(Op.RELU, e.op(Op.CLONE, v)))
+
+
 def _conv_bn(e: Example) -> Graph:
     kernel = e.pick(1, 3)
     y = _conv(e, _image(e), e.rng.randint(1, 5), kernel, e.rng.random() < 0.5,
@@ -371,6 +380,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
                                      attrs=PermuteAttrs((0, 2, 1)))),
         attrs=ShapeAttrs((8, 3)))),
     "clone-clone": _twice(Op.CLONE),
+    "clone-dense": _clone_dense,
     "add-self": lambda e: (lambda x: e.graph(e.op(Op.ADD, x, x)))(
         e.input(e.dims(), e.pick(F32, I64))),
     "add-scaled-self-pow2": _scaled_self((1, 2, 4.0, 1024)),

@@ -28,6 +28,41 @@ def _private_source(m: Match) -> str | None:
     return "it copies the caller's tensor" if v.node.op in (Op.INPUT, Op.CONSTANT) else None
 
 
+# ops whose ATen result is a fresh contiguous tensor whatever their operands' strides
+_FRESH = frozenset({Op.MM, Op.BMM, Op.ADDMM, Op.ADDMM_ACT, Op.EMBEDDING, Op.LAYER_NORM,
+                    Op.CLONE})
+
+
+def _dense(value, graph, depth: int = 6) -> bool:  # noqa: ANN001
+    """Whether ATen gives ``value`` contiguous strides: a fresh result, a contiguous weight,
+    a reshape of a dense value, or an elementwise result (or softmax) of dense operands."""
+    node = value.node
+    if node.op in _FRESH:
+        return True
+    if node.op is Op.CONSTANT:
+        return graph.constant(node).is_contiguous()
+    if depth == 0:
+        return False
+    if node.op in RESHAPES:
+        return _dense(node.inputs[0], graph, depth - 1)
+    if node.op.is_a(OpGroup.ELEMENTWISE) or node.op is Op.SOFTMAX:
+        return all(_dense(v, graph, depth - 1) for v in node.inputs if v.node.op is not Op.SCALAR)
+    return False
+
+
+def _redundant_copy(m: Match) -> str | None:
+    """A copy of a value that is already the graph's own and dense changes nothing a reader
+    can see: not its elements, not its strides, and no caller's tensor is aliased."""
+    private = _private_source(m)
+    if private:
+        return private
+    if m.root.out() in m.ctx.graph.outputs:
+        return "it is a graph output (the caller gets a tensor of its own)"
+    if not _dense(m["x"], m.ctx.graph):
+        return "its source may not be contiguous (the copy lays it out)"
+    return None
+
+
 def _identity_dims(attrs) -> bool:
     return tuple(attrs.dims) == tuple(range(len(attrs.dims)))
 
@@ -85,6 +120,11 @@ RULES = (
     # view(clone(x), s) -> view(x, s): the IR's view copies where the strides need it (a
     # reshape), so the copy before it only doubles the traffic (HF attention's softmax
     # probabilities and dropout-free residuals: 36 copies in GPT-2)
+    Rule("clone-dense", On(Op.CLONE, x), lambda m: m["x"], EXACT, guard=_redundant_copy,
+         laws=(L("clone-dense", A(Op.RELU, A(Op.CLONE, A(Op.MM, X, P))),
+                 A(Op.RELU, A(Op.MM, X, P)), EXACT, C(CondKind.GUARD, "redundant-copy")),)),
+    # clone(x) -> x for a dense x the graph computed (HF's dropout in eval mode: 25 copies
+    # of GPT-2's hidden states)
     Rule("clone-clone", On(Op.CLONE, On(Op.CLONE, x, name="inner", shared=True)),
          lambda m: m["inner"].out(), EXACT,
          laws=(L("clone-clone", A(Op.CLONE, A(Op.CLONE, X)), A(Op.CLONE, X), EXACT),)),
