@@ -188,3 +188,40 @@ def test_tail_tiles_of_a_prepacked_b_run_without_bounds_checks() -> None:
     assert len(updates) >= 2  # the full tile and the tail tile
     for update in updates:
         assert "if (" not in update[:update.index("}")]
+
+
+@pytest.mark.parametrize("kc", [5, 29], ids=["k-blocks", "one-k-block"])
+def test_prefetched_panels_change_no_value(options: Options, kc: int) -> None:
+    """The next panel's prefetch (clamped to the last panel) leaves the results as they were,
+    in the interpreter and in C, with K blocks or one."""
+    from kiln.kernels.gemm_schedule import pack_b
+    from kiln.kernels.plan import PrefetchPanels
+
+    config = dataclasses.replace(TINY, kc=kc)
+    plan = gemm_plan(13, 70, 29, config, b_transposed=True, bias=True, b_prepacked=True)
+    assert not any(isinstance(p, PrefetchPanels) for p in plan.post)  # (B below the size)
+    func = plan.with_post(PrefetchPanels(plan.post[2].loops[-1])).build()
+    printed = print_func(func)
+    assert "prefetch B[min(" in printed and "(2 lines)" not in printed  # NR = 8: one line
+    source = render_c(func)
+    assert source.count("__builtin_prefetch(") == printed.count("prefetch B[") > 0
+    torch.manual_seed(0)
+    a, w, bias = torch.randn(13, 29), torch.randn(70, 29), torch.randn(70)
+    inputs = [a, pack_b(w.t(), config.nr), bias]
+    expected = F.linear(a, w, bias)
+    torch.testing.assert_close(interp.run_torch(func, inputs)[0], expected, rtol=1e-5,
+                               atol=1e-5)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    c = torch.full((13, 70), float("nan"))
+    kernel(*inputs, c)
+    torch.testing.assert_close(c, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_large_packed_weights_get_their_panels_prefetched() -> None:
+    from kiln.kernels.plan import PrefetchPanels
+
+    plan = gemm_plan(128, 768, 768, b_transposed=True, bias=True, b_prepacked=True)
+    (step,) = [p for p in plan.post if isinstance(p, PrefetchPanels)]
+    assert step.k_loop == plan.post[2].loops[-1] and "post.prefetch_panels(" in plan.as_python()
+    assert "__builtin_prefetch(" in render_c(plan.build())

@@ -57,6 +57,7 @@ from kiln.tir.nodes import (
     IfThenElse,
     IterKind,
     Load,
+    Prefetch,
     PrimFunc,
     Scope,
     Select,
@@ -183,6 +184,7 @@ class CRenderer:
             BufferStore: self._store,
             Allocate: self._allocate,
             IfThenElse: self._if,
+            Prefetch: self._prefetch,
         }
 
     # --- hooks ---------------------------------------------------------------------------------
@@ -349,6 +351,14 @@ class CRenderer:
     def _store(self, stmt: BufferStore, scope: _Scope) -> list[str]:
         target = self._index(stmt.buffer, stmt.indices, scope)
         return [f"{target} = {_strip(self._expr(stmt.value, scope))};"]
+
+    def _prefetch(self, stmt: Prefetch, scope: _Scope) -> list[str]:
+        """One read prefetch per cache line, kept in the outer caches (locality 2): the data
+        is read by the next micro-kernel, not this one."""
+        first = self._index(stmt.buffer, stmt.indices, scope)
+        per_line = max(1, 64 // stmt.buffer.dtype.itemsize)
+        return [f"__builtin_prefetch(&{first}{f' + {i * per_line}' if i else ''}, 0, 2);"
+                for i in range(stmt.lines)]
 
     def _allocate(self, stmt: Allocate, scope: _Scope) -> list[str]:
         buf = stmt.buffer

@@ -62,6 +62,7 @@ from kiln.kernels.plan import (
     Epilogue,
     KernelPlan,
     PostPass,
+    PrefetchPanels,
     Recipe,
     SimplifyIndices,
     VersionTails,
@@ -84,6 +85,9 @@ PACK_A_FROM_K = 512
 # the one-vector register tile for short K over many rows (see default_gemm_config)
 NARROW_TILE_MAX_K = 128
 NARROW_TILE_MIN_M = 512
+# packed weights from this size on get the next panel prefetched (`plan.PrefetchPanels`):
+# a model call finds them in DRAM; smaller ones may still sit in L2 from the last call
+PREFETCH_MIN_BYTES = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -368,6 +372,8 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     sch, tails = schedule_gemm(program, cfg, b_transposed)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   DropDeadGuards())
+    if b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
+        post += (PrefetchPanels(tails[-1]),)  # (the K loop of the micro-kernel)
     if epilogue is not None:
         if cfg.kc < k or k == 0:
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")

@@ -19,6 +19,7 @@ from kiln.tir.nodes import (
     IterKind,
     IterVar,
     Load,
+    Prefetch,
     PrimFunc,
     Scope,
     Select,
@@ -33,6 +34,6 @@ from kiln.tir.nodes import (
 
 __all__ = [
     "Allocate", "BinOp", "Binary", "Block", "Buffer", "BufferStore", "Cast", "CmpOp", "Compare",
-    "Const", "Expr", "For", "ForKind", "IfThenElse", "IterKind", "IterVar", "Load", "PrimFunc",
-    "Scope", "Select", "SeqStmt", "Stmt", "UnOp", "Unary", "Var", "const", "seq",
+    "Const", "Expr", "For", "ForKind", "IfThenElse", "IterKind", "IterVar", "Load", "Prefetch",
+    "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "UnOp", "Unary", "Var", "const", "seq",
 ]

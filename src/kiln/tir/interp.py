@@ -38,6 +38,7 @@ from kiln.tir.nodes import (
     IfThenElse,
     IterKind,
     Load,
+    Prefetch,
     PrimFunc,
     Select,
     SeqStmt,
@@ -197,6 +198,8 @@ def compile_stmt(s: Stmt) -> ExecFn:
             idx = _bounds_checked(buf, tuple(p(env, bufs) for p in parts))
             bufs[buf.name][idx] = convert(value(env, bufs), buf.dtype)
         return store
+    if isinstance(s, Prefetch):  # a hint to the memory system: nothing to compute
+        return lambda env, bufs: None
     if isinstance(s, Allocate):
         buf, body = s.buffer, compile_stmt(s.body)
 

@@ -441,6 +441,21 @@ class IfThenElse(Stmt):
     else_body: Stmt | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Prefetch(Stmt):
+    """A hint, no effect on values: the ``lines`` cache lines from ``buffer[indices]`` on will
+    be read soon (a GEMM's next weight panel, which a model call finds in DRAM)."""
+
+    buffer: Buffer
+    indices: tuple[Expr, ...]
+    lines: int = 1
+
+    def __post_init__(self) -> None:
+        if len(self.indices) != self.buffer.rank:
+            raise ValueError(f"prefetch of {self.buffer.name} with {len(self.indices)} indices, "
+                             f"rank {self.buffer.rank}")
+
+
 def seq(*stmts: Stmt) -> Stmt:
     """A statement sequence, flattened; one statement stays itself."""
     flat: list[Stmt] = []

@@ -32,6 +32,7 @@ from kiln.tir.nodes import (
     ForKind,
     IfThenElse,
     Load,
+    Prefetch,
     PrimFunc,
     Scope,
     Select,
@@ -94,6 +95,8 @@ def _stmt(s: Stmt, depth: int, out: list[str]) -> None:
         _stmt(s.body, depth + 1, out)
     elif isinstance(s, BufferStore):
         out.append(f"{pad}{_access(s.buffer, s.indices)} = {print_expr(s.value)}")
+    elif isinstance(s, Prefetch):
+        out.append(f"{pad}prefetch {_access(s.buffer, s.indices)} ({s.lines} lines)")
     elif isinstance(s, Allocate):
         out.append(f"{pad}alloc {s.buffer.name}: {buffer_type(s.buffer)}:")
         _stmt(s.body, depth + 1, out)

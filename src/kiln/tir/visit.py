@@ -19,6 +19,7 @@ from kiln.tir.nodes import (
     For,
     IfThenElse,
     Load,
+    Prefetch,
     Select,
     SeqStmt,
     Stmt,
@@ -94,6 +95,10 @@ def map_stmt(stmt: Stmt, fn: StmtFn = lambda s: s, efn: ExprFn | None = None) ->
         cond, then, other = ex(stmt.cond), map_stmt(stmt.then_body, fn, efn), sub(stmt.else_body)
         if not (cond is stmt.cond and then is stmt.then_body and other is stmt.else_body):
             new = IfThenElse(cond, then, other)
+    elif isinstance(stmt, Prefetch):
+        indices = tuple(ex(i) for i in stmt.indices)
+        if not _same(indices, stmt.indices):
+            new = Prefetch(stmt.buffer, indices, stmt.lines)
     else:
         raise TypeError(f"unknown statement {type(stmt).__name__}")
     return fn(new)
@@ -186,6 +191,8 @@ def stmt_exprs(stmt: Stmt) -> Iterator[Expr]:
     if isinstance(stmt, BufferStore):
         yield from stmt.indices
         yield stmt.value
+    elif isinstance(stmt, Prefetch):
+        yield from stmt.indices
     elif isinstance(stmt, Block):
         yield from stmt.bindings
         if stmt.predicate is not None:
