@@ -69,6 +69,13 @@ def test_a_matrix_vector_product_over_large_weights_is_timed_cold(
     node = next(n for n in pool.nodes if n.name == "p")
     assert not streams_weights(pool, KernelGroup((node,), tuple(node.inputs), node.outputs))
 
+    # the same many-row GEMM in a model whose weights overflow the last-level cache: every
+    # call reads them from DRAM
+    monkeypatch.setattr(decide, "last_level_cache_bytes", lambda: 1 << 20)
+    assert [streams_weights(g, gemms(g)[0]) for g in (classifier, rows, small)] == \
+        [True, True, False]
+    monkeypatch.undo()
+
     evictions = []
     monkeypatch.setattr(decide, "evict_caches", lambda: evictions.append(1))
     measured = dataclasses.replace(kernel_options, measure_kernels=True,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Budget", "Timing", "evict_caches", "interleaved"]
+__all__ = ["Budget", "Timing", "evict_caches", "interleaved", "last_level_cache_bytes"]
 
 
 @dataclass(frozen=True)
@@ -176,14 +176,16 @@ def evict_caches() -> None:
     if _EVICTION is None:
         import torch  # (the timing loop itself needs no torch)
 
-        _EVICTION = torch.zeros(_last_level_cache_bytes() // 2, dtype=torch.float32)
+        _EVICTION = torch.zeros(last_level_cache_bytes() // 2, dtype=torch.float32)
     _EVICTION.add_(1.0)
 
 
 _EVICTION = None
 
 
-def _last_level_cache_bytes() -> int:
+def last_level_cache_bytes() -> int:
+    """The last-level cache's size in bytes, as the OS reports it (16-128 MiB; 32 MiB where
+    it does not say)."""
     try:
         size = os.sysconf("SC_LEVEL3_CACHE_SIZE")
     except (ValueError, OSError, AttributeError):
