@@ -90,3 +90,20 @@ def test_byte_lane_row_kernels(options: Options, kind: str, rows: int, n: int) -
     kernel(*args, out)  # (a layer norm of a row holding -inf is NaN, as in torch)
     torch.testing.assert_close(out, reference(*args), rtol=1e-5, atol=2e-6, equal_nan=True)
 
+
+
+@pytest.mark.parametrize("rows,n", [(5, 17), (2, 1), (3, 15), (2, 48), (7, 130), (128, 512)])
+@pytest.mark.parametrize("mean", [False, True], ids=["sum", "mean"])
+def test_row_sums_and_means(options: Options, rows: int, n: int, mean: bool) -> None:
+    """out[r, 0] = sum(x[r, :]) * scale, with NaN and infinities where torch has them."""
+    kernel = compile_kernel(fused.sum_rows(rows, n, 1.0 / n if mean else 1.0).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    torch.manual_seed(rows * 100 + n)
+    x = torch.randn(rows, n) * 3
+    x[0, n // 2] = math.nan
+    if rows > 2:
+        x[1, 0], x[2, :] = math.inf, -math.inf
+    out = torch.full((rows, 1), math.nan)
+    kernel(x, out)
+    want = x.mean(-1, keepdim=True) if mean else x.sum(-1, keepdim=True)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)

@@ -68,6 +68,29 @@ graph(%x: f32[4, 16]) {
     assert groups == [(["a", "b"], ["%x"], ["%a", "%b"]), (["t", "u", "y"], ["%x", "%b"], ["%y"])]
 
 
+def test_a_last_axis_mean_closes_its_group_and_runs_alone_after_a_residual_sum() -> None:
+    """RMSNorm: the squares' mean closes [pow, mean]; where the residual sum before the
+    squares is read later, the mean does not join it and is a group of its own (a row
+    kernel), and a mean over another axis stays a library call."""
+    assert _groups("""\
+graph(%x: f32[4, 16]) {
+  %two = scalar {value=2} : i64[]
+  %p = pow(%x, %two) : f32[4, 16]
+  %m = mean(%p) {dims=(-1,), keepdim=True} : f32[4, 1]
+  return %m
+}""") == [(["p", "m"], ["%x"], ["%m"])]
+    assert _groups("""\
+graph(%x: f32[4, 16], %h: f32[4, 16]) {
+  %two = scalar {value=2} : i64[]
+  %s = add(%x, %h) : f32[4, 16]
+  %p = pow(%s, %two) : f32[4, 16]
+  %m = mean(%p) {dims=(1,), keepdim=True} : f32[4, 1]
+  %c = mean(%s) {dims=(0,), keepdim=True} : f32[1, 16]
+  %y = mul(%s, %m) : f32[4, 16]
+  return %y, %c
+}""") == [(["s", "p"], ["%x", "%h"], ["%s", "%p"]), (["m"], ["%p"], ["%m"])]
+
+
 def test_residual_add_and_layernorm_keep_the_sum_when_it_is_read_later() -> None:
     assert _groups("""\
 graph(%x: f32[2, 4, 16], %h: f32[2, 4, 16]) {

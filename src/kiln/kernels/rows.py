@@ -1,4 +1,4 @@
-"""The rows recipe: a group closed by a last-axis softmax or layer norm.
+"""The rows recipe: a group closed by a last-axis softmax, layer norm, mean or sum.
 
 The row kernel of `kiln.kernels.rows_schedule` (its compute definition and the row schedule:
 rows in parallel, vectorized passes, reductions rfactored into lane partials) whose loads of
@@ -35,7 +35,8 @@ from kiln.tir.visit import iter_stmts
 
 __all__ = ["NoRowKernel", "plan_rows"]
 
-ROW_OPS = frozenset({Op.SOFTMAX, Op.LAYER_NORM})
+ROW_OPS = frozenset({Op.SOFTMAX, Op.LAYER_NORM, Op.MEAN, Op.SUM})
+_TEMPLATES = {Op.SOFTMAX: "softmax", Op.LAYER_NORM: "layernorm", Op.MEAN: "sum", Op.SUM: "sum"}
 
 
 class NoRowKernel(Exception):
@@ -57,6 +58,11 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None
         raise NoRowKernel(f"{norm.name}: the group has outputs besides the row input and result")
     if norm.op is Op.SOFTMAX:
         kernel, extra = _row_kernel("softmax", rows, n, 0.0, lanes), ()
+    elif norm.op in (Op.MEAN, Op.SUM):  # (the partition takes last-axis ones only)
+        if n == 0:
+            raise NoRowKernel(f"{norm.name}: empty rows (a mean of none is NaN)")
+        scale = 1.0 / n if norm.op is Op.MEAN else 1.0
+        kernel, extra = _row_kernel("sum", rows, n, scale, lanes), ()
     else:
         w, b = norm.inputs[1], norm.inputs[2]
         if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
@@ -64,7 +70,7 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None
         eps = norm.attrs.eps  # type: ignore[attr-defined]
         kernel = _row_kernel("layernorm", rows, n, eps, lanes)
         extra = (w, b)
-    template = f"rows_schedule.{'softmax' if norm.op is Op.SOFTMAX else 'layernorm'}_rows"
+    template = f"rows_schedule.{_TEMPLATES[norm.op]}_rows"
     # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
     plan = KernelPlan(Recipe.ROWS, kernel.lowered, kernel.trace,
                       (Compact(), RenameParams(kernel_name(group), "row_")),
@@ -94,6 +100,8 @@ def _row_kernel(kind: str, rows: int, n: int, eps: float, lanes: int) -> rows_sc
     """The scheduled row kernel, built once per shape (a transformer has one per layer)."""
     if kind == "softmax":
         return rows_schedule.softmax_rows(rows, n, name=kind, lanes=lanes)
+    if kind == "sum":  # (eps carries the scale)
+        return rows_schedule.sum_rows(rows, n, eps, name=kind, lanes=lanes)
     return rows_schedule.layernorm_rows(rows, n, eps, name=kind, lanes=lanes)
 
 

@@ -7,6 +7,7 @@ and the row schedule that turns them into fast loop nests, recorded as a replaya
 
     softmax_rows(R, N)       out[r, :] = softmax(x[r, :])
     layernorm_rows(R, N)     out[r, :] = (x - mean) * rsqrt(var + eps) * w + b
+    sum_rows(R, N, s)        out[r, 0] = sum(x[r, :]) * s  (a mean: s = 1/N)
     bias_gelu(R, N)          out = gelu(x + bias[None, :])  (erf form)
     add_relu(R, N)           out = relu(x + y)
 
@@ -47,7 +48,7 @@ from kiln.tir.te import Builder, cmp, select
 from kiln.tir.trace import Trace
 
 __all__ = ["LANES", "RowKernel", "add_relu", "bias_gelu", "layernorm_rows", "schedule_rows",
-           "softmax_rows"]
+           "softmax_rows", "sum_rows"]
 
 F32 = DType.F32
 LANES = 16  # fp32 lanes of an AVX-512 vector: the width of the partial reductions
@@ -118,6 +119,18 @@ def layernorm_rows(rows: int, n: int, eps: float = 1e-5, name: str = "layernorm"
         return select(cmp(CmpOp.EQ, rstd[v0], 0.0), _c(0.0), dev(v0, k) * rstd[v0])
     b.compute(name, out, lambda v: scaled(v[0], v[1]) * w[v[1]] + bias[v[1]])
     return schedule_rows(PrimFunc(name, (x, w, bias), (out,), b.body()), lanes)
+
+
+def sum_rows(rows: int, n: int, scale: float = 1.0, name: str = "sum",
+             lanes: int = LANES) -> RowKernel:
+    """out[r, 0] = sum(x[r, :]) * scale: a last-axis sum, or a mean with scale = 1/n (as
+    ATen's mean scales its sum). RMSNorm's mean of squares over a Llama row is one."""
+    b = Builder()
+    x, out = b.buffer("x", (rows, n), F32), b.buffer("out", (rows, 1), F32)
+    s = b.temp("row_sum", (rows,), F32, Scope.LOCAL)
+    b.reduce("sum", s, (n,), BinOp.ADD, lambda v, k: x[v[0], k[0]])
+    b.compute(name, out, lambda v: s[v[0]] * _c(scale) if scale != 1.0 else s[v[0]])
+    return schedule_rows(PrimFunc(name, (x,), (out,), b.body()), lanes)
 
 
 def bias_gelu(rows: int, n: int, name: str = "bias_gelu") -> RowKernel:
