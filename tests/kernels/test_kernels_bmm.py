@@ -16,8 +16,8 @@ from kiln.codegen.kernel import compile_kernel
 from kiln.ir import parse_graph, verify
 from kiln.kernels.contractions import build_contraction_kernels
 from kiln.kernels.decide import Decisions
-from kiln.kernels.gemm import runtime_strides
 from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan
+from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.partition import gather, gemms
 from kiln.runtime.executor import build_executor

@@ -54,3 +54,35 @@ def test_default_schedule_compiles_and_matches(options: Options, name: str) -> N
     for got, ref in zip(outs, want):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert trace.as_python()  # the schedule is a replayable trace
+
+
+def test_a_view_input_is_read_with_its_run_time_strides(options: Options) -> None:
+    """Rotary embeddings multiply a permute of q: the loops kernel reads the view where it
+    lies (its buffer has the permute's strides), so the executor's layout check passes and
+    the library calls do not run in its place."""
+    from kiln.ir import parse_graph
+    from kiln.passes.partition import partition
+    from kiln.tune.space_groups import GroupSpace
+
+    cos = torch.randn(1, 1, 8, 16)
+    graph = parse_graph("""graph(%q: f32[8, 64]) {
+  %cos = constant {name='cos'} : f32[1, 1, 8, 16]
+  %v = view(%q) {shape=(1, 8, 4, 16)} : f32[1, 8, 4, 16]
+  %t = permute(%v) {dims=(0, 2, 1, 3)} : f32[1, 4, 8, 16]
+  %m = mul(%t, %cos) : f32[1, 4, 8, 16]
+  %y = add(%m, %t) : f32[1, 4, 8, 16]
+  return %y
+}""", {"cos": cos})
+    (group,) = partition(graph)
+    space = GroupSpace.of(graph, group)
+    plan, ins, _ = space.planned_in_source(space.default(), record=False)
+    func = plan.build()
+    (strided,) = [b for b, v in zip(func.inputs, ins) if v.node.op is not Op.CONSTANT]
+    assert strided.strides == (512, 16, 64, 1)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    q = torch.randn(8, 64)
+    t = q.view(1, 8, 4, 16).permute(0, 2, 1, 3)
+    out = torch.empty(1, 4, 8, 16)
+    kernel.run_unchecked(t.data_ptr(), cos.data_ptr(), out.data_ptr())
+    torch.testing.assert_close(out, t * cos + t)

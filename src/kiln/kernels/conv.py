@@ -39,9 +39,9 @@ from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.conv_schedule import ConvShape, pack_conv_weight
 from kiln.kernels.depthwise import conv_bias, direct_refusal, epilogue_of
-from kiln.kernels.gemm import runtime_strides
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
+from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, chain, singles

@@ -23,17 +23,16 @@ import torch
 from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node, Value
-from kiln.ir.interp import evaluate_node
-from kiln.ir.ops import Op, OpGroup
+from kiln.ir.ops import Op
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
+from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, residual_bias
 from kiln.tir.lower_elementwise import activation
-from kiln.tir.nodes import contiguous_strides
 from kiln.tir.te import NotLowerable
 from kiln.tune.apply import TUNED, tuned_schedule
 from kiln.tune.space import GemmSpace
@@ -117,32 +116,6 @@ def _bmm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
                      name=f"kiln_bmm_{batch}x{m}x{n}x{k}", batch=batch,
                      a_strides=runtime_strides(graph, a), b_strides=runtime_strides(graph, b))
-
-
-def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:
-    """The strides ``value`` will have at run time where it is a chain of views (permute,
-    view, slice, split, ...) of a value taken to be contiguous: the chain replayed on a
-    meta tensor, as the executor runs it (a view that cannot alias copies, as there).
-    None: contiguous. A guess the executor checks before each call (`layout_check`); where
-    it is wrong, the node's library call runs."""
-    chain = []
-    while value.node.op.is_a(OpGroup.VIEW):
-        chain.append(value)
-        value = value.node.inputs[0]
-    if not chain:
-        return None
-    tensor = torch.empty(value.type.shape, dtype=value.type.dtype.torch, device="meta")
-    for v in reversed(chain):
-        node = v.node
-        args = [tensor if i == 0 else (x.node.attrs.value if x.node.op is Op.SCALAR
-                                       else torch.empty(x.type.shape, device="meta"))
-                for i, x in enumerate(node.inputs)]
-        try:
-            tensor = evaluate_node(node, args, graph)[v.index]
-        except Exception:  # noqa: BLE001 - a view the meta device cannot replay: contiguous
-            return None
-    strides = tuple(tensor.stride())
-    return None if strides == contiguous_strides(tensor.shape) else strides
 
 
 def gemm_candidate(graph: Graph, group: KernelGroup, options: Options,

@@ -39,6 +39,7 @@ from kiln.kernels.loops import plan_loops
 from kiln.kernels.loops_schedule import VECTOR
 from kiln.kernels.plan import GRAIN, BoolsAsBytes, KernelPlan, Serial
 from kiln.kernels.rows import ROW_OPS, default_lanes, plan_rows
+from kiln.kernels.strides import runtime_strides
 from kiln.kernels.validate import library_results, random_operands
 from kiln.passes.partition import KernelGroup
 from kiln.tune.space import with_samples
@@ -55,12 +56,18 @@ class GroupSpace:
     kind: str = field(default="")
     # the standalone graph's values -> the values of the graph the space was made from
     origin: dict[Value, Value] = field(default_factory=dict)
+    # the standalone inputs that are views in the graph the space was made from: the strides
+    # the run time gives them (`kiln.kernels.strides.runtime_strides`), which the loops
+    # kernel reads them with
+    strides: dict[Value, tuple[int, ...]] = field(default_factory=dict)
 
     @staticmethod
     def of(graph: Graph, group: KernelGroup) -> GroupSpace:
         alone, alone_group, origin = standalone(graph, group)
+        strides = {new: s for new, old in origin.items() if new in alone_group.inputs
+                   for s in [runtime_strides(graph, old)] if s is not None}
         return GroupSpace(alone, alone_group, "rows" if group.last.op in ROW_OPS else "loops",
-                          origin)
+                          origin, strides)
 
     def planned_in_source(self, decisions: Mapping[str, Any], record: bool = True) -> Planned:
         """`planned`, with inputs and outputs as values of the graph the space came from."""
@@ -96,7 +103,8 @@ class GroupSpace:
         if self.rows:
             plan, ins, outs = plan_rows(self.graph, self.group, lanes=decisions["lanes"])
         else:
-            plan, ins, outs = plan_loops(self.graph, self.group, vector=decisions["vector"])
+            plan, ins, outs = plan_loops(self.graph, self.group, vector=decisions["vector"],
+                                         strides=self.strides)
         plan = plan.with_post(BoolsAsBytes())
         if not decisions["parallel"]:
             why = (f"fewer than {GRAIN} output elements" if self._elements() < GRAIN

@@ -1,0 +1,38 @@
+"""Where a kernel's operand is a view: the strides it will have at run time."""
+
+from __future__ import annotations
+
+import torch
+
+from kiln.ir.graph import Graph, Value
+from kiln.ir.interp import evaluate_node
+from kiln.ir.ops import Op, OpGroup
+from kiln.tir.nodes import contiguous_strides
+
+__all__ = ["runtime_strides"]
+
+
+def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:
+    """The strides ``value`` will have at run time where it is a chain of views (permute,
+    view, slice, split, ...) of a value taken to be contiguous: the chain replayed on a
+    meta tensor, as the executor runs it (a view that cannot alias copies, as there).
+    None: contiguous. A guess the executor checks before each call (`layout_check`); where
+    it is wrong, the node's library call runs."""
+    chain = []
+    while value.node.op.is_a(OpGroup.VIEW):
+        chain.append(value)
+        value = value.node.inputs[0]
+    if not chain:
+        return None
+    tensor = torch.empty(value.type.shape, dtype=value.type.dtype.torch, device="meta")
+    for v in reversed(chain):
+        node = v.node
+        args = [tensor if i == 0 else (x.node.attrs.value if x.node.op is Op.SCALAR
+                                       else torch.empty(x.type.shape, device="meta"))
+                for i, x in enumerate(node.inputs)]
+        try:
+            tensor = evaluate_node(node, args, graph)[v.index]
+        except Exception:  # noqa: BLE001 - a view the meta device cannot replay: contiguous
+            return None
+    strides = tuple(tensor.stride())
+    return None if strides == contiguous_strides(tensor.shape) else strides
