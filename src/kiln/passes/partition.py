@@ -68,10 +68,8 @@ def partition(graph: Graph) -> list[KernelGroup]:
     for node in graph.nodes:
         if not fusible(node):
             continue
-        group = [node]
-        for target in _joinable(node, group_of, users, index):
-            group = target + [node]
-            break
+        joinable = _joinable(node, group_of, users, index)
+        group = [*(joinable[0] if joinable else ()), node]
         for member in group:
             group_of[member] = group
     groups = {id(g): g for g in group_of.values()}.values()
