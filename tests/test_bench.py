@@ -105,3 +105,16 @@ def test_inductor_without_a_compiler_is_skipped_with_a_note(monkeypatch) -> None
     inductor = result.contender("inductor")
     assert "no C++ compiler" in inductor.note and inductor.error is None
     assert result.contender("kiln-O2").median_ms > 0
+
+
+def test_every_row_states_the_best_peak_reading_of_the_run(monkeypatch) -> None:  # noqa: ANN001
+    """One low reading of the FMA probe (the core's other hardware thread busy) must not
+    inflate a model's '% of peak': the run's best reading serves every row."""
+    readings = iter([117.0, 234.0, 230.0])
+
+    def fake_model(name: str, **_: object) -> BenchResult:
+        return BenchResult(name, True, 2, peak_gflops=next(readings))
+
+    monkeypatch.setattr(bench, "bench_model", fake_model)
+    results = bench.run_bench(["a", "b", "c"], quick=True)
+    assert [r.peak_gflops for r in results] == [234.0, 234.0, 234.0]
