@@ -12,7 +12,7 @@ from kiln import bench
 from kiln.bench import BenchResult, PeerUnavailable, TimingConfig
 from kiln.cli import markdown_table
 
-FAST = TimingConfig(warmup=1, min_rounds=3, target_s=0.02, cap_s=1.0)
+FAST = TimingConfig(warmup=1, min_rounds=3, target_s=0.02, cap_s=1.0, block_s=0.0, quiet_s=0.0)
 Run = tuple[BenchResult, list[bench.Progress]]
 
 

@@ -80,6 +80,18 @@ def test_before_sample_runs_untimed_before_every_sample() -> None:
     assert calls == ["a", "b"] + ["a", "flush", "a", "b", "flush", "b"] * 2
 
 
+def test_the_quiet_pause_comes_before_each_contenders_settle_call(monkeypatch) -> None:  # noqa: ANN001
+    """The pause lets the previous contender's spinning threads sleep before this one's
+    untimed call wakes its own pool."""
+    from kiln.cost import measure
+
+    calls: list[str] = []
+    monkeypatch.setattr(measure.time, "sleep", lambda s: calls.append(f"sleep {s}"))
+    interleaved([lambda: calls.append("a"), lambda: calls.append("b")],
+                Budget(min_rounds=2, max_rounds=2, warmup=1, settle_calls=1, quiet_s=0.02))
+    assert calls == ["a", "b"] + ["sleep 0.02", "a", "a", "sleep 0.02", "b", "b"] * 2
+
+
 def test_a_timing_is_steady_when_its_spread_is_small() -> None:
     from kiln.cost.measure import Timing
 

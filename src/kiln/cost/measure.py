@@ -41,6 +41,11 @@ class Budget:
     # threads (ORT's pool, an OpenMP team) spin for a while after its call and would slow this
     # one's first call; this also wakes this contender's own pool
     settle_calls: int = 0
+    # a pause before each contender's settle calls, long enough for the previous contender's
+    # idle threads to stop spinning and sleep: ORT's pool and an OpenMP team spin after a
+    # call, and a settle call does not outlast that (`kiln bench` on the MLP: kiln 7.8 ms
+    # after ORT's call, 3.9 ms alone)
+    quiet_s: float = 0.0
     # a full garbage collection first (then none while timing): a clean heap for a benchmark;
     # at compile time, with the compiler's own objects alive, it costs more than the timing
     collect_first: bool = True
@@ -115,6 +120,8 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
             for i in list(live):
                 n = batches[i]
                 try:
+                    if budget.quiet_s:
+                        time.sleep(budget.quiet_s)
                     for _ in range(budget.settle_calls):
                         fns[i]()
                     if before_sample is not None:
