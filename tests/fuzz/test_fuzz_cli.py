@@ -29,7 +29,10 @@ def test_fuzz_runs_over_processes_and_writes_a_json_summary(tmp_path, capsys):
     assert code == 0
     assert "6 graphs" in capsys.readouterr().out
     data = json.loads(summary.read_text())
-    assert data["graphs"] == 6 and not data["failures"] and data["processes"] == 2
+    assert data["graphs"] == 6 and not data["failures"] and data["settings"]["jobs"] == 2
+    # which worker takes a graph is the scheduler's choice: the first one up may take all six
+    # (it did once, under load), so one or two processes ran graphs
+    assert data["processes"] in (1, 2)
     assert set(data["configs"]) == {"O0", "O1"}
 
 
