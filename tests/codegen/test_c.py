@@ -232,10 +232,23 @@ def test_vector_erf_is_accurate_and_handles_specials(options: Options) -> None:
     assert y[-5] == 0.0 and math.copysign(1.0, y[-4].item()) == -1.0
 
 
-def test_parallel_loops_with_much_work_schedule_dynamically() -> None:
-    assert "schedule(static)" in render_c(_add(4, 8))  # tiny iterations: static
-    big = render_c(_add(4, 1 << 14))
-    assert "#pragma omp parallel for schedule(dynamic, 1)" in big
+def test_parallel_loops_schedule_as_their_kind_says_whatever_their_work() -> None:
+    for cols in (8, 1 << 14):  # (the schedule decides, not the amount of work)
+        static = _body(render_c(_add(4, cols)), "add")
+        assert "#pragma omp parallel for schedule(static) num_threads" in static
+        assert "dynamic" not in static
+        dynamic = _body(render_c(_add(4, cols, ForKind.PARALLEL_DYNAMIC)), "add")
+        assert "#pragma omp parallel for schedule(dynamic, 1) num_threads" in dynamic
+        assert "static" not in dynamic
+
+
+def test_dynamic_parallel_loops_collapse_and_serialize_as_static_ones() -> None:
+    nested = _body(render_c(_add(4, 8, ForKind.PARALLEL_DYNAMIC, ForKind.PARALLEL_DYNAMIC)),
+                   "add")
+    assert "schedule(dynamic, 1) collapse(2)" in nested
+    assert nested.count("#pragma omp parallel") == 1
+    racy = _body(render_c(_row_sum(3, 5, ForKind.PARALLEL_DYNAMIC)), "row_sum")
+    assert "#pragma omp parallel" not in racy and "feeds a reduction: serial" in racy
 
 
 def test_f32_exp_is_plain_arithmetic_with_or_without_libmvec(options: Options,

@@ -137,11 +137,15 @@ def test_conv_default_config() -> None:
     """Two vectors of output channels where CO fills more than one; a tile that divides the
     row where one does, else the fewest and most even tiles; the threads on the panels only
     where they balance; the padded copy only where there is padding and the copy is small,
-    or the window is wide over few channels (a 7x7 stem)."""
+    or the window is wide over few channels (a 7x7 stem); the threads share the work
+    dynamically where it is compute-bound (many channels over many pixels), statically
+    where it is not."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
-    assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False)  # an 861 KB copy
+    assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False,
+                                                      dynamic=True)  # an 861 KB copy
     small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
-    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False)
+    # (2.4 M weights for 25 K outputs: memory-bound, static)
+    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False, dynamic=False)
     stem = ConvShape(1, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1))
     assert ConvConfig.default(stem, 16) == ConvConfig(7, 32, False, False)  # guards: 7 pixels
     narrow = ConvShape(1, 3, 9, 9, 16, (3, 3), (1, 1), (0, 0))
@@ -150,7 +154,8 @@ def test_conv_default_config() -> None:
     assert ConvConfig.default(unpadded, 16) == ConvConfig(14, 32, False, False)
     # no tile divides a row of 71 (or 17) pixels: the fewest tiles, as even as they go
     prime_row = ConvShape(1, 80, 73, 73, 192, (3, 3), (1, 1), (0, 0))
-    assert ConvConfig.default(prime_row, 16) == ConvConfig(12, 32, True, False)  # 5x12 + 11
+    assert ConvConfig.default(prime_row, 16) == ConvConfig(12, 32, True, False,
+                                                           dynamic=True)  # 5x12 + 11
     reduction = ConvShape(1, 288, 35, 35, 384, (3, 3), (2, 2), (0, 0))
     assert ConvConfig.default(reduction, 16).tile == 9  # 9 + 8, not 14 + 3
     tiny = ConvShape(1, 8, 14, 14, 16, (3, 3), (1, 1), (1, 1))

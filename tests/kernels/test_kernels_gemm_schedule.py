@@ -225,3 +225,26 @@ def test_large_packed_weights_get_their_panels_prefetched() -> None:
     (step,) = [p for p in plan.post if isinstance(p, PrefetchPanels)]
     assert step.k_loop == plan.post[2].loops[-1] and "post.prefetch_panels(" in plan.as_python()
     assert "__builtin_prefetch(" in render_c(plan.build())
+
+
+def test_compute_bound_gemms_share_their_blocks_dynamically() -> None:
+    """A transformer's projections (about 50 FLOPs a byte) hand their blocks out as threads
+    come free; a CNN's 1x1 convolutions and a classifier's GEMV (memory-bound) keep a fixed
+    run per thread, in every parallel loop of the kernel (its init and B's packing too)."""
+    from kiln.kernels.gemm_schedule import default_gemm_config
+    from kiln.kernels.plan import DYNAMIC_MIN_INTENSITY
+
+    def dynamic(m: int, n: int, k: int, prepacked: bool = True) -> bool:
+        return default_gemm_config(m, n, k, threads=2, b_prepacked=prepacked).dynamic
+
+    assert dynamic(128, 3072, 768) and dynamic(128, 768, 3072) and dynamic(512, 2304, 768)
+    assert not dynamic(12544, 96, 16) and not dynamic(196, 576, 96)
+    assert not dynamic(1, 1000, 1280) and not dynamic(3136, 24, 144)
+    # the threshold itself: M = N = K = 6t has 2(6t)^3 / (4 * 3 (6t)^2) = t FLOPs a byte
+    edge = int(DYNAMIC_MIN_INTENSITY) * 6
+    assert dynamic(edge, edge, edge) and not dynamic(edge - 6, edge - 6, edge - 6)
+    for m, n, k, policy in ((128, 768, 3072, "dynamic, 1"), (3136, 64, 64, "static")):
+        config = default_gemm_config(m, n, k, threads=2)  # (B packed in the kernel, K blocks)
+        source = render_c(gemm_func(m, n, k, config, b_transposed=True))
+        pragmas = [line for line in source.splitlines() if "omp parallel" in line]
+        assert len(pragmas) >= 2 and all(f"schedule({policy})" in p for p in pragmas)

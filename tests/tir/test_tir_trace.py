@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import tir_cases as C
 
+from kiln.tir.printer import print_func
 from kiln.tir.schedule import Schedule, ScheduleError
 from kiln.tir.trace import Trace
 
@@ -47,3 +48,19 @@ def test_replay_on_a_different_program_fails_loudly() -> None:
     trace = _schedule(low.func).trace
     with pytest.raises(ScheduleError):
         trace.apply(C.add_relu()[1].func)
+
+
+def test_a_dynamic_parallel_loop_prints_round_trips_and_replays() -> None:
+    graph, low = C.mm()
+    sch = Schedule(low.func)
+    i, _, _ = sch.get_loops(sch.get_block("mm"))
+    sch.parallel(i, dynamic=True)
+    assert sch.trace.as_python().endswith("sch.parallel(i0, dynamic=True)\n")
+    assert "parallel_dynamic" in print_func(sch.func)
+    trace = Trace.from_json(sch.trace.to_json())
+    replayed = trace.apply(C.mm()[1].func)
+    assert replayed.func == sch.func and replayed.trace.instructions == trace.instructions
+    C.check_same(graph, low, replayed.func)
+    static = Schedule(C.mm()[1].func)
+    static.parallel(static.get_loops(static.get_block("mm"))[0])
+    assert static.func != sch.func  # (the kind is part of the program)

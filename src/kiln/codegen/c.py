@@ -14,9 +14,10 @@ per parameter (inputs, then outputs)::
       }
     }
 
-Loop kinds: PARALLEL → ``#pragma omp parallel for`` on ``kiln_num_threads`` threads (set by
-the runtime from torch.get_num_threads()); a PARALLEL loop directly inside another
-becomes ``collapse``; one nested deeper runs serially inside the outer region); VECTORIZED →
+Loop kinds: PARALLEL → ``#pragma omp parallel for schedule(static)`` on ``kiln_num_threads``
+threads (set by the runtime from torch.get_num_threads()), PARALLEL_DYNAMIC the same with
+``schedule(dynamic, 1)``; a parallel loop directly inside another becomes ``collapse``; one
+nested deeper runs serially inside the outer region); VECTORIZED →
 ``#pragma omp simd``; UNROLLED → ``#pragma GCC unroll``. A loop that would race (a REDUCE iter
 var bound to a parallel or vectorized loop) is rendered serial with a comment, never wrong.
 
@@ -78,7 +79,6 @@ LOCAL_STACK_LIMIT = 64 * 1024  # bytes; larger LOCAL buffers go on the heap (thr
 # convolution that runs in 110); up to the cap, so a kernel never holds a large block for good
 WORKSPACE_MIN = 64 * 1024
 WORKSPACE_MAX = 16 * 1024 * 1024
-DYNAMIC_WORK = 1 << 13  # statements per parallel iteration from which scheduling is dynamic
 INDENT = "  "
 
 
@@ -204,11 +204,9 @@ class CRenderer:
                 f"#ifdef KILN_LIBMVEC\n{decls}\n#endif\n\n{PRELUDE}")
 
     def loop_pragma(self, loop: For, collapse: int) -> str | None:
-        if loop.kind is ForKind.PARALLEL:
+        if loop.kind.is_parallel:
             extra = f" collapse({collapse})" if collapse > 1 else ""
-            # iterations with much work are handed out one by one, so a thread that the OS
-            # preempts (a shared machine) does not hold the others up at the barrier
-            policy = "dynamic, 1" if _work(loop.body) >= DYNAMIC_WORK else "static"
+            policy = "dynamic, 1" if loop.kind is ForKind.PARALLEL_DYNAMIC else "static"
             return f"#pragma omp parallel for schedule({policy}){extra} num_threads(KILN_THREADS)"
         if loop.kind is ForKind.VECTORIZED:
             return "#pragma omp simd"
@@ -293,13 +291,13 @@ class CRenderer:
         if loop.extent == 0:
             return []
         kind = loop.kind
-        racy = kind in (ForKind.PARALLEL, ForKind.VECTORIZED) and _binds_reduce(loop.body,
-                                                                              loop.var.name)
-        if racy or (kind is ForKind.PARALLEL and scope.in_parallel):
+        racy = (kind.is_parallel or kind is ForKind.VECTORIZED) and _binds_reduce(
+            loop.body, loop.var.name)
+        if racy or (kind.is_parallel and scope.in_parallel):
             kind = ForKind.SERIAL
         nest = [loop if kind is loop.kind else For(loop.var, loop.extent, loop.body, kind)]
-        if kind is ForKind.PARALLEL:  # perfectly nested parallel loops collapse into one
-            while (isinstance(nest[-1].body, For) and nest[-1].body.kind is ForKind.PARALLEL
+        if kind.is_parallel:  # perfectly nested parallel loops collapse into one
+            while (isinstance(nest[-1].body, For) and nest[-1].body.kind.is_parallel
                    and not _binds_reduce(nest[-1].body.body, nest[-1].body.var.name)):
                 nest.append(nest[-1].body)
         lines = []
@@ -309,7 +307,7 @@ class CRenderer:
         if pragma:
             lines.append(pragma)
         inner_scope = scope
-        if kind is ForKind.PARALLEL:
+        if kind.is_parallel:
             inner_scope = _Scope(scope.names, scope.used, in_parallel=True,
                                  ranges=scope.ranges)
         for depth, level in enumerate(nest):
@@ -535,19 +533,6 @@ def _nonneg(expr: Expr) -> bool:
                                                 BinOp.FLOORMOD, BinOp.MIN, BinOp.MAX):
         return _nonneg(expr.a) and _nonneg(expr.b)
     return False
-
-
-def _work(stmt: Stmt) -> int:
-    """Statements executed by ``stmt``: loop extents multiplied down the nest."""
-    if isinstance(stmt, For):
-        return stmt.extent * _work(stmt.body)
-    if isinstance(stmt, SeqStmt):
-        return sum(_work(s) for s in stmt.stmts)
-    if isinstance(stmt, (Allocate, Block)):
-        return _work(stmt.body)
-    if isinstance(stmt, IfThenElse):
-        return _work(stmt.then_body) + (_work(stmt.else_body) if stmt.else_body else 0)
-    return 1
 
 
 def _uses(expr: Expr, name: str) -> bool:

@@ -60,6 +60,7 @@ from kiln.kernels.plan import (
     Serial,
     SimplifyIndices,
     VersionTails,
+    shares_dynamically,
 )
 from kiln.tir.nodes import (
     Allocate,
@@ -81,7 +82,7 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
 __all__ = ["PAD_COPY_BYTES", "SMALL_COPY_BYTES", "ConvConfig", "ConvShape", "conv_func",
-           "conv_plan", "pack_conv_weight", "schedule_conv"]
+           "conv_plan", "conv_shares_dynamically", "pack_conv_weight", "schedule_conv"]
 
 F32 = DType.F32
 # the largest padded copy of the input a kernel makes: the copy is a workspace each calling
@@ -139,6 +140,9 @@ class ConvConfig:
     # guards), instead of guards on the border rows and tiles
     pad_copy: bool = True
     rows: int = 1  # output rows in the register tile (``tile`` pixels of each)
+    # the threads take panels (or rows) as they come free, not a fixed contiguous run each
+    # (`conv_shares_dynamically`)
+    dynamic: bool = False
 
     @staticmethod
     def default(shape: ConvShape, lanes: int, registers: int = 32,
@@ -182,7 +186,17 @@ class ConvConfig:
         panels = -(-shape.co // nr)
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads) \
             and not few_channels_wide_window
-        return ConvConfig(tile, nr, split, pad_copy)
+        return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape))
+
+
+def conv_shares_dynamically(shape: ConvShape) -> bool:
+    """`plan.shares_dynamically` for the convolution: two FLOPs a multiply-add, over its
+    input, weights and output once (a 3x3 convolution over 64 channels: about 130 FLOPs a
+    byte, dynamic; MobileNetV2's 3-channel stem: 10, static)."""
+    (kh, kw), (oh, ow) = shape.kernel, shape.out
+    elements = (shape.n * shape.ci * shape.h * shape.w + shape.co * shape.ci * kh * kw
+                + shape.n * shape.co * oh * ow)
+    return shares_dynamically(2.0 * shape.macs, 4.0 * elements)
 
 
 def pack_conv_weight(weight: torch.Tensor, nr: int) -> torch.Tensor:
@@ -293,7 +307,7 @@ def schedule_conv(func: PrimFunc, config: ConvConfig) -> tuple[Schedule, list[st
         sch.unroll(pixels)
         sch.vectorize(lanes)
     # (n stays serial: fused with oh, the row guards would not be affine)
-    sch.parallel(co_0 if config.split_panels else oh_0)
+    sch.parallel(co_0 if config.split_panels else oh_0, config.dynamic)
     if any(b.name == "xp" for b in _allocated(func)):  # the padded copy: rows on the threads
         _, rows, _, channels = sch.get_loops(sch.get_block("pad"))
         sch.parallel(rows)

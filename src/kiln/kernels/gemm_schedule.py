@@ -66,6 +66,7 @@ from kiln.kernels.plan import (
     Recipe,
     SimplifyIndices,
     VersionTails,
+    shares_dynamically,
 )
 from kiln.tir.nodes import BinOp, Expr, PrimFunc, Scope, Var
 from kiln.tir.primitives.common import find_block
@@ -73,7 +74,7 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.te import Builder
 
 __all__ = ["SERIAL_MACS", "GemmConfig", "default_gemm_config", "gemm_func", "gemm_plan",
-           "matmul_func", "schedule_gemm"]
+           "gemm_shares_dynamically", "matmul_func", "schedule_gemm"]
 
 F32 = DType.F32
 SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
@@ -103,6 +104,9 @@ class GemmConfig:
     # transformer's 128 tokens) the M tiles are too few to balance, and with B prepacked each
     # thread streams only its own panels
     split_n: bool = False
+    # the threads take the blocks one at a time as they come free, not a fixed contiguous
+    # run each (`plan.shares_dynamically`: for compute-bound shapes)
+    dynamic: bool = False
 
 
     @staticmethod
@@ -160,7 +164,12 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc)
     nc = _balanced(n, base.nc, base.nr, threads if split_n else 1)
     mc = _mc_for_threads(m, base, 1 if split_n else threads)
-    return GemmConfig(mr, base.nr, kc, mc, nc, split_n)
+    return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k))
+
+
+def gemm_shares_dynamically(m: int, n: int, k: int, batch: int = 1) -> bool:
+    """`plan.shares_dynamically` for an fp32 GEMM: 2MNK FLOPs over A, B and C once."""
+    return shares_dynamically(2.0 * batch * m * n * k, 4.0 * batch * (m * k + k * n + m * n))
 
 
 def _mr_for(m: int, largest: int, threads: int) -> int:
@@ -315,7 +324,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     # (or the batch)
     sch.unroll(ii)
     sch.vectorize(jj)
-    sch.parallel(bt[0] if batched else jc if config.split_n else ic)
+    sch.parallel(bt[0] if batched else jc if config.split_n else ic, config.dynamic)
     for block in tile_blocks:
         rows, cols = sch.get_loops(block)[-2:]
         sch.unroll(rows)
@@ -323,7 +332,8 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
     if k_blocks:  # C's own init nest
         init_loops = sch.get_loops(init)
         if not batched:  # (batched: inside the thread's batch iteration)
-            sch.parallel(init_loops[0 if config.split_n else 1])  # jc or ic
+            # (jc or ic, split as the tiles are, where that is static)
+            sch.parallel(init_loops[0 if config.split_n else 1], config.dynamic)
         sch.vectorize(init_loops[-1])
     tails = [*k_blocks, *([a_tile.name] if packs_a else []), jr.name, ir.name, p.name]
     if func.inputs[1].rank == 3 and not batched:  # B prepacked by the caller (`pack_b`)
@@ -350,7 +360,7 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         sch.vectorize(lane)
     if not (config.split_n or batched):  # (else B's packing already runs inside a thread's
         # jc block or batch iteration)
-        sch.parallel(panel)
+        sch.parallel(panel, config.dynamic)
     return sch, tails
 
 

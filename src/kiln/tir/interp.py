@@ -34,7 +34,6 @@ from kiln.tir.nodes import (
     Const,
     Expr,
     For,
-    ForKind,
     IfThenElse,
     IterKind,
     Load,
@@ -225,7 +224,7 @@ def compile_stmt(s: Stmt) -> ExecFn:
 
 def _compile_for(s: For) -> ExecFn:
     name, body = s.var.name, compile_stmt(s.body)
-    order = range(s.extent - 1, -1, -1) if s.kind is ForKind.PARALLEL else range(s.extent)
+    order = range(s.extent - 1, -1, -1) if s.kind.is_parallel else range(s.extent)
 
     def loop(env: Env, bufs: Arrays) -> None:
         for v in order:

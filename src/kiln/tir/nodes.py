@@ -62,9 +62,20 @@ INDEX = DType.I64  # dtype of loop vars, iter vars and index constants
 
 class ForKind(enum.Enum):
     SERIAL = "serial"
-    PARALLEL = "parallel"  # iterations run on different threads (OpenMP parallel for)
+    # iterations run on different threads (OpenMP parallel for), each thread one contiguous
+    # run of them, the same run on every call: a chain of kernels split alike finds the
+    # values each thread wrote still in its core's cache
+    PARALLEL = "parallel"
+    # ... handed out one at a time to whichever thread is free: a thread that is slowed (its
+    # core shared, preempted) does not hold the others up at the end, but no thread keeps
+    # the same part of the data from one call to the next
+    PARALLEL_DYNAMIC = "parallel_dynamic"
     VECTORIZED = "vectorized"  # iterations run in SIMD lanes
     UNROLLED = "unrolled"  # the body is repeated extent times
+
+    @property
+    def is_parallel(self) -> bool:
+        return self in (ForKind.PARALLEL, ForKind.PARALLEL_DYNAMIC)
 
 
 class IterKind(enum.Enum):

@@ -45,7 +45,8 @@ from kiln.tir.nodes import (
 
 INDENT = "  "
 _LOOP_WORD = {ForKind.SERIAL: "range", ForKind.PARALLEL: "parallel",
-              ForKind.VECTORIZED: "vectorized", ForKind.UNROLLED: "unrolled"}
+              ForKind.PARALLEL_DYNAMIC: "parallel_dynamic", ForKind.VECTORIZED: "vectorized",
+              ForKind.UNROLLED: "unrolled"}
 _PREC = {BinOp.OR: 1, BinOp.AND: 2, BinOp.ADD: 5, BinOp.SUB: 5, BinOp.MUL: 6, BinOp.DIV: 6,
          BinOp.FLOORDIV: 6, BinOp.FLOORMOD: 6}
 _CMP_PREC = 4

@@ -113,9 +113,12 @@ class Schedule:
         self.func = loops.reorder(self.func, [_n(x) for x in order])
         self._record(Verb.REORDER, {"loops": [_n(x) for x in order]})
 
-    def parallel(self, loop: LoopLike) -> None:
-        self.func = loops.annotate(self.func, _n(loop), ForKind.PARALLEL)
-        self._record(Verb.PARALLEL, {"loop": _n(loop)})
+    def parallel(self, loop: LoopLike, dynamic: bool = False) -> None:
+        """The loop's iterations on the threads: each thread a fixed contiguous run of them,
+        or with ``dynamic`` one at a time to whichever is free (`ForKind`)."""
+        kind = ForKind.PARALLEL_DYNAMIC if dynamic else ForKind.PARALLEL
+        self.func = loops.annotate(self.func, _n(loop), kind)
+        self._record(Verb.PARALLEL, {"loop": _n(loop), **({"dynamic": True} if dynamic else {})})
 
     def vectorize(self, loop: LoopLike) -> None:
         self.func = loops.annotate(self.func, _n(loop), ForKind.VECTORIZED)
@@ -234,7 +237,9 @@ class Schedule:
             out = self.fuse(*a["loops"])
         elif v is Verb.REORDER:
             out = self.reorder(*a["loops"])
-        elif v in (Verb.PARALLEL, Verb.VECTORIZE, Verb.UNROLL):
+        elif v is Verb.PARALLEL:
+            out = self.parallel(a["loop"], a.get("dynamic", False))
+        elif v in (Verb.VECTORIZE, Verb.UNROLL):
             out = getattr(self, v.value)(a["loop"])
         elif v is Verb.FISSION:
             out = self.fission(a["loop"], a["at"])

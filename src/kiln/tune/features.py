@@ -96,7 +96,7 @@ def features(func: PrimFunc) -> list[float]:
                 traffic[level] += _traffic(buffer, indices, s, size)
     hot = max(stores, key=lambda s: s.executions, default=None)
     hot_loops = hot.loops if hot else ()
-    parallel = math.prod(x.extent for x in hot_loops if x.kind is ForKind.PARALLEL)
+    parallel = math.prod(x.extent for x in hot_loops if x.kind.is_parallel)
     lanes = max((x.extent for x in hot_loops if x.kind is ForKind.VECTORIZED), default=1)
     unrolled = math.prod(x.extent for x in hot_loops if x.kind is ForKind.UNROLLED)
     values = [

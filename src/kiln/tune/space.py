@@ -124,8 +124,9 @@ NC_PANELS = (1, 2, 4, 8, 12, 16, 24, 32)  # NC as a multiple of NR
 @dataclass(frozen=True)
 class GemmSpace:
     """The BLIS-style GEMM of `kiln.kernels.gemm_schedule`: register tile (NR vectors wide,
-    MR rows, limited by the ISA's registers), cache blocks KC, MC and NC, and which loop the
-    threads split (the M blocks, or the N blocks when B is packed at compile time)."""
+    MR rows, limited by the ISA's registers), cache blocks KC, MC and NC, which loop the
+    threads split (the M blocks, or the N blocks when B is packed at compile time), and how
+    (a fixed run each, or dynamically)."""
 
     m: int
     n: int
@@ -152,7 +153,7 @@ class GemmSpace:
         return GemmSpace(m, n, k, isa, threads, **kwargs)
 
     def names(self) -> tuple[str, ...]:
-        return ("nr", "mr", "kc", "mc_tiles", "nc_panels", "split_n")
+        return ("nr", "mr", "kc", "mc_tiles", "nc_panels", "split_n", "dynamic")
 
     def _heuristic(self) -> GemmConfig:
         if self.batch:  # (each batch on one thread, in one K block)
@@ -166,7 +167,7 @@ class GemmSpace:
     def default(self) -> Decisions:
         cfg = self._heuristic()
         return {"nr": cfg.nr, "mr": cfg.mr, "kc": cfg.kc, "mc_tiles": cfg.mc // cfg.mr,
-                "nc_panels": cfg.nc // cfg.nr, "split_n": cfg.split_n}
+                "nc_panels": cfg.nc // cfg.nr, "split_n": cfg.split_n, "dynamic": cfg.dynamic}
 
     def candidates(self, name: str, fixed: Mapping[str, Any]) -> tuple[Any, ...]:
         default = self.default()
@@ -193,6 +194,9 @@ class GemmSpace:
             options = {p for p in NC_PANELS if p <= panels} | {min(panels, 32), 1}
         elif name == "split_n":
             return (False, True) if self.b_prepacked and self.threads > 1 else (False,)
+        elif name == "dynamic":  # (how the threads share the blocks: fixed runs or as they
+            # come free)
+            return (False, True) if self.threads > 1 else (default[name],)
         else:
             raise KeyError(f"the GEMM space has no decision {name!r}")
         if default[name] in _default_context(self, name, fixed, default):
@@ -205,7 +209,8 @@ class GemmSpace:
             wrong = [n for n in self.names() if d[n] != decisions.get(n)]
             raise ValueError(f"decisions {', '.join(wrong)} are not in this GEMM's space")
         return GemmConfig(mr=d["mr"], nr=d["nr"], kc=d["kc"], mc=d["mc_tiles"] * d["mr"],
-                          nc=d["nc_panels"] * d["nr"], split_n=d["split_n"])
+                          nc=d["nc_panels"] * d["nr"], split_n=d["split_n"],
+                          dynamic=d["dynamic"])
 
     def operands(self, decisions: Mapping[str, Any],
                  gen: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -35,6 +35,7 @@ from kiln.kernels.conv_schedule import (
     ConvShape,
     conv_func,
     conv_plan,
+    conv_shares_dynamically,
     pack_conv_weight,
 )
 from kiln.kernels.depthwise_schedule import (
@@ -131,8 +132,10 @@ class WindowSpace:
 
     def config(self, decisions: Mapping[str, Any]) -> ConvConfig | DepthwiseConfig:
         if self.kind == "conv":
+            assert isinstance(self.shape, ConvShape)
             return ConvConfig(decisions["tile"], decisions["nr"], decisions["split_panels"],
-                              decisions["pad_copy"])
+                              decisions["pad_copy"],
+                              dynamic=conv_shares_dynamically(self.shape))
         return DepthwiseConfig(decisions["tile"], decisions["lanes"])
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:

@@ -167,19 +167,20 @@ def _check_no_dependence(body: Stmt, verb: str, chain: Sequence[For]) -> None:
 
 def annotate(func: PrimFunc, loop: str, kind: ForKind) -> PrimFunc:
     for_, outer = _loop(func, loop)
-    verb = {ForKind.PARALLEL: "parallel", ForKind.VECTORIZED: "vectorize",
-            ForKind.UNROLLED: "unroll", ForKind.SERIAL: "serial"}[kind]
+    verb = {ForKind.PARALLEL: "parallel", ForKind.PARALLEL_DYNAMIC: "parallel",
+            ForKind.VECTORIZED: "vectorize", ForKind.UNROLLED: "unroll",
+            ForKind.SERIAL: "serial"}[kind]
     if for_.kind is not ForKind.SERIAL and kind is not ForKind.SERIAL:
         raise ScheduleError(f"{verb} {loop}: the loop is already {for_.kind.value}")
-    if kind in (ForKind.PARALLEL, ForKind.VECTORIZED):
+    if kind.is_parallel or kind is ForKind.VECTORIZED:
         _check_independent(func, for_, outer, verb)
     if kind is ForKind.VECTORIZED:
         if any(isinstance(s, For) for s in _stmts_below(for_)):
             raise ScheduleError(f"vectorize {loop}: only an innermost loop can be vectorized")
-    if kind is ForKind.PARALLEL:
-        nested = [f.var.name for f in outer if f.kind is ForKind.PARALLEL]
+    if kind.is_parallel:
+        nested = [f.var.name for f in outer if f.kind.is_parallel]
         nested += [s.var.name for s in _stmts_below(for_)
-                   if isinstance(s, For) and s.kind is ForKind.PARALLEL]
+                   if isinstance(s, For) and s.kind.is_parallel]
         if nested:
             raise ScheduleError(f"parallel {loop}: loop {nested[0]} is parallel already; "
                                 f"nested parallel loops are not supported")
