@@ -84,3 +84,20 @@ def test_a_matrix_vector_product_over_large_weights_is_timed_cold(
     assert not evictions
     build_contraction_kernels(classifier, gemms(classifier), measured, Decisions(None))
     assert len(evictions) >= 2 * 3  # the library call and the GEMM, 3 rounds at least
+
+
+def test_a_kernel_over_several_nodes_keeps_a_tie() -> None:
+    """One node: its recipe's margin (a GEMM must win by 5%); several (the GEMM with its
+    residual's sum): a tie keeps the kernel, which saves their values' round trip."""
+    from types import SimpleNamespace
+
+    from kiln.kernels.decide import MARGIN, margin
+    from kiln.kernels.plan import Recipe
+
+    def built(recipe: Recipe, nodes: int) -> SimpleNamespace:
+        return SimpleNamespace(recipe=recipe, group=SimpleNamespace(nodes=[object()] * nodes))
+
+    assert margin(built(Recipe.GEMM, 1)) == MARGIN[Recipe.GEMM] < 1.0  # type: ignore[arg-type]
+    assert margin(built(Recipe.GEMM, 2)) == 1.0  # type: ignore[arg-type]
+    assert margin(built(Recipe.DEPTHWISE, 2)) == 1.0  # type: ignore[arg-type]
+    assert margin(built(Recipe.LIBRARY, 1)) == MARGIN[Recipe.LIBRARY]  # type: ignore[arg-type]

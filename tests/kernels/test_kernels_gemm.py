@@ -248,7 +248,9 @@ def test_a_residual_gemm_that_loses_still_gets_the_librarys_variant(
     from kiln.kernels.plan import Recipe
 
     monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
-    monkeypatch.setitem(decide.MARGIN, Recipe.GEMM, 0.0)  # the generated GEMM never wins
+    margin = decide.margin  # the generated GEMM never wins (with its residual or without)
+    monkeypatch.setattr(decide, "margin",
+                        lambda c: 0.0 if c.recipe is Recipe.GEMM else margin(c))
     monkeypatch.setitem(decide.MARGIN, Recipe.LIBRARY, 1e9)  # a library variant always does
 
     class Block(torch.nn.Module):
