@@ -276,9 +276,12 @@ def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[S
     if not dead:
         return block
     ranges = {f.var: (0, max(f.extent - 1, 0)) for f in loops}
+    # (an index in the block's iter vars is bounded through their bindings: a GEMM's A read
+    # in place, A[vi0, vk0])
+    bound = {iv.var: b for iv, b in zip(block.iter_vars, block.bindings)}
     for access in [*stores, *loads]:
         for idx, extent in zip(access.indices, access.buffer.shape):
-            box = bounds(idx, ranges)
+            box = bounds(substitute(idx, bound), ranges)
             if box is None or box[0] < 0 or box[1] >= extent:
                 return block
     freed = set().union(*(vars_of(g) for g in dead))
