@@ -268,3 +268,70 @@ def test_depthwise_input_not_channels_last_at_run_time(kernel_options: Options,
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         # the kernel writes NHWC; ATen's call on an NCHW input gives NCHW
         assert got.is_contiguous(memory_format=layout)
+
+
+# (padding before, padding after) per spatial dim: a pad node folded into the convolution
+PADDED = [((0, 0), (1, 1), 2), ((1, 2), (0, 1), 1), ((2, 0), (3, 1), 2), ((0, 1), (0, 0), 1)]
+
+
+@pytest.mark.parametrize("before,after,stride", PADDED, ids=[str(p) for p in PADDED])
+def test_depthwise_with_padding_after_matches_a_pad_then_the_convolution(
+        kernel_options: Options, before: tuple, after: tuple, stride: int) -> None:
+    """Padding that differs before and after a spatial dim (TensorFlow's "same"): the kernel
+    over the unpadded input equals ATen's pad, then the convolution without padding; NaN and
+    inf on the border stay where ATen has them."""
+    shape = DepthwiseShape(1, 19, 9, 12, (3, 3), (stride, stride), before, (1, 1), True,
+                           padding_after=after)
+    plan = depthwise_plan(shape, DepthwiseConfig.default(shape, 16),
+                          name=f"dw_test_pad_{'_'.join(map(str, (*before, *after, stride)))}",
+                          epilogue=Epilogue(Op.CLAMP, (0.0, 6.0)))
+    kernel = compile_kernel(plan.build(), kernel_options)
+    x, weight, bias = _operands(shape, seed=3)
+    x[0, 2, 0, 0], x[0, 5, -1, -1] = float("nan"), float("inf")
+    got = _run(kernel, shape, x, weight, bias)
+    (top, left), (bottom, right) = before, after
+    padded = torch.nn.functional.pad(x, (left, right, top, bottom))
+    want = torch.nn.functional.conv2d(padded, weight, bias, shape.stride, 0, 1,
+                                      shape.c).clamp(0.0, 6.0)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+class _SamePadded(nn.Module):
+    """HF MobileNet's "same" padding before a strided depthwise convolution; ``shared``:
+    the padded image is also returned (the pad then stays a call of its own)."""
+
+    def __init__(self, c: int, value: float = 0.0, shared: bool = False) -> None:
+        super().__init__()
+        self.expand = nn.Conv2d(c, c, 1)  # (the image is channels-last from here on)
+        self.conv = nn.Conv2d(c, c, 3, 2, 0, groups=c)
+        self.value, self.shared = value, shared
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        padded = torch.nn.functional.pad(self.expand(x).relu(), (0, 1, 0, 1), value=self.value)
+        y = torch.nn.functional.relu6(self.conv(padded))
+        return (y, padded) if self.shared else y
+
+
+@pytest.mark.parametrize("value,shared,folded", [(0.0, False, True), (1.0, False, False),
+                                                  (0.0, True, False)],
+                         ids=["zero", "nonzero-value", "pad-returned"])
+def test_a_zero_pad_joins_its_depthwise_convolution(kernel_options: Options,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    value: float, shared: bool,
+                                                    folded: bool) -> None:
+    """A zero pad read only by the convolution runs inside its kernel (one generated kernel
+    for both nodes); a pad of another value, or one whose result is also used, stays a call
+    of its own. All match eager."""
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    torch.manual_seed(0)
+    model = _SamePadded(24, value, shared).eval()
+    x = torch.randn(1, 24, 14, 13).contiguous(memory_format=CL)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    ops = [k.ops for k in compiled.report.kernels if k.kind == "generated"
+           and "kiln_depthwise" in (k.source or "")]
+    assert ops == ([("pad", "conv_act")] if folded else [("conv_act",)])
+    with torch.no_grad():
+        want, got = model(x), compiled(x)
+    for w, g in zip(want if shared else [want], got if shared else [got], strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)

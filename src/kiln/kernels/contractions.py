@@ -105,10 +105,13 @@ class _Stage:
         graph, options, decisions, checks = self.graph, self.options, self.decisions, self.checks
         candidates: list[Built] = []
         reasons: list[Skipped] = []
-        if len(group.nodes) > 1 and group.last in self.conv and self.compiler:
-            # the convolution reading its input's NCHW source in place, where that beats
-            # the copy and the convolution's ATen call; else the convolution alone, as usual
-            built = conv_candidate(graph, group, options, checks, self.planned[group])  # type: ignore
+        window = conv_candidate if group.last in self.conv else \
+            depthwise_candidate if group.last in self.depthwise else None
+        if len(group.nodes) > 1 and window is not None and self.compiler:
+            # the convolution reading its input's NCHW source in place (or its zero pad's
+            # input, the pad's taps skipped), where that beats the copy (the pad) and the
+            # convolution's ATen call; else the convolution alone, as usual
+            built = window(graph, group, options, checks, self.planned[group])  # type: ignore
             decided = fastest(graph, [built], decisions) if isinstance(built, Built) else built
             if isinstance(decided, Built):
                 return decided

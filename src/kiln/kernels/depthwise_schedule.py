@@ -79,8 +79,8 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
 __all__ = ["DepthwiseConfig", "DepthwiseShape", "depthwise_func", "depthwise_plan",
-           "loop_nest", "output_size", "pack_depthwise_weight", "schedule_depthwise",
-           "tap_inside", "tap_position"]
+           "loop_nest", "output_size", "pack_depthwise_weight", "padding_after",
+           "schedule_depthwise", "tap_inside", "tap_position"]
 
 F32 = DType.F32
 
@@ -88,7 +88,9 @@ F32 = DType.F32
 @dataclass(frozen=True)
 class DepthwiseShape:
     """A depthwise convolution's sizes: input [N, C, H, W], kernel KH x KW, stride, padding,
-    dilation (per spatial dim), and whether it adds a bias."""
+    dilation (per spatial dim), and whether it adds a bias. ``padding`` comes before each
+    spatial dim; ``padding_after`` after it, where it differs (a zero ``pad`` node folded in:
+    TensorFlow's "same" padding of a strided convolution, one row and column at the end)."""
 
     n: int
     c: int
@@ -99,6 +101,7 @@ class DepthwiseShape:
     padding: tuple[int, int]
     dilation: tuple[int, int] = (1, 1)
     bias: bool = False
+    padding_after: tuple[int, int] | None = None  # None: ``padding`` again
 
     @property
     def out(self) -> tuple[int, int]:
@@ -145,12 +148,17 @@ def _lt(a: Expr, b: Expr) -> Expr:
 
 
 def output_size(shape: Any) -> tuple[int, int]:
-    """OH, OW of a convolution shape (h, w, kernel, stride, padding, dilation), as ATen's
-    convolution computes them."""
+    """OH, OW of a convolution shape (h, w, kernel, stride, padding, dilation, and
+    ``padding_after`` where it has one), as ATen's convolution computes them."""
     return tuple(  # type: ignore[return-value]
-        (size + 2 * p - d * (k - 1) - 1) // s + 1
-        for size, k, s, p, d in zip((shape.h, shape.w), shape.kernel, shape.stride,
-                                    shape.padding, shape.dilation))
+        (size + p + q - d * (k - 1) - 1) // s + 1
+        for size, k, s, p, q, d in zip((shape.h, shape.w), shape.kernel, shape.stride,
+                                       shape.padding, padding_after(shape), shape.dilation))
+
+
+def padding_after(shape: Any) -> tuple[int, int]:
+    """The padding after each spatial dim: ``padding_after`` where the shape has one."""
+    return getattr(shape, "padding_after", None) or shape.padding
 
 
 def loop_nest(block: str, spatial: Sequence[tuple[str, int]], body: Callable[..., Stmt],
@@ -183,12 +191,17 @@ def tap_position(shape: DepthwiseShape | Any, o: Expr, k: Expr, d: int) -> Expr:
 
 def tap_inside(shape: Any, oh: Expr, ow: Expr, i: Expr, j: Expr) -> Expr | None:
     """The guard of a window kernel's update: tap (i, j) of output pixel (oh, ow) reads
-    inside the input, not the padding (None without padding: every tap is inside)."""
+    inside the input, not the padding (None without padding: every tap is inside): a test
+    against the start where there is padding before, against the end where there is some
+    after."""
     conds = []
+    after = padding_after(shape)
     for d, (o, k, size) in enumerate(((oh, i, shape.h), (ow, j, shape.w))):
+        pos = tap_position(shape, o, k, d)
         if shape.padding[d] > 0:
-            pos = tap_position(shape, o, k, d)
-            conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
+            conds.append(_lt(const(-1, pos.dtype), pos))
+        if after[d] > 0:
+            conds.append(_lt(pos, const(size, pos.dtype)))
     return conjoin(*conds)
 
 

@@ -175,7 +175,11 @@ class WindowSpace:
         groups = 1 if isinstance(s, ConvShape) else s.c
         weight = torch.randn(out_channels, channels // groups, *s.kernel, generator=gen)
         bias = torch.randn(out_channels, generator=gen) if s.bias else None
-        expected = F.conv2d(x, weight, bias, s.stride, s.padding, s.dilation, groups)
+        padded, padding = x, s.padding
+        if isinstance(s, DepthwiseShape) and s.padding_after is not None:
+            (top, left), (bottom, right) = s.padding, s.padding_after
+            padded, padding = F.pad(x, (left, right, top, bottom)), (0, 0)
+        expected = F.conv2d(padded, weight, bias, s.stride, padding, s.dilation, groups)
         if self.epilogue is not None:
             apply_activation(expected, self.epilogue.activation, self.epilogue.args)
         packed = pack_conv_weight(weight, decisions["nr"]) if isinstance(s, ConvShape) \
