@@ -34,6 +34,7 @@ from kiln.tir.nodes import (
     Buffer,
     CmpOp,
     Compare,
+    Const,
     Expr,
     For,
     IfThenElse,
@@ -257,12 +258,13 @@ def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[S
     if len(stores) != 1 or any(x.buffer in params for x in stores):
         return block
     out = stores[0]
-    if not all(isinstance(i, Var) for i in out.indices):
+    # (a constant index: a dim of extent 1, as a batched GEMM's tile has, C_local[0, i, j])
+    if not all(isinstance(i, (Var, Const)) for i in out.indices):
         return block
     if any(ld.buffer == out.buffer and ld.indices != out.indices for ld in loads):
         return block
     reduce_vars = {v.name for v in loop_vars_of_kind(block, IterKind.REDUCE)}
-    position = {v.name for v in out.indices}  # type: ignore[union-attr]
+    position = {v.name for v in out.indices if isinstance(v, Var)}
     readers = [b for b in others if isinstance(b, Block) and b is not block
                and any(ld.buffer == out.buffer for ld in loads_of(b.body))]
     dead = []
@@ -303,7 +305,8 @@ def _guarded_alike(guard: Expr, position: tuple[Expr, ...], reader: Block,
     reads = [ld for ld in loads_of(reader.body) if ld.buffer == buffer]
     conj = conjuncts(reader.predicate)
     for ld in reads:
-        renamed = substitute(guard, dict(zip(position, ld.indices)))  # type: ignore[arg-type]
+        renamed = substitute(guard, {p: i for p, i in zip(position, ld.indices)
+                                     if isinstance(p, Var)})
         if renamed not in conj:
             return False
     return True
