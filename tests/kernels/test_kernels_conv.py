@@ -241,7 +241,8 @@ def test_conv_candidate_in_the_contraction_stage(kernel_options: Options) -> Non
 @pytest.mark.parametrize("why", ["nchw", "residual", "inf_weight", "long_reduction"])
 def test_conv_refuses(why: str) -> None:
     """Cases the kernel does not take stay with the library: an input that is NCHW at run
-    time, a residual input, a non-finite weight, a reduction longer than MAX_REDUCTION."""
+    time, a residual input that is (a graph input), a non-finite weight, a reduction longer
+    than MAX_REDUCTION."""
     if why == "nchw":
         graph = _graph(source="relu(%x)")
     elif why == "residual":
@@ -355,3 +356,53 @@ def test_a_bug_in_one_group_costs_its_speed_only(kernel_options: Options, where:
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(IndexError, match="a bug"):
         kiln.compile(model, (x,), dataclasses.replace(options, strict=True))
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_residual_starts_the_accumulator(kernel_options: Options, bias: bool) -> None:
+    """A channels-last residual of the output's shape is added before the activation, as
+    ATen's convolution then add; NaN and inf in it stay where they are."""
+    shape = ConvShape(1, 5, 9, 10, 20, (3, 3), (1, 1), (1, 1), (1, 1), bias, residual=True)
+    config = ConvConfig.default(shape, 16)
+    name = f"conv_test_residual_{int(bias)}"
+    plan = conv_plan(shape, config, name=name, epilogue=Epilogue(Op.RELU, ()))
+    kernel = compile_kernel(plan.build(), kernel_options)
+    x, weight, b = _operands(shape, seed=5)
+    residual = torch.randn(1, 20, *shape.out).contiguous(memory_format=CL)
+    residual[0, 3, 2, 2], residual[0, 7, 0, 9] = float("nan"), float("-inf")
+    out = torch.full((1, 20, *shape.out), float("nan")).contiguous(memory_format=CL)
+    kernel(x, pack_conv_weight(weight, config.nr), *([b] if bias else []), residual, out)
+    want = (torch.nn.functional.conv2d(x, weight, b if bias else None, 1, 1)
+            + residual).relu()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert plan.replayed() == plan.build()
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's basic block: the shortcut is added after the second 3x3 convolution."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c, c, 3, padding=1)
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv2(torch.relu(self.conv1(x))) + x)
+
+
+def test_a_basic_blocks_residual_convolution_runs_generated(
+        kernel_options: Options, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stem and two basic blocks compiled (channels-last forced): every 3x3 convolution,
+    those with the shortcut too, runs as a generated kernel; the result matches eager. (A
+    shortcut straight from the NCHW graph input would keep the library's convolution.)"""
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), _BasicBlock(8), _BasicBlock(8)).eval()
+    x = torch.randn(1, 3, 11, 9)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    convs = [k for k in compiled.report.kernels
+             if {"convolution", "conv_act"} & set(k.ops)]
+    assert len(convs) == 5 and all(k.kind == "generated" for k in convs)
+    assert sum("residual" in (k.source or "") for k in convs) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)

@@ -103,7 +103,8 @@ class ConvShape:
     """A dense (groups = 1) convolution's sizes: input [N, CI, H, W], CO output channels,
     kernel KH x KW, stride, padding, dilation (per spatial dim), and whether it adds a bias.
     ``x_strides``: the input's strides where it is not channels-last (a network's NCHW
-    input, `kiln.kernels.conv.layout_prologue`)."""
+    input, `kiln.kernels.conv.layout_prologue`). ``residual``: it adds a channels-last
+    tensor of the output's shape (a ResNet basic block's shortcut), before the activation."""
 
     n: int
     ci: int
@@ -116,6 +117,7 @@ class ConvShape:
     dilation: tuple[int, int] = (1, 1)
     bias: bool = False
     x_strides: tuple[int, ...] | None = None
+    residual: bool = False
 
     @property
     def out(self) -> tuple[int, int]:
@@ -195,7 +197,7 @@ def conv_shares_dynamically(shape: ConvShape) -> bool:
     byte, dynamic; MobileNetV2's 3-channel stem: 10, static)."""
     (kh, kw), (oh, ow) = shape.kernel, shape.out
     elements = (shape.n * shape.ci * shape.h * shape.w + shape.co * shape.ci * kh * kw
-                + shape.n * shape.co * oh * ow)
+                + shape.n * shape.co * oh * ow * (2 if shape.residual else 1))
     return shares_dynamically(2.0 * shape.macs, 4.0 * elements)
 
 
@@ -217,10 +219,11 @@ def _lt(a: Expr, b: Expr) -> Expr:
 def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = False
               ) -> PrimFunc:
     """The unscheduled program (see the module docstring): blocks ``init`` (the accumulator
-    set to the bias, or 0), ``conv`` (the guarded update over taps and input channels) and
-    ``store`` (the accumulator written to ``out``), each in its own loop nest. With
-    ``pad_copy`` (and some padding) a first block ``pad`` writes the input with its zero
-    border into a temporary ``xp``, and ``conv`` reads that without guards."""
+    set to the bias, or 0, plus the residual where there is one), ``conv`` (the guarded
+    update over taps and input channels) and ``store`` (the accumulator written to
+    ``out``), each in its own loop nest. With ``pad_copy`` (and some padding) a first block
+    ``pad`` writes the input with its zero border into a temporary ``xp``, and ``conv``
+    reads that without guards."""
     n, ci, h, w, co = shape.n, shape.ci, shape.h, shape.w, shape.co
     kh, kw = shape.kernel
     oh, ow = shape.out
@@ -228,6 +231,8 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     wt = TBuffer("w", (-(-co // nr), kh, kw, ci, nr), F32)
     bias = TBuffer("bias", (co,), F32) if shape.bias else None
     out = TBuffer("out", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow)))
+    residual = TBuffer("residual", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow))
+                       ) if shape.residual else None
     acc = TBuffer("acc", (n, oh, ow, co), F32, scope=Scope.LOCAL)
     spatial = (("n", n), ("oh", oh), ("ow", ow), ("co", co))
 
@@ -237,6 +242,9 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
 
     def init(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
         start = bias[vco] if bias is not None else const(0.0, F32)
+        if residual is not None:
+            start = residual[vn, vco, voh, vow] if bias is None else \
+                start + residual[vn, vco, voh, vow]
         return BufferStore(acc, (vn, voh, vow, vco), start)
 
     def position(o: Var, k: Var, d: int) -> Expr:
@@ -276,6 +284,7 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     reduce = (("i", kh), ("j", kw), ("ci", ci))
     body = seq(nest("init", init), nest("conv", update, reduce, inside), nest("store", store))
     inputs = (x, wt) if bias is None else (x, wt, bias)
+    inputs += (residual,) if residual is not None else ()
     if padded:
         padding = loop_nest("pad", (("n", n), ("h", h + 2 * ph), ("w", w + 2 * pw), ("ci", ci)),
                             pad)

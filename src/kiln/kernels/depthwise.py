@@ -56,8 +56,9 @@ from kiln.tir.te import NotLowerable
 from kiln.tune.apply import tuned_or_default
 from kiln.tune.space_window import WindowSpace
 
-__all__ = ["conv_bias", "depthwise_candidate", "depthwise_groups", "depthwise_space",
-           "direct_refusal", "epilogue_of", "folded_pad", "plan_depthwise", "refusal"]
+__all__ = ["conv_bias", "conv_residual", "depthwise_candidate", "depthwise_groups",
+           "depthwise_space", "direct_refusal", "epilogue_of", "folded_pad", "plan_depthwise",
+           "refusal"]
 
 DepthwisePlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
@@ -110,10 +111,11 @@ def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | N
 
 
 def direct_refusal(graph: Graph, node: Node, weight_dims: tuple[int, int],
-                   nhwc: set[Value] | None = None) -> str | None:
+                   nhwc: set[Value] | None = None, residual: bool = False) -> str | None:
     """What a generated direct convolution (depthwise, or dense in `kiln.kernels.conv`)
     does not take, whatever its grouping: ``weight_dims`` are the weight's first two dims
-    it needs (out channels, in channels per group)."""
+    it needs (out channels, in channels per group); ``residual``: whether it takes a
+    residual input (channels-last at run time, of the output's shape)."""
     a = node.attrs
     x, w = node.inputs[0], node.inputs[1]
     if any(v.type.dtype is not DType.F32 for v in node.inputs if v.node.op is not Op.SCALAR):
@@ -121,8 +123,13 @@ def direct_refusal(graph: Graph, node: Node, weight_dims: tuple[int, int],
     if isinstance(a, ConvAttrs) and a.transposed:
         return "transposed"
     if isinstance(a, ConvActAttrs):
-        if a.has_residual:
+        if a.has_residual and not residual:
             return "a residual input"
+        if a.has_residual:
+            r = conv_residual(node)
+            nhwc = channels_last_values(graph) if nhwc is None else nhwc
+            if r is None or r.type.shape != node.type.shape or r not in nhwc:
+                return "a residual input not channels-last at run time, of the output's shape"
         if a.activation is not None:
             try:
                 activation(a.activation, a.act_args)
@@ -141,6 +148,14 @@ def direct_refusal(graph: Graph, node: Node, weight_dims: tuple[int, int],
     if x not in nhwc:
         return "an input that is not channels-last at run time"
     return None
+
+
+def conv_residual(node: Node) -> Value | None:
+    """A ``conv_act`` node's residual input, or None."""
+    a = node.attrs
+    if not isinstance(a, ConvActAttrs) or not a.has_residual:
+        return None
+    return node.inputs[3 if a.has_bias else 2]
 
 
 def conv_bias(node: Node) -> Value | None:

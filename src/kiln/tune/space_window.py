@@ -180,11 +180,15 @@ class WindowSpace:
             (top, left), (bottom, right) = s.padding, s.padding_after
             padded, padding = F.pad(x, (left, right, top, bottom)), (0, 0)
         expected = F.conv2d(padded, weight, bias, s.stride, padding, s.dilation, groups)
+        residual = []
+        if isinstance(s, ConvShape) and s.residual:
+            residual = [torch.randn(out.shape, generator=gen).contiguous(memory_format=cl)]
+            expected = expected + residual[0]
         if self.epilogue is not None:
             apply_activation(expected, self.epilogue.activation, self.epilogue.args)
         packed = pack_conv_weight(weight, decisions["nr"]) if isinstance(s, ConvShape) \
             else pack_depthwise_weight(weight)
-        return [x, packed, *([bias] if bias is not None else []), out], [expected]
+        return [x, packed, *([bias] if bias is not None else []), *residual, out], [expected]
 
 
 @functools.lru_cache(maxsize=256)
