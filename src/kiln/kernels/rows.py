@@ -36,7 +36,8 @@ from kiln.tir.visit import iter_stmts
 __all__ = ["NoRowKernel", "plan_rows"]
 
 ROW_OPS = frozenset({Op.SOFTMAX, Op.LAYER_NORM, Op.MEAN, Op.SUM})
-_TEMPLATES = {Op.SOFTMAX: "softmax", Op.LAYER_NORM: "layernorm", Op.MEAN: "sum", Op.SUM: "sum"}
+# the row schedule (`rows_schedule.<kind>_rows`) each op runs as
+_KINDS = {Op.SOFTMAX: "softmax", Op.LAYER_NORM: "layernorm", Op.MEAN: "sum", Op.SUM: "sum"}
 
 
 class NoRowKernel(Exception):
@@ -56,21 +57,22 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None
     lanes = lanes or default_lanes(group)
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRowKernel(f"{norm.name}: the group has outputs besides the row input and result")
+    kind = _KINDS[norm.op]
     if norm.op is Op.SOFTMAX:
-        kernel, extra = _row_kernel("softmax", rows, n, 0.0, lanes), ()
+        kernel, extra = _row_kernel(kind, rows, n, 0.0, lanes), ()
     elif norm.op in (Op.MEAN, Op.SUM):  # (the partition takes last-axis ones only)
         if n == 0:
             raise NoRowKernel(f"{norm.name}: empty rows (a mean of none is NaN)")
         scale = 1.0 / n if norm.op is Op.MEAN else 1.0
-        kernel, extra = _row_kernel("sum", rows, n, scale, lanes), ()
+        kernel, extra = _row_kernel(kind, rows, n, scale, lanes), ()
     else:
         w, b = norm.inputs[1], norm.inputs[2]
         if any(v.type.shape != (n,) or v.type.dtype is not DType.F32 for v in (w, b)):
             raise NoRowKernel(f"{norm.name}: weight and bias are not f32[{n}]")
         eps = norm.attrs.eps  # type: ignore[attr-defined]
-        kernel = _row_kernel("layernorm", rows, n, eps, lanes)
+        kernel = _row_kernel(kind, rows, n, eps, lanes)
         extra = (w, b)
-    template = f"rows_schedule.{_TEMPLATES[norm.op]}_rows"
+    template = f"rows_schedule.{kind}_rows"
     # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
     plan = KernelPlan(Recipe.ROWS, kernel.lowered, kernel.trace,
                       (Compact(), RenameParams(kernel_name(group), "row_")),
@@ -96,13 +98,16 @@ def default_lanes(group: KernelGroup) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _row_kernel(kind: str, rows: int, n: int, eps: float, lanes: int) -> rows_schedule.RowKernel:
-    """The scheduled row kernel, built once per shape (a transformer has one per layer)."""
+def _row_kernel(kind: str, rows: int, n: int, constant: float, lanes: int
+                ) -> rows_schedule.RowKernel:
+    """The scheduled row kernel of ``kind`` (a `_KINDS` value), built once per shape (a
+    transformer has one per layer). ``constant``: layer norm's eps, or a sum's scale (1/n
+    for a mean); softmax takes none."""
     if kind == "softmax":
         return rows_schedule.softmax_rows(rows, n, name=kind, lanes=lanes)
-    if kind == "sum":  # (eps carries the scale)
-        return rows_schedule.sum_rows(rows, n, eps, name=kind, lanes=lanes)
-    return rows_schedule.layernorm_rows(rows, n, eps, name=kind, lanes=lanes)
+    if kind == "sum":
+        return rows_schedule.sum_rows(rows, n, constant, name=kind, lanes=lanes)
+    return rows_schedule.layernorm_rows(rows, n, constant, name=kind, lanes=lanes)
 
 
 def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, write_x: bool, taken: set[str]
