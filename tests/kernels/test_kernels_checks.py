@@ -95,3 +95,26 @@ def test_an_unusable_database_costs_the_answers_only(kernel_options: Options, tm
     for _ in range(2):  # its directory is a file: nothing is kept, every compile checks
         assert Checks(Decisions(blocked / "decisions.sqlite")).agrees(graph, built)
     assert counted == [True, True]
+
+
+def test_a_weights_digest_follows_its_values_and_never_copies_a_transposed_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Equal values in the same layout: equal digests; one changed value, or the same bytes
+    read with other strides: another. A transposed weight is hashed in place (no copy); a
+    slice of a larger storage as its contiguous copy."""
+    from kiln.kernels.checks import weight_digest
+
+    torch.manual_seed(0)
+    w = torch.randn(48, 32)
+    t = w.t()
+    assert weight_digest(t) == weight_digest(w.clone().t())
+    assert weight_digest(t) != weight_digest(w)  # (the same storage, other strides)
+    changed = w.clone()
+    changed[5, 7] += 1.0
+    assert weight_digest(changed.t()) != weight_digest(t)
+    piece = w[:, :16]  # (a slice: the storage is twice its size)
+    assert weight_digest(piece) == weight_digest(piece.contiguous())
+    monkeypatch.setattr(torch.Tensor, "contiguous",
+                        lambda self, *a, **k: pytest.fail("copied a transposed weight"))
+    weight_digest(t)
+    assert weight_digest(torch.empty(0, 3)) == weight_digest(torch.empty(3, 0))

@@ -22,7 +22,7 @@ from kiln.kernels.decide import Decisions, decision_key, digest
 from kiln.kernels.outcome import Built
 from kiln.kernels.validate import agrees_with_library, operand_strides
 
-__all__ = ["Checks"]
+__all__ = ["Checks", "weight_digest"]
 
 
 class Checks:
@@ -56,7 +56,26 @@ class Checks:
 
     def _digest(self, graph: Graph, node: Node) -> str:
         if node not in self._weights:
-            tensor = graph.constant(node).detach().contiguous()
-            data = tensor.reshape(-1).view(torch.uint8).numpy() if tensor.numel() else b""
-            self._weights[node] = hashlib.sha1(data, usedforsecurity=False).hexdigest()
+            self._weights[node] = weight_digest(graph.constant(node).detach())
         return self._weights[node]
+
+
+def weight_digest(tensor: torch.Tensor) -> str:
+    """SHA-1 of a weight's values. A contiguous tensor: of its bytes. A view no smaller than
+    its storage (a transposed Linear weight): of the storage's bytes in place, with the
+    view's shape, strides and offset, which fix its values; copying it contiguous first took
+    0.37 s of HF GPT-2's 3 s warm compile. Otherwise (a slice of a larger storage): of a
+    contiguous copy."""
+    if tensor.numel() == 0:
+        return hashlib.sha1(b"", usedforsecurity=False).hexdigest()
+    if tensor.is_contiguous():
+        data = tensor.reshape(-1).view(torch.uint8).numpy()
+        return hashlib.sha1(data, usedforsecurity=False).hexdigest()
+    storage = tensor.untyped_storage()
+    if storage.nbytes() > tensor.numel() * tensor.element_size():
+        return weight_digest(tensor.contiguous())
+    h = hashlib.sha1(torch.empty(0, dtype=torch.uint8).set_(storage).numpy(),
+                     usedforsecurity=False)
+    h.update(repr((tuple(tensor.shape), tensor.stride(), tensor.storage_offset(),
+                   str(tensor.dtype))).encode())
+    return h.hexdigest()
