@@ -123,9 +123,9 @@ def direct_refusal(graph: Graph, node: Node, weight_dims: tuple[int, int],
     if isinstance(a, ConvAttrs) and a.transposed:
         return "transposed"
     if isinstance(a, ConvActAttrs):
-        if a.has_residual and not residual:
-            return "a residual input"
         if a.has_residual:
+            if not residual:
+                return "a residual input"
             r = conv_residual(node)
             nhwc = channels_last_values(graph) if nhwc is None else nhwc
             if r is None or r.type.shape != node.type.shape or r not in nhwc:

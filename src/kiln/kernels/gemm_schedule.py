@@ -167,9 +167,10 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k))
 
 
-def gemm_shares_dynamically(m: int, n: int, k: int, batch: int = 1) -> bool:
-    """`plan.shares_dynamically` for an fp32 GEMM: 2MNK FLOPs over A, B and C once."""
-    return shares_dynamically(2.0 * batch * m * n * k, 4.0 * batch * (m * k + k * n + m * n))
+def gemm_shares_dynamically(m: int, n: int, k: int) -> bool:
+    """`plan.shares_dynamically` for an fp32 GEMM: 2MNK FLOPs over A, B and C once (a
+    batched GEMM's intensity is each batch's)."""
+    return shares_dynamically(2.0 * m * n * k, 4.0 * (m * k + k * n + m * n))
 
 
 def _mr_for(m: int, largest: int, threads: int) -> int:
