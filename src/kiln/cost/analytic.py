@@ -41,6 +41,7 @@ __all__ = ["AnalyticCost", "Roofline", "node_bytes", "node_flops"]
 _TRANSCENDENTAL = frozenset({Op.EXP, Op.LOG, Op.SQRT, Op.RSQRT, Op.SIN, Op.COS, Op.TANH,
                              Op.SIGMOID, Op.ERF, Op.GELU, Op.POW, Op.DIV, Op.RECIPROCAL})
 _FREE = frozenset({Op.INPUT, Op.CONSTANT, Op.SCALAR})
+PROBE_VERSION = 2  # of `kiln.cost.machine`'s probe: a new one invalidates kept rooflines
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,9 @@ class Roofline:
 
         threads = torch.get_num_threads()
         path = cache_dir(options) / "roofline.json"
-        key = f"{platform.machine()}|{platform.processor()}|{os.cpu_count()}|{threads}"
+        # the probe's version too: version 1 read a twelfth of the peak on AVX2 machines
+        key = (f"{platform.machine()}|{platform.processor()}|{os.cpu_count()}|{threads}"
+               f"|probe{PROBE_VERSION}")
         cached = _read(path, key)
         if cached is not None:
             return cached
