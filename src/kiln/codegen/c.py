@@ -38,6 +38,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from kiln.codegen.c_intrinsics import fma_tile_lines
 from kiln.codegen.c_prelude import PRELUDE
 from kiln.ir.types import DType
 from kiln.tir.arith import bounds
@@ -56,6 +57,7 @@ from kiln.tir.nodes import (
     For,
     ForKind,
     IfThenElse,
+    Intrinsic,
     IterKind,
     Load,
     Prefetch,
@@ -64,10 +66,12 @@ from kiln.tir.nodes import (
     Select,
     SeqStmt,
     Stmt,
+    Tensorized,
     Unary,
     UnOp,
     Var,
 )
+from kiln.tir.tensorize import fma_tile
 from kiln.tir.visit import iter_exprs, iter_stmts, map_expr
 
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
@@ -185,6 +189,7 @@ class CRenderer:
             Allocate: self._allocate,
             IfThenElse: self._if,
             Prefetch: self._prefetch,
+            Tensorized: self._tensorized,
         }
 
     # --- hooks ---------------------------------------------------------------------------------
@@ -357,6 +362,19 @@ class CRenderer:
         per_line = max(1, 64 // stmt.buffer.dtype.itemsize)
         return [f"__builtin_prefetch(&{first}{f' + {i * per_line}' if i else ''}, 0, 2);"
                 for i in range(stmt.lines)]
+
+    def _tensorized(self, stmt: Tensorized, scope: _Scope) -> list[str]:
+        """The intrinsic's micro-kernel (`kiln.codegen.c_intrinsics`); a loop that no longer
+        matches its description (a rewrite after tensorize) renders as the loop it is."""
+        tile = fma_tile(stmt.loop, stmt.lanes) if stmt.intrinsic is Intrinsic.FMA_TILE else None
+        if tile is None:
+            return self._for(stmt.loop, scope)
+        scope.ranges[tile.k.var] = (0, tile.k.extent - 1)
+        return fma_tile_lines(
+            tile, stmt.lanes, access=lambda ld: self._load(ld, scope),
+            expr=lambda e: _strip(self._expr(e, scope)),
+            stmt=lambda s: self._stmt(s, scope), name=scope.name,
+            prefix=f"fma{next(self._hoisted)}_")
 
     def _allocate(self, stmt: Allocate, scope: _Scope) -> list[str]:
         buf = stmt.buffer

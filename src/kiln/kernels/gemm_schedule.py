@@ -65,6 +65,7 @@ from kiln.kernels.plan import (
     PrefetchPanels,
     Recipe,
     SimplifyIndices,
+    Tensorize,
     VersionTails,
     shares_dynamically,
 )
@@ -107,6 +108,9 @@ class GemmConfig:
     # the threads take the blocks one at a time as they come free, not a fixed contiguous
     # run each (`plan.shares_dynamically`: for compute-bound shapes)
     dynamic: bool = False
+    # the vector width (fp32 lanes) the tile was sized for: its micro-kernel is tensorized
+    # on vectors this wide (`plan.Tensorize`); 0 leaves it a loop nest for the C compiler
+    lanes: int = 0
 
 
     @staticmethod
@@ -115,9 +119,9 @@ class GemmConfig:
         vectors), two B vectors and one broadcast of A. AVX-512: 14 x 32 (28 of 32 zmm);
         AVX2: 6 x 16 (12 of 16 ymm); 128-bit: 6 x 8; scalar: 4 x 4."""
         if isa is Isa.SCALAR:
-            return GemmConfig(mr=4, nr=4)
+            return GemmConfig(mr=4, nr=4, lanes=1)
         mr = (isa.registers - 3) // 2 if isa is Isa.AVX512 else 6
-        return GemmConfig(mr=mr, nr=2 * isa.f32_lanes, mc=2 * mr)
+        return GemmConfig(mr=mr, nr=2 * isa.f32_lanes, mc=2 * mr, lanes=isa.f32_lanes)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -150,21 +154,24 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     if 0 < n <= base.nr // 2 and base.nr % 2 == 0:  # one vector of columns, twice the rows
         # (the accumulators fill the same registers; a 2-vector tile would compute half
         # padding: MobileNetV2's 16-channel 1x1 projection ran 2.3x slower than the library)
-        base = GemmConfig(2 * base.mr, base.nr // 2, base.kc, 2 * base.mc, base.nc)
+        base = GemmConfig(2 * base.mr, base.nr // 2, base.kc, 2 * base.mc, base.nc,
+                          lanes=base.lanes)
     elif k <= NARROW_TILE_MAX_K and m >= NARROW_TILE_MIN_M and base.nr == 32:
         # short dot products over many rows (CNN 1x1 convolutions): a 16 x 16 tile, one
         # vector wide, beats 14 x 32 by 8-24% where the write-back weighs against the few
         # K steps (Zen 4, 2 threads, B prepacked: 12544x96x16 266 -> 203 us, 3136x64x64
         # 136 -> 117, 784x192x32 53 -> 46; at K = 128-512 within 5%, at M <= 197 worse)
-        base = GemmConfig(16, 16, base.kc, 32 if k <= 32 else 16, base.nc)
+        base = GemmConfig(16, 16, base.kc, 32 if k <= 32 else 16, base.nc, lanes=base.lanes)
     kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
     split_n = (b_prepacked and threads > 1 and _ceil_div(m, base.mr) < 4 * threads
                and n >= threads * base.nr)
     mr = _mr_for(m, base.mr, 1 if split_n else threads)
-    base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc)
+    base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc,
+                      lanes=base.lanes)
     nc = _balanced(n, base.nc, base.nr, threads if split_n else 1)
     mc = _mc_for_threads(m, base, 1 if split_n else threads)
-    return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k))
+    return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k),
+                      base.lanes)
 
 
 def gemm_shares_dynamically(m: int, n: int, k: int) -> bool:
@@ -395,6 +402,8 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
         if cfg.kc < k or k == 0:
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")
         post += (epilogue,)
+    if cfg.lanes and cfg.nr % cfg.lanes == 0:
+        post += (Tensorize(tails[-1], cfg.lanes),)
     batched = f", batch={batch}, a_strides={a_strides}, b_strides={b_strides}" if batch else ""
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
             f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''}"

@@ -49,12 +49,14 @@ from kiln.tir.nodes import (
     seq,
 )
 from kiln.tir.tails import drop_dead_guards, version_tails
+from kiln.tir.tensorize import tensorize_fma_tiles
 from kiln.tir.trace import Trace
 from kiln.tir.visit import all_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["DYNAMIC_MIN_INTENSITY", "GRAIN", "BoolsAsBytes", "Compact", "DropDeadGuards",
            "Epilogue", "InlineRowPrologue", "KernelPlan", "PostPass", "PrefetchPanels", "Recipe",
-           "RenameParams", "Serial", "SimplifyIndices", "VersionTails", "shares_dynamically"]
+           "RenameParams", "Serial", "SimplifyIndices", "Tensorize", "VersionTails",
+           "shares_dynamically"]
 
 
 # below this many output elements a kernel runs on one thread, as ATen's parallel_for does
@@ -306,6 +308,23 @@ class PrefetchPanels:
 
     def as_python(self) -> str:
         return f"prefetch_panels({self.k_loop!r}, {self.buffer!r})"
+
+
+@dataclass(frozen=True)
+class Tensorize:
+    """The register tile's K loop ``k_loop`` (each version of it that matches) computed by the
+    FMA_TILE intrinsic on ``lanes``-wide vectors (`kiln.tir.tensorize`): its accumulators
+    held in vector registers for the whole loop, whatever the C compiler's register
+    allocation would have made of the loop nest."""
+
+    k_loop: str
+    lanes: int
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return tensorize_fma_tiles(func, self.k_loop, self.lanes)
+
+    def as_python(self) -> str:
+        return f"tensorize({self.k_loop!r}, 'fma_tile', lanes={self.lanes})"
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from kiln.tir.nodes import (
     For,
     ForKind,
     IfThenElse,
+    Intrinsic,
     IterKind,
     IterVar,
     Load,
@@ -25,6 +26,7 @@ from kiln.tir.nodes import (
     Select,
     SeqStmt,
     Stmt,
+    Tensorized,
     Unary,
     UnOp,
     Var,
@@ -34,6 +36,7 @@ from kiln.tir.nodes import (
 
 __all__ = [
     "Allocate", "BinOp", "Binary", "Block", "Buffer", "BufferStore", "Cast", "CmpOp", "Compare",
-    "Const", "Expr", "For", "ForKind", "IfThenElse", "IterKind", "IterVar", "Load", "Prefetch",
-    "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "UnOp", "Unary", "Var", "const", "seq",
+    "Const", "Expr", "For", "ForKind", "IfThenElse", "Intrinsic", "IterKind", "IterVar", "Load",
+    "Prefetch", "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "Tensorized", "UnOp", "Unary",
+    "Var", "const", "seq",
 ]

@@ -42,6 +42,7 @@ from kiln.tir.nodes import (
     Select,
     SeqStmt,
     Stmt,
+    Tensorized,
     Unary,
     UnOp,
     Var,
@@ -197,6 +198,8 @@ def compile_stmt(s: Stmt) -> ExecFn:
             idx = _bounds_checked(buf, tuple(p(env, bufs) for p in parts))
             bufs[buf.name][idx] = convert(value(env, bufs), buf.dtype)
         return store
+    if isinstance(s, Tensorized):  # the loop describes what the intrinsic computes
+        return compile_stmt(s.loop)
     if isinstance(s, Prefetch):  # a hint to the memory system: nothing to compute
         return lambda env, bufs: None
     if isinstance(s, Allocate):

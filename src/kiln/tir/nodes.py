@@ -53,7 +53,8 @@ from kiln.ir.types import DType
 __all__ = [
     "Allocate", "BinOp", "Binary", "Block", "Buffer", "BufferStore", "Cast", "CmpOp",
     "Compare", "Const", "Expr", "For", "ForKind", "IfThenElse", "IterKind", "IterVar", "Load",
-    "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "UnOp", "Unary", "Var",
+    "Intrinsic", "PrimFunc", "Scope", "Select", "SeqStmt", "Stmt", "Tensorized", "UnOp", "Unary",
+    "Var",
     "channels_last_strides", "const", "contiguous_strides", "seq",
 ]
 
@@ -465,6 +466,27 @@ class Prefetch(Stmt):
         if len(self.indices) != self.buffer.rank:
             raise ValueError(f"prefetch of {self.buffer.name} with {len(self.indices)} indices, "
                              f"rank {self.buffer.rank}")
+
+
+class Intrinsic(enum.Enum):
+    """A micro-kernel the renderer emits in place of a loop nest (`Tensorized`)."""
+
+    # acc[i, j] += a[i] * b[j] at each step of a loop, over an unrolled i and a vectorized j:
+    # a register tile, accumulators held in vector registers across the whole loop, one
+    # broadcast of a per row and one vector load of b per `lanes` columns
+    FMA_TILE = "fma_tile"
+
+
+@dataclass(frozen=True, slots=True)
+class Tensorized(Stmt):
+    """``loop`` computed by ``intrinsic`` on ``lanes``-wide vectors. The loop is the
+    intrinsic's description: it says what is computed (the interpreter runs it, every
+    traversal sees it), and `kiln.tir.tensorize` has checked that it matches; a renderer
+    emits the intrinsic's implementation for it."""
+
+    intrinsic: Intrinsic
+    lanes: int
+    loop: For
 
 
 def seq(*stmts: Stmt) -> Stmt:

@@ -38,6 +38,7 @@ from kiln.tir.nodes import (
     Select,
     SeqStmt,
     Stmt,
+    Tensorized,
     Unary,
     UnOp,
     Var,
@@ -98,6 +99,9 @@ def _stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}{_access(s.buffer, s.indices)} = {print_expr(s.value)}")
     elif isinstance(s, Prefetch):
         out.append(f"{pad}prefetch {_access(s.buffer, s.indices)} ({s.lines} lines)")
+    elif isinstance(s, Tensorized):
+        out.append(f"{pad}tensorized {s.intrinsic.value}(lanes={s.lanes}):")
+        _stmt(s.loop, depth + 1, out)
     elif isinstance(s, Allocate):
         out.append(f"{pad}alloc {s.buffer.name}: {buffer_type(s.buffer)}:")
         _stmt(s.body, depth + 1, out)

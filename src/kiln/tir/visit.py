@@ -23,6 +23,7 @@ from kiln.tir.nodes import (
     Select,
     SeqStmt,
     Stmt,
+    Tensorized,
     Unary,
     Var,
 )
@@ -99,6 +100,10 @@ def map_stmt(stmt: Stmt, fn: StmtFn = lambda s: s, efn: ExprFn | None = None) ->
         indices = tuple(ex(i) for i in stmt.indices)
         if not _same(indices, stmt.indices):
             new = Prefetch(stmt.buffer, indices, stmt.lines)
+    elif isinstance(stmt, Tensorized):
+        loop = map_stmt(stmt.loop, fn, efn)
+        if loop is not stmt.loop:  # (a rewrite that leaves no loop leaves no intrinsic)
+            new = Tensorized(stmt.intrinsic, stmt.lanes, loop) if isinstance(loop, For) else loop
     else:
         raise TypeError(f"unknown statement {type(stmt).__name__}")
     return fn(new)
@@ -173,6 +178,8 @@ def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
     yield stmt
     if isinstance(stmt, (For, Allocate)):
         yield from iter_stmts(stmt.body)
+    elif isinstance(stmt, Tensorized):
+        yield from iter_stmts(stmt.loop)
     elif isinstance(stmt, Block):
         if stmt.init is not None:
             yield from iter_stmts(stmt.init)

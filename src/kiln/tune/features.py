@@ -41,6 +41,7 @@ from kiln.tir.nodes import (
     Select,
     SeqStmt,
     Stmt,
+    Tensorized,
     Unary,
     Var,
 )
@@ -129,6 +130,8 @@ def _stores(stmt: Stmt, loops: tuple[_Loop, ...], bindings: dict[Var, Expr]
             yield from _stores(s, loops, bindings)
     elif isinstance(stmt, Allocate):
         yield from _stores(stmt.body, loops, bindings)
+    elif isinstance(stmt, Tensorized):
+        yield from _stores(stmt.loop, loops, bindings)
     elif isinstance(stmt, IfThenElse):
         yield from _stores(stmt.then_body, loops, bindings)
         if stmt.else_body is not None:
@@ -145,6 +148,8 @@ def _allocations(stmt: Stmt) -> Iterator[Buffer]:
 def _children(stmt: Stmt) -> tuple[Stmt, ...]:
     if isinstance(stmt, (For, Allocate)):
         return (stmt.body,)
+    if isinstance(stmt, Tensorized):
+        return (stmt.loop,)
     if isinstance(stmt, Block):
         return (stmt.body,) if stmt.init is None else (stmt.init, stmt.body)
     if isinstance(stmt, SeqStmt):

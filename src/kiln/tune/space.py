@@ -210,7 +210,7 @@ class GemmSpace:
             raise ValueError(f"decisions {', '.join(wrong)} are not in this GEMM's space")
         return GemmConfig(mr=d["mr"], nr=d["nr"], kc=d["kc"], mc=d["mc_tiles"] * d["mr"],
                           nc=d["nc_panels"] * d["nr"], split_n=d["split_n"],
-                          dynamic=d["dynamic"])
+                          dynamic=d["dynamic"], lanes=self.isa.f32_lanes)
 
     def operands(self, decisions: Mapping[str, Any],
                  gen: torch.Generator) -> tuple[list[torch.Tensor], torch.Tensor]:

@@ -1,0 +1,152 @@
+"""kiln.tir.tensorize: which loop nests become the FMA_TILE intrinsic, and that the intrinsic
+computes what its loops compute (TIR interpreter, generated C on every vector width)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.codegen.c import render_c
+from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels.gemm_schedule import GemmConfig, gemm_func, gemm_plan, pack_b
+from kiln.kernels.plan import Epilogue, Tensorize
+from kiln.options import Options
+from kiln.tir import interp
+from kiln.tir.nodes import (
+    Buffer,
+    BufferStore,
+    For,
+    ForKind,
+    Intrinsic,
+    PrimFunc,
+    Scope,
+    Tensorized,
+    Var,
+)
+from kiln.tir.printer import print_func
+from kiln.tir.tensorize import fma_tile, tensorize_fma_tiles
+from kiln.tir.visit import iter_stmts
+
+F32 = DType.F32
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory: pytest.TempPathFactory) -> Options:
+    opts = Options(kernel_cache_dir=str(tmp_path_factory.mktemp("kernels")))
+    if isinstance(toolchain(opts), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    return opts
+
+
+def _tiles(func: PrimFunc) -> list[Tensorized]:
+    return [s for s in iter_stmts(func.body) if isinstance(s, Tensorized)]
+
+
+def _tile_loop(b_index: str = "j") -> For:
+    """for p: for i in unrolled(2): for j in vectorized(8): acc[i, j] += a[p, i] * b[p, ?]"""
+    acc = Buffer("acc", (2, 8), F32, scope=Scope.LOCAL)
+    a, b = Buffer("a", (5, 2), F32), Buffer("b", (5, 8), F32)
+    p, i, j = Var("p"), Var("i"), Var("j")
+    col = {"j": j, "i": i * 4}[b_index]
+    store = BufferStore(acc, (i, j), acc[i, j] + a[p, i] * b[p, col])
+    return For(p, 5, For(i, 2, For(j, 8, store, ForKind.VECTORIZED), ForKind.UNROLLED))
+
+
+def test_a_register_tile_matches_and_other_nests_do_not() -> None:
+    loop = _tile_loop()
+    tile = fma_tile(loop, lanes=8)
+    assert tile is not None and tile.a.buffer.name == "a" and tile.b.buffer.name == "b"
+    assert fma_tile(loop, lanes=16) is None  # 8 columns are not a whole 16-lane vector
+    assert fma_tile(_tile_loop("i"), lanes=8) is None  # b does not move with the columns
+    assert fma_tile(For(loop.var, 5, loop.body, ForKind.PARALLEL), lanes=8) is None
+    unvectorized = For(loop.body.var, 2, dataclasses.replace(loop.body.body,
+                                                             kind=ForKind.SERIAL))
+    assert fma_tile(For(loop.var, 5, unvectorized), lanes=8) is None
+
+
+def test_the_gemm_plan_tensorizes_its_full_k_loops_and_prints_them() -> None:
+    cfg = GemmConfig(mr=4, nr=16, kc=384, mc=8, nc=512, lanes=8)
+    plan = gemm_plan(128, 3072, 768, cfg, bias=True, b_prepacked=True)
+    assert plan.post[-1] == Tensorize("k0_1", 8)
+    assert "post.tensorize('k0_1', 'fma_tile', lanes=8)" in plan.as_python()
+    func = plan.build()
+    (tile,) = _tiles(func)
+    assert tile.intrinsic is Intrinsic.FMA_TILE and tile.loop.var.name == "k0_1"
+    assert "tensorized fma_tile(lanes=8):\n" in print_func(func)
+    # a config without a vector width keeps the loop nest for the C compiler
+    untouched = gemm_plan(128, 3072, 768, dataclasses.replace(cfg, lanes=0), bias=True,
+                          b_prepacked=True)
+    assert not _tiles(untouched.build())
+
+
+def test_a_k_tail_with_its_guard_keeps_its_loops() -> None:
+    # K = 29 in blocks of 8: the last block's loop checks k at each step, and is no tile
+    cfg = GemmConfig(mr=4, nr=8, kc=8, mc=8, nc=16, lanes=8)
+    func = gemm_func(13, 37, 29, cfg)
+    k_loops = [s for s in iter_stmts(func.body) if isinstance(s, For) and s.var.name == "k0_1"]
+    assert len(k_loops) > len(_tiles(func)) >= 1
+
+
+def test_the_intrinsic_keeps_the_accumulators_in_vector_variables() -> None:
+    cfg = GemmConfig(mr=4, nr=16, kc=64, mc=8, nc=64, lanes=8)
+    source = render_c(gemm_func(64, 64, 64, cfg))
+    tile = source[source.index("/* fma_tile: 4 x 16 register tile on 8-lane vectors */"):]
+    tile = tile[:tile.index('__asm__ volatile("" ::: "memory");')]
+    assert "typedef float kiln_f32x8 __attribute__((vector_size(32)));" in tile
+    assert tile.count("kiln_f32x8 fma0_acc") == 8  # 4 rows x 2 vectors of accumulators
+    assert "C_local[" not in tile[tile.index("for ("):tile.rindex("}")]  # not in the K loop
+
+
+def test_tensorizing_twice_changes_nothing_and_the_interpreter_runs_the_loop() -> None:
+    cfg = GemmConfig(mr=3, nr=8, kc=7, mc=6, nc=16, lanes=4)
+    func = gemm_func(10, 20, 14, cfg, bias=True)
+    assert _tiles(func) and tensorize_fma_tiles(func, "k0_1", 4) == func
+    a, b, bias = torch.randn(10, 14), torch.randn(14, 20), torch.randn(20)
+    torch.testing.assert_close(interp.run_torch(func, [a, b, bias])[0],
+                               torch.addmm(bias, a, b), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lanes", [1, 4, 8, 16])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (7, 15, 129), (15, 33, 7), (129, 48, 16)])
+def test_tensorized_gemms_match_torch_on_every_vector_width(options: Options, lanes: int,
+                                                            m: int, n: int, k: int) -> None:
+    """Vector widths this machine lacks compile too (gcc splits or scalarizes them), so the
+    AVX-512, AVX2, 128-bit and scalar tiles are all checked here; with NaN and inf rows."""
+    nr = 2 * lanes if lanes > 1 else 4
+    cfg = GemmConfig(mr=3, nr=nr, kc=64, mc=6, nc=4 * nr, lanes=lanes)
+    torch.manual_seed(m + n + k + lanes)
+    a, w, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    a[0, 0] = float("nan")
+    if m > 2:
+        a[2, :] = float("inf")
+        a[2, 0] = -float("inf")
+    func = gemm_func(m, n, k, cfg, bias=True, b_prepacked=True)
+    assert _tiles(func)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    out = torch.full((m, n), 7.0)
+    kernel(a, pack_b(w.t(), nr), bias, out)
+    torch.testing.assert_close(out, F.linear(a, w, bias), rtol=1e-4, atol=1e-4,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("activation,args,reference", [
+    (Op.RELU, (), torch.relu), (Op.GELU, ("tanh",), lambda x: F.gelu(x, approximate="tanh")),
+])
+def test_a_tensorized_tile_keeps_its_epilogue(options: Options, activation: Op, args: tuple,
+                                              reference) -> None:  # noqa: ANN001
+    cfg = GemmConfig(mr=6, nr=16, kc=100, mc=12, nc=64, lanes=8)
+    func = gemm_func(37, 70, 100, cfg, bias=True, b_prepacked=True,
+                     epilogue=Epilogue(activation, args))
+    assert _tiles(func)
+    a, w, bias = torch.randn(37, 100), torch.randn(70, 100), torch.randn(70)
+    kernel = compile_kernel(func, options)
+    out = torch.empty(37, 70)
+    kernel(a, pack_b(w.t(), 16), bias, out)
+    torch.testing.assert_close(out, reference(F.linear(a, w, bias)), rtol=1e-4, atol=1e-4)
