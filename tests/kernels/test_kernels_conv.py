@@ -142,24 +142,24 @@ def test_conv_default_config() -> None:
     where it is not."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
     assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False,
-                                                      dynamic=True)  # an 861 KB copy
+                                                      dynamic=True, lanes=16)  # an 861 KB copy
     small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
     # (2.4 M weights for 25 K outputs: memory-bound, static)
-    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False, dynamic=False)
+    assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False, dynamic=False, lanes=16)
     stem = ConvShape(1, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1))
-    assert ConvConfig.default(stem, 16) == ConvConfig(7, 32, False, False)  # guards: 7 pixels
+    assert ConvConfig.default(stem, 16) == ConvConfig(7, 32, False, False, lanes=16)  # guards: 7 pixels
     narrow = ConvShape(1, 3, 9, 9, 16, (3, 3), (1, 1), (0, 0))
-    assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False)  # no padding
+    assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False, lanes=16)  # no padding
     unpadded = ConvShape(1, 3, 225, 225, 32, (3, 3), (2, 2), (0, 0))
-    assert ConvConfig.default(unpadded, 16) == ConvConfig(14, 32, False, False)
+    assert ConvConfig.default(unpadded, 16) == ConvConfig(14, 32, False, False, lanes=16)
     # no tile divides a row of 71 (or 17) pixels: the fewest tiles, as even as they go
     prime_row = ConvShape(1, 80, 73, 73, 192, (3, 3), (1, 1), (0, 0))
     assert ConvConfig.default(prime_row, 16) == ConvConfig(12, 32, True, False,
-                                                           dynamic=True)  # 5x12 + 11
+                                                           dynamic=True, lanes=16)  # 5x12 + 11
     reduction = ConvShape(1, 288, 35, 35, 384, (3, 3), (2, 2), (0, 0))
     assert ConvConfig.default(reduction, 16).tile == 9  # 9 + 8, not 14 + 3
     tiny = ConvShape(1, 8, 14, 14, 16, (3, 3), (1, 1), (1, 1))
-    assert ConvConfig.default(tiny, 16) == ConvConfig(14, 16, False, True)  # an 8 KB copy
+    assert ConvConfig.default(tiny, 16) == ConvConfig(14, 16, False, True, lanes=16)  # an 8 KB copy
     assert 4 * 8 * 16 * 16 <= SMALL_COPY_BYTES < 4 * 3 * 226 * 226 <= PAD_COPY_BYTES
     resnet_stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
     assert ConvConfig.default(resnet_stem, 16).pad_copy  # a 635 KB copy: 49 taps over 3

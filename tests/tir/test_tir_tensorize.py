@@ -14,6 +14,7 @@ from kiln.codegen.c import render_c
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
+from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
 from kiln.kernels.gemm_schedule import GemmConfig, gemm_func, gemm_plan, pack_b
 from kiln.kernels.plan import Epilogue, Tensorize
 from kiln.options import Options
@@ -73,8 +74,8 @@ def test_a_register_tile_matches_and_other_nests_do_not() -> None:
 def test_the_gemm_plan_tensorizes_its_full_k_loops_and_prints_them() -> None:
     cfg = GemmConfig(mr=4, nr=16, kc=384, mc=8, nc=512, lanes=8)
     plan = gemm_plan(128, 3072, 768, cfg, bias=True, b_prepacked=True)
-    assert plan.post[-1] == Tensorize("k0_1", 8)
-    assert "post.tensorize('k0_1', 'fma_tile', lanes=8)" in plan.as_python()
+    assert plan.post[-1] == Tensorize(("k0_1",), 8)
+    assert "post.tensorize(['k0_1'], 'fma_tile', lanes=8)" in plan.as_python()
     func = plan.build()
     (tile,) = _tiles(func)
     assert tile.intrinsic is Intrinsic.FMA_TILE and tile.loop.var.name == "k0_1"
@@ -106,7 +107,7 @@ def test_the_intrinsic_keeps_the_accumulators_in_vector_variables() -> None:
 def test_tensorizing_twice_changes_nothing_and_the_interpreter_runs_the_loop() -> None:
     cfg = GemmConfig(mr=3, nr=8, kc=7, mc=6, nc=16, lanes=4)
     func = gemm_func(10, 20, 14, cfg, bias=True)
-    assert _tiles(func) and tensorize_fma_tiles(func, "k0_1", 4) == func
+    assert _tiles(func) and tensorize_fma_tiles(func, ("k0_1",), 4) == func
     a, b, bias = torch.randn(10, 14), torch.randn(14, 20), torch.randn(20)
     torch.testing.assert_close(interp.run_torch(func, [a, b, bias])[0],
                                torch.addmm(bias, a, b), rtol=1e-5, atol=1e-5)
@@ -150,3 +151,17 @@ def test_a_tensorized_tile_keeps_its_epilogue(options: Options, activation: Op, 
     out = torch.empty(37, 70)
     kernel(a, pack_b(w.t(), 16), bias, out)
     torch.testing.assert_close(out, reference(F.linear(a, w, bias)), rtol=1e-4, atol=1e-4)
+
+
+def test_a_convolution_tensorizes_its_taps_inside_and_its_channels_at_the_border() -> None:
+    """Interior tiles: the whole reduction (tap rows, tap columns, channels) is one FMA_TILE,
+    so the accumulators are loaded and stored once per tile; border tiles, whose taps keep
+    their guards, tensorize the loops inside the guards (a tap row's columns and channels,
+    or one tap's channels)."""
+    shape = ConvShape(1, 16, 20, 20, 32, (3, 3), (1, 1), (1, 1), bias=True)
+    config = dataclasses.replace(ConvConfig.default(shape, 8, 16), pad_copy=False)
+    plan = conv_plan(shape, config)
+    assert plan.post[-1] == Tensorize(("conv_i", "conv_j", "conv_ci"), 8)
+    tiles = [fma_tile(t.loop, t.lanes) for t in _tiles(plan.build())]
+    depths = {len(tile.k) for tile in tiles if tile is not None}
+    assert depths == {1, 2, 3} and None not in tiles

@@ -369,7 +369,8 @@ class CRenderer:
         tile = fma_tile(stmt.loop, stmt.lanes) if stmt.intrinsic is Intrinsic.FMA_TILE else None
         if tile is None:
             return self._for(stmt.loop, scope)
-        scope.ranges[tile.k.var] = (0, tile.k.extent - 1)
+        for loop in tile.k:
+            scope.ranges[loop.var] = (0, loop.extent - 1)
         return fma_tile_lines(
             tile, stmt.lanes, access=lambda ld: self._load(ld, scope),
             expr=lambda e: _strip(self._expr(e, scope)),

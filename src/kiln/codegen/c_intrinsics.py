@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.tir.nodes import Expr, Load, Stmt
+from kiln.tir.nodes import Expr, Load, Stmt, Var
 from kiln.tir.tensorize import FmaTile, load_at
 
 __all__ = ["fma_tile_lines"]
@@ -44,8 +44,12 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
     ``access`` renders a load as ``buf[index]``, ``expr`` an expression, ``stmt`` a statement
     (the prefetch hints) and ``name`` the C name of a tir name; the tile's own variables are
     named from ``prefix``, which no tir name of the function has."""
-    i, j, p = tile.rows.var, tile.cols.var, tile.k.var
-    rows, vectors = tile.rows.extent, tile.cols.extent // lanes
+    j = tile.cols.var
+    # the rows in loop order: each a value of every row loop's var
+    points: list[dict[Var, int]] = [{}]
+    for loop in tile.rows:
+        points = [{**pt, loop.var: x} for pt in points for x in range(loop.extent)]
+    rows, vectors = len(points), tile.cols.extent // lanes
     vec, unaligned = f"kiln_f32x{lanes}", f"kiln_f32x{lanes}u"
     size = 4 * lanes
     acc = [[name(f"{prefix}acc{r}_{v}") for v in range(vectors)] for r in range(rows)]
@@ -56,22 +60,23 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
              f"{INDENT}typedef float {vec} __attribute__((vector_size({size})));",
              f"{INDENT}typedef float {unaligned} __attribute__((vector_size({size}), "
              f"aligned(4), may_alias));"]
-    homes = [[access(load_at(tile.acc, {i: r, j: v * lanes})) for v in range(vectors)]
+    homes = [[access(load_at(tile.acc, {**points[r], j: v * lanes})) for v in range(vectors)]
              for r in range(rows)]
     for r in range(rows):
         for v in range(vectors):
             lines.append(f"{INDENT}{vec} {acc[r][v]} = *(const {unaligned}*)&{homes[r][v]};")
-    k = name(p.name)
     body = [line for hint in tile.hints for line in stmt(hint)]
     for v in range(vectors):
         row = access(load_at(tile.b, {j: v * lanes}))
         body.append(f"const {vec} {b[v]} = *(const {unaligned}*)&{row};")
     for r in range(rows):
         fmas = " ".join(f"{acc[r][v]} += {a} * {b[v]};" for v in range(vectors))
-        body.append(f"{{ const float {a} = {expr(load_at(tile.a, {i: r}))}; {fmas} }}")
-    lines.append(f"{INDENT}for (int64_t {k} = 0; {k} < {tile.k.extent}; ++{k}) {{")
-    lines += [INDENT * 2 + line for line in body]
-    lines.append(f"{INDENT}}}")
+        body.append(f"{{ const float {a} = {expr(load_at(tile.a, points[r]))}; {fmas} }}")
+    for depth, loop in enumerate(tile.k, start=1):
+        k = name(loop.var.name)
+        lines.append(f"{INDENT * depth}for (int64_t {k} = 0; {k} < {loop.extent}; ++{k}) {{")
+    lines += [INDENT * (len(tile.k) + 1) + line for line in body]
+    lines += [f"{INDENT * depth}}}" for depth in range(len(tile.k), 0, -1)]
     for r in range(rows):
         for v in range(vectors):
             lines.append(f"{INDENT}*({unaligned}*)&{homes[r][v]} = {acc[r][v]};")

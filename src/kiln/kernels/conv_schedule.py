@@ -59,6 +59,7 @@ from kiln.kernels.plan import (
     Recipe,
     Serial,
     SimplifyIndices,
+    Tensorize,
     VersionTails,
     shares_dynamically,
 )
@@ -145,6 +146,9 @@ class ConvConfig:
     # the threads take panels (or rows) as they come free, not a fixed contiguous run each
     # (`conv_shares_dynamically`)
     dynamic: bool = False
+    # the vector width the tile was sized for: the register tile's channel loop is
+    # tensorized on vectors this wide (`plan.Tensorize`); 0 leaves the loop nest
+    lanes: int = 0
 
     @staticmethod
     def default(shape: ConvShape, lanes: int, registers: int = 32,
@@ -188,7 +192,8 @@ class ConvConfig:
         panels = -(-shape.co // nr)
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads) \
             and not few_channels_wide_window
-        return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape))
+        return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape),
+                          lanes=lanes)
 
 
 def conv_shares_dynamically(shape: ConvShape) -> bool:
@@ -292,11 +297,14 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     return PrimFunc(name, inputs, (out,), Allocate(acc, body))
 
 
-def schedule_conv(func: PrimFunc, config: ConvConfig) -> tuple[Schedule, list[str]]:
-    """The register-tiled schedule of `conv_func`'s program; returns the schedule and the
+def schedule_conv(func: PrimFunc, config: ConvConfig
+                  ) -> tuple[Schedule, list[str], tuple[str, ...]]:
+    """The register-tiled schedule of `conv_func`'s program; returns the schedule, the
     loops whose bodies `version_tails` versions: panels, rows and pixel tiles (interior ones
     run without a guard), then the taps (in a border row a tap row outside the input is one
-    test, and in a border tile only the taps that reach the padding keep their guards)."""
+    test, and in a border tile only the taps that reach the padding keep their guards), and
+    the loops of the reduction around the register tile, outermost first (tap rows, tap
+    columns, input channels)."""
     sch = Schedule(func)
     conv = sch.get_block("conv")
     n, oh, ow, co, i, j, ci = sch.get_loops(conv)
@@ -321,7 +329,7 @@ def schedule_conv(func: PrimFunc, config: ConvConfig) -> tuple[Schedule, list[st
         _, rows, _, channels = sch.get_loops(sch.get_block("pad"))
         sch.parallel(rows)
         sch.vectorize(channels)
-    return sch, [co_0.name, oh_0.name, ow_0.name, i.name, j.name]
+    return sch, [co_0.name, oh_0.name, ow_0.name, i.name, j.name], (i.name, j.name, ci.name)
 
 
 def _allocated(func: PrimFunc) -> list[TBuffer]:
@@ -340,11 +348,13 @@ def conv_plan(shape: ConvShape, config: ConvConfig, name: str = "conv",
     tiles and full panels, the padded panel's dead guards dropped, the activation in the
     write-back, and one thread below `SERIAL_MACS` multiply-adds."""
     program = conv_func(shape, config.nr, name, config.pad_copy)
-    sch, tails = schedule_conv(program, config)
+    sch, tails, taps = schedule_conv(program, config)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   DropDeadGuards())
     if epilogue is not None:
         post += (epilogue,)
+    if config.lanes and config.nr % config.lanes == 0:
+        post += (Tensorize(taps, config.lanes),)
     if shape.macs < SERIAL_MACS:  # (by work, as a GEMM: 512 outputs of a 7x7 layer are
         # 2.3 M multiply-adds each)
         post += (Serial(f"{shape.macs} multiply-adds < SERIAL_MACS {SERIAL_MACS}"),)

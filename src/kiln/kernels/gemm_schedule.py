@@ -403,7 +403,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")
         post += (epilogue,)
     if cfg.lanes and cfg.nr % cfg.lanes == 0:
-        post += (Tensorize(tails[-1], cfg.lanes),)
+        post += (Tensorize((tails[-1],), cfg.lanes),)
     batched = f", batch={batch}, a_strides={a_strides}, b_strides={b_strides}" if batch else ""
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
             f"b_prepacked={b_prepacked}{', bias_matrix=True' if bias_matrix else ''}"

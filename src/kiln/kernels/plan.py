@@ -312,19 +312,19 @@ class PrefetchPanels:
 
 @dataclass(frozen=True)
 class Tensorize:
-    """The register tile's K loop ``k_loop`` (each version of it that matches) computed by the
-    FMA_TILE intrinsic on ``lanes``-wide vectors (`kiln.tir.tensorize`): its accumulators
-    held in vector registers for the whole loop, whatever the C compiler's register
-    allocation would have made of the loop nest."""
+    """The register tile's reduction loop (each version of it that matches, the names in
+    ``k_loops`` tried outermost first) computed by the FMA_TILE intrinsic on ``lanes``-wide
+    vectors (`kiln.tir.tensorize`): its accumulators held in vector registers for the whole
+    loop, whatever the C compiler's register allocation would have made of the loop nest."""
 
-    k_loop: str
+    k_loops: tuple[str, ...]
     lanes: int
 
     def apply(self, func: PrimFunc) -> PrimFunc:
-        return tensorize_fma_tiles(func, self.k_loop, self.lanes)
+        return tensorize_fma_tiles(func, self.k_loops, self.lanes)
 
     def as_python(self) -> str:
-        return f"tensorize({self.k_loop!r}, 'fma_tile', lanes={self.lanes})"
+        return f"tensorize({list(self.k_loops)!r}, 'fma_tile', lanes={self.lanes})"
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ holds them in named vector variables, which no compiler spills while they fit::
           C_local[i, j] = C_local[i, j]                      for j in vectorized(16):
               + A_local[t, p, i] * B[jr, p, j]                 C_local[i, j] = ...
 
-What matches: a serial loop whose body is optional prefetches, then a loop ``i`` (not
-parallel) around a vectorized loop ``j`` around one store ``acc[..] = acc[..] + a * b``
+What matches: a serial loop (or serial loops nested, each the whole body of the one above:
+a convolution's taps and input channels) whose body is optional prefetches, then an unrolled
+loop ``i`` (or nested ones, a convolution's rows and pixels) around a vectorized loop ``j``
+around one store ``acc[..] = acc[..] + a * b``
 (in a block without predicate or init, or bare), where ``acc`` is a LOCAL buffer whose
 element moves by exactly 1 with ``j`` and not at all with ``p``, ``b`` moves by exactly 1
 with ``j`` and not with ``i``, ``a`` does not move with ``j``, all float32, and the columns
@@ -52,7 +54,7 @@ from kiln.tir.nodes import (
     const,
 )
 from kiln.tir.primitives.common import binding_map
-from kiln.tir.visit import map_stmt, substitute
+from kiln.tir.visit import iter_stmts, map_stmt, substitute
 
 __all__ = ["FmaTile", "fma_tile", "load_at", "tensorize_fma_tiles"]
 
@@ -61,9 +63,10 @@ __all__ = ["FmaTile", "fma_tile", "load_at", "tensorize_fma_tiles"]
 class FmaTile:
     """The parts of a loop that matches `Intrinsic.FMA_TILE`; the loads are in loop vars."""
 
-    k: For  # the accumulation loop p
-    hints: tuple[Prefetch, ...]  # run at the start of each step
-    rows: For  # i
+    k: tuple[For, ...]  # p: the accumulation loop, or serial nested ones (a convolution's
+    # tap rows, tap columns and input channels), outermost first
+    hints: tuple[Prefetch, ...]  # run at the start of each innermost step
+    rows: tuple[For, ...]  # i: one loop, or nested ones (a convolution's rows and pixels)
     cols: For  # j (vectorized)
     acc: Load  # the accumulator element at (i, j)
     a: Load  # the broadcast operand at (p, i)
@@ -75,17 +78,25 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     match (see the module docstring)."""
     if loop.kind is not ForKind.SERIAL or lanes < 1:
         return None
-    stmts = loop.body.stmts if isinstance(loop.body, SeqStmt) else (loop.body,)
+    k_loops = [loop]
+    while isinstance(k_loops[-1].body, For) and k_loops[-1].body.kind is ForKind.SERIAL:
+        k_loops.append(k_loops[-1].body)
+    inner = k_loops[-1]
+    stmts = inner.body.stmts if isinstance(inner.body, SeqStmt) else (inner.body,)
     hints = stmts[:-1]
     rows = stmts[-1]
     if not all(isinstance(h, Prefetch) for h in hints):
         return None
-    if not isinstance(rows, For) or rows.kind.is_parallel:
+    row_loops: list[For] = []
+    while isinstance(rows, For) and rows.kind is ForKind.UNROLLED:
+        if rows.extent == 0:
+            return None
+        row_loops.append(rows)
+        rows = rows.body
+    cols = rows
+    if not row_loops or not isinstance(cols, For) or cols.kind is not ForKind.VECTORIZED:
         return None
-    cols = rows.body
-    if not isinstance(cols, For) or cols.kind is not ForKind.VECTORIZED:
-        return None
-    if cols.extent % lanes or cols.extent == 0 or rows.extent == 0:
+    if cols.extent % lanes or cols.extent == 0:
         return None
     store = _store(cols.body)
     if store is None:
@@ -94,28 +105,40 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     if parts is None:
         return None
     acc, a, b = parts
-    p, i, j = loop.var, rows.var, cols.var
+    j = cols.var
     moves = {name: _moves(load) for name, load in (("acc", acc), ("a", a), ("b", b))}
     if any(m is None for m in moves.values()):
         return None
     if moves["b"][j] != 1 and moves["a"][j] == 1:  # a * b written b * a
         a, b = b, a
         moves["a"], moves["b"] = moves["b"], moves["a"]
-    ok = (moves["acc"][j] == 1 and moves["acc"][p] == 0 and moves["b"][j] == 1
-          and moves["b"][i] == 0 and moves["a"][j] == 0)
+    ok = (moves["acc"][j] == 1 and all(moves["acc"][p.var] == 0 for p in k_loops)
+          and moves["b"][j] == 1
+          and all(moves["b"][r.var] == 0 for r in row_loops) and moves["a"][j] == 0)
     if not ok:
         return None
-    return FmaTile(loop, tuple(hints), rows, cols, acc, a, b)  # type: ignore[arg-type]
+    return FmaTile(tuple(k_loops), tuple(hints), tuple(row_loops), cols,  # type: ignore[arg-type]
+                   acc, a, b)
 
 
-def tensorize_fma_tiles(func: PrimFunc, loop_name: str, lanes: int) -> PrimFunc:
-    """Every loop named ``loop_name`` that matches FMA_TILE on ``lanes``-wide vectors becomes
-    `Tensorized` (a tail version with guards, or any other nest, keeps its loops)."""
-    def fn(s: Stmt) -> Stmt:
-        if isinstance(s, For) and s.var.name == loop_name and fma_tile(s, lanes) is not None:
-            return Tensorized(Intrinsic.FMA_TILE, lanes, s)
-        return s
-    return func.with_body(map_stmt(func.body, fn))
+def tensorize_fma_tiles(func: PrimFunc, loop_names: tuple[str, ...], lanes: int) -> PrimFunc:
+    """Every loop named in ``loop_names`` that matches FMA_TILE on ``lanes``-wide vectors
+    becomes `Tensorized`, the names tried in order, outermost loop first: a convolution's
+    interior tiles take the whole reduction over their taps, the border tiles (whose taps
+    keep guards) the loop over channels inside each tap. A nest that matches no name keeps
+    its loops."""
+    body = func.body
+    for name in loop_names:
+        inside = {id(s) for t in iter_stmts(body) if isinstance(t, Tensorized)
+                  for s in iter_stmts(t.loop)}
+
+        def fn(s: Stmt, name: str = name, inside: set[int] = inside) -> Stmt:
+            if (isinstance(s, For) and s.var.name == name and id(s) not in inside
+                    and fma_tile(s, lanes) is not None):
+                return Tensorized(Intrinsic.FMA_TILE, lanes, s)
+            return s
+        body = map_stmt(body, fn)
+    return func.with_body(body)
 
 
 def _store(body: Stmt) -> BufferStore | None:

@@ -135,7 +135,8 @@ class WindowSpace:
             assert isinstance(self.shape, ConvShape)
             return ConvConfig(decisions["tile"], decisions["nr"], decisions["split_panels"],
                               decisions["pad_copy"],
-                              dynamic=conv_shares_dynamically(self.shape))
+                              dynamic=conv_shares_dynamically(self.shape),
+                              lanes=self.lanes)
         return DepthwiseConfig(decisions["tile"], decisions["lanes"])
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
