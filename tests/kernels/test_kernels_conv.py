@@ -147,7 +147,8 @@ def test_conv_default_config() -> None:
     # (2.4 M weights for 25 K outputs: memory-bound, static)
     assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False, dynamic=False, lanes=16)
     stem = ConvShape(1, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1))
-    assert ConvConfig.default(stem, 16) == ConvConfig(7, 32, False, False, lanes=16)  # guards: 7 pixels
+    # guards: 7 pixels
+    assert ConvConfig.default(stem, 16) == ConvConfig(7, 32, False, False, lanes=16)
     narrow = ConvShape(1, 3, 9, 9, 16, (3, 3), (1, 1), (0, 0))
     assert ConvConfig.default(narrow, 16) == ConvConfig(7, 16, False, False, lanes=16)  # no padding
     unpadded = ConvShape(1, 3, 225, 225, 32, (3, 3), (2, 2), (0, 0))
