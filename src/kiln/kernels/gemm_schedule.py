@@ -84,6 +84,11 @@ SERIAL_MACS = 64**3  # smaller GEMMs run on one thread (see kernels.build.GRAIN)
 # 2 threads, B prepacked, in place against packed: 784x32x192 0.77, 3136x64x256 0.87,
 # 784x128x512 0.94, 196x512x512 0.99 of the time
 PACK_A_FROM_K = 512
+# a register tile keeps at least this many vector accumulators where it can: fewer cannot
+# cover the FMA latency on both pipes (Zen 3, AVX2, 2 threads, 128x768 @ 768x3072 with B
+# prepacked: 4x16, 8 accumulators, 113 GFLOP/s; 6x16, 12 of them, 169, though its last
+# tile of rows holds 2 of 6)
+MIN_ACCUMULATORS = 10
 # the one-vector register tile for short K over many rows (see default_gemm_config)
 NARROW_TILE_MAX_K = 128
 NARROW_TILE_MIN_M = 512
@@ -165,7 +170,8 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
     split_n = (b_prepacked and threads > 1 and _ceil_div(m, base.mr) < 4 * threads
                and n >= threads * base.nr)
-    mr = _mr_for(m, base.mr, 1 if split_n else threads)
+    vectors = base.nr // base.lanes if base.lanes else max(base.nr // 16, 1)
+    mr = _mr_for(m, base.mr, 1 if split_n else threads, vectors)
     base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc,
                       lanes=base.lanes)
     nc = _balanced(n, base.nc, base.nr, threads if split_n else 1)
@@ -180,13 +186,15 @@ def gemm_shares_dynamically(m: int, n: int, k: int) -> bool:
     return shares_dynamically(2.0 * m * n * k, 4.0 * (m * k + k * n + m * n))
 
 
-def _mr_for(m: int, largest: int, threads: int) -> int:
-    """The tallest tile (``largest`` down to about half of it, or M itself when shorter)
-    whose busiest thread has at most 2% more rows, padding included, than the best choice
-    (taller tiles pass over B fewer times)."""
+def _mr_for(m: int, largest: int, threads: int, vectors: int = 2) -> int:
+    """The tallest tile (``largest`` down to about half of it, but with at least
+    `MIN_ACCUMULATORS` of ``vectors`` a row; or M itself when shorter) whose busiest thread
+    has at most 2% more rows, padding included, than the best choice (taller tiles pass
+    over B fewer times)."""
     def busiest(mr: int) -> int:
         return _ceil_div(_ceil_div(max(m, 1), mr), threads) * mr
-    candidates = [*range(largest, max(largest // 2, 1) - 1, -2 if largest > 4 else -1)]
+    shortest = max(largest // 2, _ceil_div(MIN_ACCUMULATORS, max(vectors, 1)), 1)
+    candidates = [*range(largest, min(shortest, largest) - 1, -2 if largest > 4 else -1)]
     if 0 < m < largest:
         candidates.append(m)
     least = min(busiest(mr) for mr in candidates)
