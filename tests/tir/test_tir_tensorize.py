@@ -15,6 +15,7 @@ from kiln.codegen.kernel import CompiledKernel, compile_kernel
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
+from kiln.kernels.depthwise_schedule import DepthwiseConfig, DepthwiseShape, depthwise_plan
 from kiln.kernels.gemm_schedule import GemmConfig, gemm_func, gemm_plan, pack_b
 from kiln.kernels.plan import Epilogue, Tensorize
 from kiln.options import Options
@@ -165,3 +166,15 @@ def test_a_convolution_tensorizes_its_taps_inside_and_its_channels_at_the_border
     tiles = [fma_tile(t.loop, t.lanes) for t in _tiles(plan.build())]
     depths = {len(tile.k) for tile in tiles if tile is not None}
     assert depths == {1, 2, 3} and None not in tiles
+
+
+def test_a_depthwise_tile_reads_its_input_as_vectors() -> None:
+    """acc[pixel, c] += x[pixel + tap, c] * w[tap, c]: the input moves with the channels, so
+    the row operand is a vector load, not a broadcast; the weights' vector is the shared b."""
+    shape = DepthwiseShape(1, 32, 9, 9, (3, 3), (1, 1), (1, 1))
+    plan = depthwise_plan(shape, DepthwiseConfig.default(shape, 8))
+    tiles = [fma_tile(t.loop, t.lanes) for t in _tiles(plan.build())]
+    assert tiles and all(t is not None and t.a_is_vector for t in tiles)
+    assert {t.a.buffer.name for t in tiles} == {"x"} and {t.b.buffer.name for t in tiles} == {"w"}
+    source = render_c(plan.build())
+    assert "fma0_acc0_0 += *(const kiln_f32x8u*)&x[" in source

@@ -70,6 +70,11 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
         row = access(load_at(tile.b, {j: v * lanes}))
         body.append(f"const {vec} {b[v]} = *(const {unaligned}*)&{row};")
     for r in range(rows):
+        if tile.a_is_vector:  # one vector of a per accumulator
+            for v in range(vectors):
+                row = access(load_at(tile.a, {**points[r], j: v * lanes}))
+                body.append(f"{acc[r][v]} += *(const {unaligned}*)&{row} * {b[v]};")
+            continue
         fmas = " ".join(f"{acc[r][v]} += {a} * {b[v]};" for v in range(vectors))
         body.append(f"{{ const float {a} = {expr(load_at(tile.a, points[r]))}; {fmas} }}")
     for depth, loop in enumerate(tile.k, start=1):

@@ -54,6 +54,7 @@ from kiln.kernels.plan import (
     Recipe,
     Serial,
     SimplifyIndices,
+    Tensorize,
     VersionTails,
 )
 from kiln.tir.nodes import (
@@ -247,11 +248,11 @@ def depthwise_func(shape: DepthwiseShape, name: str = "depthwise") -> PrimFunc:
 
 
 def schedule_depthwise(func: PrimFunc, config: DepthwiseConfig,
-                       update: str = "conv") -> tuple[Schedule, list[str]]:
+                       update: str = "conv") -> tuple[Schedule, list[str], tuple[str, ...]]:
     """The register-tiled schedule of `depthwise_func`'s program (or another with its
     ``init`` / ``update`` / ``store`` nests: `kiln.kernels.pool_schedule`'s); returns the
-    schedule and the loops whose bodies `version_tails` versions (rows, pixel tiles, channel
-    blocks)."""
+    schedule, the loops whose bodies `version_tails` versions (rows, pixel tiles, channel
+    blocks) and the tap loops around the register tile, outermost first."""
     sch = Schedule(func)
     conv = sch.get_block(update)
     n, oh, ow, c, i, j = sch.get_loops(conv)
@@ -268,7 +269,7 @@ def schedule_depthwise(func: PrimFunc, config: DepthwiseConfig,
         sch.unroll(pixels)
         sch.vectorize(lanes)
     sch.parallel(oh)  # (n stays serial: fused with oh, the row guards would not be affine)
-    return sch, [oh.name, ow_0.name, c_0.name]
+    return sch, [oh.name, ow_0.name, c_0.name], (i.name, j.name)
 
 
 @functools.lru_cache(maxsize=256)  # (a plan is immutable: repeated layers share one)
@@ -280,10 +281,13 @@ def depthwise_plan(shape: DepthwiseShape, config: DepthwiseConfig | None = None,
     thread below `GRAIN` output elements."""
     cfg = config or DepthwiseConfig.default(shape, 16)
     program = depthwise_func(shape, name)
-    sch, tails = schedule_depthwise(program, cfg)
+    sch, tails, taps = schedule_depthwise(program, cfg)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)))
     if epilogue is not None:
         post += (epilogue,)
+    # the tile's accumulators in registers over all the taps (gcc kept them in the stack
+    # array from one tap row to the next: a store per 3 FMAs on AVX2)
+    post += (Tensorize(taps, cfg.lanes),)
     oh, ow = shape.out
     if shape.n * shape.c * oh * ow < GRAIN:
         post += (Serial(f"{shape.n * shape.c * oh * ow} outputs < GRAIN {GRAIN}"),)

@@ -138,7 +138,7 @@ def pool_plan(shape: PoolShape, config: DepthwiseConfig, name: str = "pool") -> 
     compaction, indices in loop vars, the guards versioned away from interior rows, tiles and
     channel blocks, and one thread below `GRAIN` output elements."""
     program = pool_func(shape, name)
-    sch, tails = schedule_depthwise(program, config, update="pool")
+    sch, tails, _ = schedule_depthwise(program, config, update="pool")
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)))
     oh, ow = shape.out
     outputs = shape.n * shape.c * oh * ow

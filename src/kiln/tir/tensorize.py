@@ -22,8 +22,9 @@ loop ``i`` (or nested ones, a convolution's rows and pixels) around a vectorized
 around one store ``acc[..] = acc[..] + a * b``
 (in a block without predicate or init, or bare), where ``acc`` is a LOCAL buffer whose
 element moves by exactly 1 with ``j`` and not at all with ``p``, ``b`` moves by exactly 1
-with ``j`` and not with ``i``, ``a`` does not move with ``j``, all float32, and the columns
-are a whole number of vectors. Anything else keeps its loops.
+with ``j`` and not with ``i``, ``a`` does not move with ``j`` (a broadcast) or moves by
+exactly 1 with it (a vector: a depthwise convolution's input pixel), all float32, and the
+columns are a whole number of vectors. Anything else keeps its loops.
 """
 
 from __future__ import annotations
@@ -69,8 +70,9 @@ class FmaTile:
     rows: tuple[For, ...]  # i: one loop, or nested ones (a convolution's rows and pixels)
     cols: For  # j (vectorized)
     acc: Load  # the accumulator element at (i, j)
-    a: Load  # the broadcast operand at (p, i)
+    a: Load  # the row operand at (p, i): broadcast, or a vector too where it moves with j
     b: Load  # the vector operand at (p, j)
+    a_is_vector: bool = False  # a depthwise convolution's input: a[p, i, j]
 
 
 def fma_tile(loop: For, lanes: int) -> FmaTile | None:
@@ -112,13 +114,16 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     if moves["b"][j] != 1 and moves["a"][j] == 1:  # a * b written b * a
         a, b = b, a
         moves["a"], moves["b"] = moves["b"], moves["a"]
+    if any(moves["b"][r.var] != 0 for r in row_loops) and moves["a"][j] == 1:
+        a, b = b, a  # (both vectors: b is the one the rows share)
+        moves["a"], moves["b"] = moves["b"], moves["a"]
     ok = (moves["acc"][j] == 1 and all(moves["acc"][p.var] == 0 for p in k_loops)
           and moves["b"][j] == 1
-          and all(moves["b"][r.var] == 0 for r in row_loops) and moves["a"][j] == 0)
+          and all(moves["b"][r.var] == 0 for r in row_loops) and moves["a"][j] in (0, 1))
     if not ok:
         return None
     return FmaTile(tuple(k_loops), tuple(hints), tuple(row_loops), cols,  # type: ignore[arg-type]
-                   acc, a, b)
+                   acc, a, b, moves["a"][j] == 1)
 
 
 def tensorize_fma_tiles(func: PrimFunc, loop_names: tuple[str, ...], lanes: int) -> PrimFunc:
