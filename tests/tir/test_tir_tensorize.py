@@ -30,6 +30,7 @@ from kiln.tir.nodes import (
     Scope,
     Tensorized,
     Var,
+    const,
 )
 from kiln.tir.printer import print_func
 from kiln.tir.tensorize import fma_tile, tensorize_fma_tiles
@@ -50,13 +51,14 @@ def _tiles(func: PrimFunc) -> list[Tensorized]:
     return [s for s in iter_stmts(func.body) if isinstance(s, Tensorized)]
 
 
-def _tile_loop(b_index: str = "j") -> For:
-    """for p: for i in unrolled(2): for j in vectorized(8): acc[i, j] += a[p, i] * b[p, ?]"""
+def _tile_loop(b_index: str = "j", acc_row: str = "i") -> For:
+    """for p: for i in unrolled(2): for j in vectorized(8): acc[?, j] += a[p, i] * b[p, ?]"""
     acc = Buffer("acc", (2, 8), F32, scope=Scope.LOCAL)
     a, b = Buffer("a", (5, 2), F32), Buffer("b", (5, 8), F32)
     p, i, j = Var("p"), Var("i"), Var("j")
     col = {"j": j, "i": i * 4}[b_index]
-    store = BufferStore(acc, (i, j), acc[i, j] + a[p, i] * b[p, col])
+    row = {"i": i, "0": const(0, DType.I64)}[acc_row]
+    store = BufferStore(acc, (row, j), acc[row, j] + a[p, i] * b[p, col])
     return For(p, 5, For(i, 2, For(j, 8, store, ForKind.VECTORIZED), ForKind.UNROLLED))
 
 
@@ -66,6 +68,8 @@ def test_a_register_tile_matches_and_other_nests_do_not() -> None:
     assert tile is not None and tile.a.buffer.name == "a" and tile.b.buffer.name == "b"
     assert fma_tile(loop, lanes=16) is None  # 8 columns are not a whole 16-lane vector
     assert fma_tile(_tile_loop("i"), lanes=8) is None  # b does not move with the columns
+    # both rows add into row 0 of acc: one accumulator each would lose one row's sums
+    assert fma_tile(_tile_loop(acc_row="0"), lanes=8) is None
     assert fma_tile(For(loop.var, 5, loop.body, ForKind.PARALLEL), lanes=8) is None
     unvectorized = For(loop.body.var, 2, dataclasses.replace(loop.body.body,
                                                              kind=ForKind.SERIAL))

@@ -41,8 +41,14 @@ The tile sizes come from ``default_gemm_config``: MR×NR = 14×32 for AVX-512 fp
 accumulators), a small MC (one or two MR tiles of A) swept over all of a KC×NC packed B block
 (1 MiB, about the L2 of a Zen 4 core), the M tiles balanced over the threads. Measured on Zen 4
 with 2 threads: MC=14..28 ≈ 180-200 GFLOP/s at 1024³ where MC=112 gave 135; at 2048³ KC=256
-gave 100-120 (C is re-read and re-written K/KC times) where KC=512 gives 185-200. See
-benchmarks/ops.py for GFLOP/s against torch.mm and numpy.
+gave 100-120 (C is re-read and re-written K/KC times) where KC=512 gives 185-200. AVX2:
+6×16 (12 ymm accumulators). See benchmarks/ops.py for GFLOP/s against torch.mm and numpy.
+
+The micro-kernel's K loop is then tensorized (`plan.Tensorize`, `kiln.tir.tensorize`): the C
+renderer emits it as the FMA_TILE intrinsic, its accumulators vector variables of the ISA's
+width (``GemmConfig.lanes``), so the tile stays in registers whatever the C compiler would
+have made of the loop nest (gcc 12 kept some AVX2 tiles in the stack array: 4x16 ran 2.1x
+slower as loops).
 """
 
 from __future__ import annotations

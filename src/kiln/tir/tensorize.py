@@ -120,10 +120,20 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     ok = (moves["acc"][j] == 1 and all(moves["acc"][p.var] == 0 for p in k_loops)
           and moves["b"][j] == 1
           and all(moves["b"][r.var] == 0 for r in row_loops) and moves["a"][j] in (0, 1))
-    if not ok:
+    if not ok or not _disjoint(moves["acc"], row_loops, cols.extent // lanes, lanes):
         return None
     return FmaTile(tuple(k_loops), tuple(hints), tuple(row_loops), cols,  # type: ignore[arg-type]
                    acc, a, b, moves["a"][j] == 1)
+
+
+def _disjoint(acc: _Moves, rows: list[For], vectors: int, lanes: int) -> bool:
+    """Whether every row's every vector of accumulators is its own ``lanes`` elements of the
+    accumulator buffer (two rows that add into the same elements are no register tile)."""
+    starts = [0]
+    for loop in rows:
+        starts = [x + acc[loop.var] * i for x in starts for i in range(loop.extent)]
+    starts = sorted(x + v * lanes for x in starts for v in range(vectors))
+    return all(b - a >= lanes for a, b in zip(starts, starts[1:]))
 
 
 def tensorize_fma_tiles(func: PrimFunc, loop_names: tuple[str, ...], lanes: int) -> PrimFunc:
@@ -173,6 +183,8 @@ def _operands(store: BufferStore) -> tuple[Load, Load, Load] | None:
         return None
     a, b = product.a, product.b
     if not (isinstance(a, Load) and isinstance(b, Load)):
+        return None
+    if store.buffer in (a.buffer, b.buffer):  # (the tile would read what it is adding to)
         return None
     if a.dtype is not DType.F32 or b.dtype is not DType.F32:
         return None
