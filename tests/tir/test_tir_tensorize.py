@@ -182,3 +182,12 @@ def test_a_depthwise_tile_reads_its_input_as_vectors() -> None:
     assert {t.a.buffer.name for t in tiles} == {"x"} and {t.b.buffer.name for t in tiles} == {"w"}
     source = render_c(plan.build())
     assert "fma0_acc0_0 += *(const kiln_f32x8u*)&x[" in source
+
+
+def test_first_layers_and_strided_depthwise_keep_their_loops() -> None:
+    """Where FMA_TILE measured slower than the loops (Zen 3, AVX2): a convolution over 3
+    input channels, a depthwise convolution of stride 2."""
+    stem = ConvShape(1, 3, 32, 32, 32, (3, 3), (2, 2), (1, 1), bias=True)
+    assert not _tiles(conv_plan(stem, ConvConfig.default(stem, 8, 16)).build())
+    strided = DepthwiseShape(1, 32, 16, 16, (3, 3), (2, 2), (1, 1))
+    assert not _tiles(depthwise_plan(strided, DepthwiseConfig.default(strided, 8)).build())

@@ -286,8 +286,12 @@ def depthwise_plan(shape: DepthwiseShape, config: DepthwiseConfig | None = None,
     if epilogue is not None:
         post += (epilogue,)
     # the tile's accumulators in registers over all the taps (gcc kept them in the stack
-    # array from one tap row to the next: a store per 3 FMAs on AVX2)
-    post += (Tensorize(taps, cfg.lanes),)
+    # array from one tap row to the next: a store per 3 FMAs on AVX2); at stride 1 only:
+    # Zen 3, AVX2, 2 threads, MobileNetV2's layers, loops against FMA_TILE: stride 1
+    # 32x112x112 169 -> 150 us, 144x56x56 205 -> 170, 192x28x28 81 -> 69; stride 2
+    # 96x112x112 142 -> 157, 144x56x56 68 -> 73
+    if shape.stride == (1, 1):
+        post += (Tensorize(taps, cfg.lanes),)
     oh, ow = shape.out
     if shape.n * shape.c * oh * ow < GRAIN:
         post += (Serial(f"{shape.n * shape.c * oh * ow} outputs < GRAIN {GRAIN}"),)
