@@ -114,3 +114,21 @@ def test_nhwc_values_follow_the_gemm_back_to_pixels():
     back = [n.out() for n in gemm.nodes if n.op is Op.PERMUTE
             and tuple(n.attrs.dims) == (0, 3, 1, 2)]
     assert back and all(v in nhwc for v in back)
+
+
+def test_a_gemm_feeding_the_next_gemm_reads_its_matrix_directly():
+    """%e's GEMM result goes back to NCHW and then to pixels for %p's GEMM: after the
+    pipeline's view pass, %p's GEMM reads %e's [60, 16] matrix, with no view between."""
+    from kiln.options import Options
+    from kiln.passes.pipeline import run_pipeline
+
+    graph = _block()
+    optimized, records, _ = run_pipeline(graph, Options(opt_level=2, measure_kernels=False))
+    assert "simplify.views" in [r.name for r in records]
+    gemms = [n for n in optimized.nodes if n.op in (Op.ADDMM, Op.ADDMM_ACT, Op.MM)]
+    first = next(n for n in gemms if n.out().type.shape == (60, 16))
+    second = next(n for n in gemms if first.out() in n.inputs)
+    assert second.op in (Op.ADDMM, Op.ADDMM_ACT)
+    x = torch.randn(2, 4, 5, 6, generator=torch.Generator().manual_seed(2))
+    for got, want in zip(interpret(optimized, [x]), interpret(graph, [x]), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)

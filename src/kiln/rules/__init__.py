@@ -23,6 +23,8 @@ SIMPLIFY: tuple[Rule, ...] = (neutral.RULES + movement.RULES + arith.RULES + con
 FOLD_INTO_WEIGHTS: tuple[Rule, ...] = fusion.RULES + SIMPLIFY
 EPILOGUE: tuple[Rule, ...] = epilogue.RULES
 MERGE: tuple[Rule, ...] = merge.RULES
+# chains of views and permutes alone: the late passes' (layout, pointwise) leave some
+MOVEMENT: tuple[Rule, ...] = movement.RULES
 
 ALL_RULES: tuple[Rule, ...] = tuple({r.name: r for r in SIMPLIFY + FOLD_INTO_WEIGHTS + EPILOGUE
                                      + MERGE}.values())
