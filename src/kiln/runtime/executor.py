@@ -16,7 +16,7 @@ arena, and other intermediates are released right after their last use, as eager
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
@@ -27,6 +27,7 @@ from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.kernels.outcome import Built
 from kiln.passes.layout import channels_last_values
+from kiln.runtime.layouts import known_strides, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
@@ -119,11 +120,6 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     member_of = {n: gk for gk in kernels for n in gk.group.nodes}
     internal = {v for gk in kernels for n in gk.group.nodes for v in n.outputs
                 if v not in gk.outputs}  # never materialized by the kernel
-    dies_at: dict[int, list[str]] = {}
-    for value, span in spans.items():
-        if (value not in outputs and value not in slot and value.node.op not in _SOURCES
-                and value not in internal):
-            dies_at.setdefault(span.last, []).append(ref(value))
 
     # a library op's result the IR expects NHWC (an add or a cat in a channels-last chain)
     # gets its slot with NHWC strides: its out= variant writes what it would have allocated
@@ -131,6 +127,15 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # pooling read NCHW: inception's average pools took 5 ms instead of 0.1 ms each)
     nhwc_slots = {v for v in channels_last_values(graph) & set(slot)
                   if v.node not in member_of and len(v.type.shape) == 4}
+    # strides fixed by the IR, and the views between generated kernels that need not run
+    known = known_strides(graph, kernels, slot, nhwc_slots)
+    in_place = views_read_in_place(graph, kernels, known, outputs)
+
+    dies_at: dict[int, list[str]] = {}
+    for value, span in spans.items():
+        if (value not in outputs and value not in slot and value.node.op not in _SOURCES
+                and value not in internal and value not in in_place):
+            dies_at.setdefault(span.last, []).append(ref(value))
 
     def library_line(node: Node, use_slot: bool = True) -> str:
         call = lower_node(node)
@@ -169,7 +174,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             env[names[node]] = graph.constant(node)
             continue
         gk = member_of.get(node)
-        if gk is None:
+        if gk is None and node.outputs and node.out() in in_place:
+            lines += timed([])  # (a step still, so the profile's steps stay the report's)
+        elif gk is None:
             lines += timed([f"    {library_line(node)}"])
             if node.op is Op.VIEW and node.inputs[0] in contiguous:
                 contiguous.add(node.out())
@@ -177,7 +184,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             pending += dies_at.pop(i, [])
             if node is not gk.group.last:
                 continue
-            lines += timed(_kernel_lines(env, gk, graph, ref, slot, contiguous, library_line))
+            lines += timed(_kernel_lines(env, gk, graph, ref, slot, contiguous, library_line,
+                                         known, in_place))
             if gk.generated:  # a library kernel returns what the library makes (NHWC ...)
                 contiguous.update(set(gk.outputs) - strided_outputs(gk))
             dies_at[i] = pending + dies_at.get(i, [])
@@ -198,11 +206,17 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
 
 def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   ref: Callable[[Value], str], slot: dict[Value, int], contiguous: set[Value],
-                  library_line: Callable[[Node, bool], str]) -> list[str]:
+                  library_line: Callable[[Node, bool], str],
+                  known: Mapping[Value, tuple[int, ...]] | None = None,
+                  in_place: Mapping[Value, Value] | None = None) -> list[str]:
     """The kernel call, behind a contiguity check of the operands not known to be contiguous;
     if the check fails (rare: a strided graph input), the group's library calls run instead.
     A library kernel (a library entry point on prepared weights) takes tensors and returns
-    its output: no check, no slot."""
+    its output: no check, no slot. An operand whose strides are ``known`` to be the kernel's
+    needs no check, and one of the views ``in_place`` is read through its source's pointer
+    (`kiln.runtime.layouts`)."""
+    known = known or {}
+    in_place = in_place or {}
     if not gk.generated:
         fn = _bind(env, "LIB", gk.kernel.fn)  # type: ignore[union-attr]
         (out,) = gk.outputs
@@ -215,7 +229,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
             _bind(env, "W", tensor)
             pointers.append(_bind(env, "P", tensor.data_ptr()))
         else:
-            pointers.append(f"{ref(v)}.data_ptr()")
+            pointers.append(f"{ref(in_place.get(v, v))}.data_ptr()")
     allocs = []
     for v, buffer in zip(gk.outputs, params.outputs):
         strides = _strides(buffer)
@@ -232,7 +246,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
     call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
     checks = []
     for v, buffer in dict(zip(gk.inputs, params.inputs)).items():
-        if v.node.op is Op.CONSTANT:
+        if v.node.op is Op.CONSTANT or known.get(v) == buffer.elem_strides:
             continue
         strides = _strides(buffer)
         if strides is None and v not in contiguous:

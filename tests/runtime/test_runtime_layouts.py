@@ -1,0 +1,65 @@
+"""kiln.runtime.layouts: strides the IR fixes, and the views between generated kernels that
+the executor does not run (the next kernel reads the source's pointer, unchecked)."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from kiln.engine import fused_call
+from kiln.ir import parse_graph
+from kiln.kernels.build import build_kernels
+from kiln.passes.partition import gather, partition
+from kiln.runtime.executor import build_executor
+from kiln.runtime.layouts import known_strides, views_read_in_place
+from kiln.runtime.memory import plan_memory
+
+# two elementwise kernels with a transpose and a reshape between them, and a view of the
+# first kernel's result that a library call reads too
+CHAIN = """\
+graph(%x: f32[8, 40], %y: f32[8, 40], %w: f32[80, 3]) {
+  %s = add(%x, %y) : f32[8, 40]
+  %r = relu(%s) : f32[8, 40]
+  %p = permute(%r) {dims=(1, 0)} : f32[40, 8]
+  %e = exp(%p) : f32[40, 8]
+  %t = tanh(%e) : f32[40, 8]
+  %v = view(%r) {shape=(4, 80)} : f32[4, 80]
+  %c = mm(%v, %w) : f32[4, 3]
+  return %t, %c
+}"""
+
+
+def _compiled(kernel_options):  # noqa: ANN001, ANN202
+    graph = parse_graph(CHAIN)
+    built = build_kernels(graph, partition(graph), kernel_options)
+    moved = gather(graph, [k.group for k in built.kernels])
+    plan = plan_memory(moved, [fused_call(k) for k in built.kernels])
+    return moved, plan, built.kernels
+
+
+def test_a_transpose_between_two_kernels_is_read_through_its_source(kernel_options) -> None:  # noqa: ANN001
+    graph, plan, kernels = _compiled(kernel_options)
+    assert len(kernels) == 2 and all(k.generated for k in kernels)
+    planned = [v for v in plan.offsets]
+    known = known_strides(graph, kernels, planned, set())
+    by_name = {n.name: n.out() for n in graph.nodes}
+    assert known[by_name["r"]] == (40, 1) and known[by_name["p"]] == (1, 40)
+    assert known[by_name["v"]] == (80, 1)  # a reshape of a contiguous value
+    in_place = views_read_in_place(graph, kernels, known, set(graph.outputs))
+    # %p feeds only the second kernel, whose buffer takes %r's memory transposed; %v feeds a
+    # library call, which needs the tensor
+    assert in_place == {by_name["p"]: by_name["r"]}
+    run, source = build_executor(graph, plan, range(3), kernels)
+    assert ".permute(" not in source and ".reshape((4, 80))" in source
+    second = next(line for line in source.splitlines() if "data_ptr()" in line
+                  and re.search(r"v\d+_r\.data_ptr\(\), \w+\.data_ptr\(\)\)$", line.strip()))
+    assert "is_contiguous" not in second
+    x, y, w = torch.randn(8, 40), torch.randn(8, 40), torch.randn(80, 3)
+    x[0, 0], y[1, 1] = float("nan"), float("inf")
+    r = torch.relu(x + y)
+    for _ in range(2):
+        t, c = run([x, y, w])
+        torch.testing.assert_close(t, torch.tanh(torch.exp(r.t())), equal_nan=True)
+        torch.testing.assert_close(c, r.reshape(4, 80) @ w, equal_nan=True)
+
