@@ -35,7 +35,7 @@ libgomp by path, with an rpath to its folder and ``--as-needed`` (the compiler's
 where torch has no libgomp of its own (macOS, a torch built against the system's) or a probe
 kernel does not build and load against it::
 
-    cc -O3 -march=native -fno-math-errno -fopenmp -shared -fPIC -o k.so k.c \
+    cc -O3 -march=native -fno-math-errno -fno-trapping-math -fopenmp -shared -fPIC -o k.so k.c \
         -Xlinker --as-needed .../torch/lib/libgomp.so.1 -Xlinker -rpath -Xlinker .../torch/lib -lm
 """
 
