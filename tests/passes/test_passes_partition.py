@@ -116,7 +116,7 @@ graph(%x: f32[1, 2, 8, 8]) {
 }""") == [(["s", "m", "p"], ["%x", "%mask", "%neg"], ["%p"])]
 
 
-def test_normalization_closes_a_group_and_lone_ops_stay_library_calls() -> None:
+def test_normalization_closes_a_group_and_lone_elementwise_ops_stay_library_calls() -> None:
     groups = _groups("""\
 graph(%x: f32[4, 16]) {
   %p = softmax(%x) {dim=1} : f32[4, 16]
@@ -127,9 +127,10 @@ graph(%x: f32[4, 16]) {
   %ln = layer_norm(%q, %g, %b) {normalized_shape=(16,), eps=1e-05} : (f32[4, 16], f32[4, 1], f32[4, 1])
   return %ln#0
 }""")  # noqa: E501
-    # softmax alone: the library's is as fast; exp cannot join it (no epilogues); softmax
-    # over dim 0 is not a row kernel; a lone layer norm is kept (its row kernel is faster)
-    assert groups == [(["ln"], ["%q", "%g", "%b"], ["%ln#0"])]
+    # a lone softmax over the last dim is a row kernel (competing with the library's); exp
+    # cannot join it (no epilogues) and alone stays a library call; softmax over dim 0 is
+    # not a row kernel; a lone layer norm is kept (its row kernel is faster)
+    assert groups == [(["p"], ["%x"], ["%p"]), (["ln"], ["%q", "%g", "%b"], ["%ln#0"])]
 
 
 def test_a_group_never_runs_after_an_outside_reader_of_its_values() -> None:
