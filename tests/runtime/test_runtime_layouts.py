@@ -63,3 +63,31 @@ def test_a_transpose_between_two_kernels_is_read_through_its_source(kernel_optio
         torch.testing.assert_close(t, torch.tanh(torch.exp(r.t())), equal_nan=True)
         torch.testing.assert_close(c, r.reshape(4, 80) @ w, equal_nan=True)
 
+
+
+def test_a_row_kernels_matrix_view_says_nothing_of_its_values_strides(kernel_options) -> None:  # noqa: ANN001
+    """A layer norm over the last dim of a 4-d value runs as a row kernel on [rows, n]: that
+    buffer's strides are not the value's (ConvNeXt permutes such a result back to NCHW;
+    reading them as the value's raised an IndexError in the compile)."""
+    graph = parse_graph("""\
+graph(%x: f32[2, 4, 4, 8]) {
+  %g = constant {name='g'} : f32[8]
+  %b = constant {name='b'} : f32[8]
+  %ln = layer_norm(%x, %g, %b) {normalized_shape=(8,), eps=1e-05} : (f32[2, 4, 4, 8], f32[2, 4, 4, 1], f32[2, 4, 4, 1])
+  %p = permute(%ln#0) {dims=(0, 3, 1, 2)} : f32[2, 8, 4, 4]
+  %e = exp(%p) : f32[2, 8, 4, 4]
+  %t = tanh(%e) : f32[2, 8, 4, 4]
+  return %t
+}""", {"g": torch.randn(8), "b": torch.randn(8)})  # noqa: E501
+    built = build_kernels(graph, partition(graph), kernel_options)
+    assert len(built.kernels) == 2
+    moved = gather(graph, [k.group for k in built.kernels])
+    plan = plan_memory(moved, [fused_call(k) for k in built.kernels])
+    ln = next(n for n in moved.nodes if n.name == "ln")
+    assert ln.outputs[0] not in known_strides(moved, built.kernels, plan.offsets, set())
+    run, _ = build_executor(moved, plan, range(1), built.kernels)
+    x = torch.randn(2, 4, 4, 8)
+    want = torch.tanh(torch.exp(torch.nn.functional.layer_norm(
+        x, (8,), graph.constant(next(n for n in graph.nodes if n.name == "g")),
+        graph.constant(next(n for n in graph.nodes if n.name == "b"))).permute(0, 3, 1, 2)))
+    torch.testing.assert_close(run([x])[0], want, rtol=1e-4, atol=1e-4)

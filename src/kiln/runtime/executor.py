@@ -27,7 +27,7 @@ from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.kernels.outcome import Built
 from kiln.passes.layout import channels_last_values
-from kiln.runtime.layouts import known_strides, views_read_in_place
+from kiln.runtime.layouts import known_strides, laid_out_as, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
@@ -246,7 +246,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
     call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
     checks = []
     for v, buffer in dict(zip(gk.inputs, params.inputs)).items():
-        if v.node.op is Op.CONSTANT or known.get(v) == buffer.elem_strides:
+        if v.node.op is Op.CONSTANT or laid_out_as(v, buffer, known):
             continue
         strides = _strides(buffer)
         if strides is None and v not in contiguous:

@@ -26,9 +26,10 @@ from collections.abc import Iterable, Mapping
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.kernels.outcome import Built
+from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
 
-__all__ = ["known_strides", "views_read_in_place"]
+__all__ = ["known_strides", "laid_out_as", "views_read_in_place"]
 
 Strides = tuple[int, ...]
 
@@ -44,7 +45,8 @@ def known_strides(graph: Graph, kernels: Iterable[Built], planned: Iterable[Valu
         if gk.generated:
             func = gk.kernel.func  # type: ignore[union-attr]
             for value, buffer in zip(gk.outputs, func.outputs):
-                known[value] = buffer.elem_strides
+                if tuple(buffer.shape) == tuple(value.type.shape):  # (a row kernel's are
+                    known[value] = buffer.elem_strides  # [rows, n] of any value)
     for value in planned:
         if value.node not in members:
             shape = tuple(value.type.shape)
@@ -60,7 +62,7 @@ def known_strides(graph: Graph, kernels: Iterable[Built], planned: Iterable[Valu
         shape = tuple(node.out().type.shape)
         if node.op is Op.VIEW and strides == contiguous_strides(tuple(source.type.shape)):
             known[node.out()] = contiguous_strides(shape)
-        elif node.op is Op.PERMUTE:
+        elif node.op is Op.PERMUTE and len(strides) == len(shape):
             known[node.out()] = tuple(strides[d] for d in node.attrs.dims)  # type: ignore
     return known
 
@@ -85,7 +87,7 @@ def views_read_in_place(graph: Graph, kernels: Iterable[Built], known: Mapping[V
 
     def unchecked(gk: Built) -> bool:
         params = gk.kernel.func.inputs  # type: ignore[union-attr]
-        return all(v.node.op is Op.CONSTANT or known.get(v) == b.elem_strides
+        return all(v.node.op is Op.CONSTANT or laid_out_as(v, b, known)
                    for v, b in zip(gk.inputs, params))
 
     changed = True
@@ -99,3 +101,9 @@ def views_read_in_place(graph: Graph, kernels: Iterable[Built], known: Mapping[V
                 del alias[value]
                 changed = True
     return alias
+
+
+def laid_out_as(value: Value, buffer: TirBuffer, known: Mapping[Value, Strides]) -> bool:
+    """Whether ``value`` is known to have ``buffer``'s shape and strides at run time."""
+    return (tuple(buffer.shape) == tuple(value.type.shape)
+            and known.get(value) == buffer.elem_strides)
