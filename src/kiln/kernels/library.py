@@ -241,8 +241,11 @@ def _linear(graph: Graph, node: Node) -> tuple[LibraryKernel, list[Value]]:
 
 def _pixel_rows(node: Node) -> bool:
     """Is the GEMM's A the pixels of an NHWC image as rows (`kiln.passes.pointwise`):
-    ``view(permute(x) {(0, 2, 3, 1)})``, strided ones through slices?"""
+    ``view(permute(x) {(0, 2, 3, 1)})``, strided ones through slices, or the result of such a
+    GEMM (the views back to NCHW and forward again cancel: the pipeline's simplify.views)?"""
     a = node.inputs[-2].node
+    if a.op in (Op.ADDMM, Op.ADDMM_ACT, Op.MM):
+        return _pixel_rows(a)
     if a.op is not Op.VIEW:
         return False
     src = a.inputs[0].node
