@@ -65,10 +65,10 @@ def test_a_transpose_between_two_kernels_is_read_through_its_source(kernel_optio
 
 
 
-def test_a_row_kernels_matrix_view_says_nothing_of_its_values_strides(kernel_options) -> None:  # noqa: ANN001
-    """A layer norm over the last dim of a 4-d value runs as a row kernel on [rows, n]: that
-    buffer's strides are not the value's (ConvNeXt permutes such a result back to NCHW;
-    reading them as the value's raised an IndexError in the compile)."""
+def test_a_row_kernels_matrix_makes_its_value_row_major(kernel_options) -> None:  # noqa: ANN001
+    """A layer norm over the last dim of a 4-d value runs as a row kernel on [rows, n]: the
+    value is row-major, but the buffer's strides are not the value's (ConvNeXt permutes such a
+    result back to NCHW; reading them as the value's raised an IndexError in the compile)."""
     graph = parse_graph("""\
 graph(%x: f32[2, 4, 4, 8]) {
   %g = constant {name='g'} : f32[8]
@@ -84,7 +84,10 @@ graph(%x: f32[2, 4, 4, 8]) {
     moved = gather(graph, [k.group for k in built.kernels])
     plan = plan_memory(moved, [fused_call(k) for k in built.kernels])
     ln = next(n for n in moved.nodes if n.name == "ln")
-    assert ln.outputs[0] not in known_strides(moved, built.kernels, plan.offsets, set())
+    known = known_strides(moved, built.kernels, plan.offsets, set())
+    assert known[ln.outputs[0]] == (128, 32, 8, 1)
+    p = next(n for n in moved.nodes if n.name == "p")
+    assert known[p.out()] == (128, 1, 32, 8)
     run, _ = build_executor(moved, plan, range(1), built.kernels)
     x = torch.randn(2, 4, 4, 8)
     want = torch.tanh(torch.exp(torch.nn.functional.layer_norm(

@@ -163,9 +163,6 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         step += 1
         return ["    TIMER_start()", *step_lines, f"    TIMER_stop({step - 1})"]
 
-    # values known contiguous without a runtime check (a kernel output with other strides,
-    # channels-last, is not, even in a planned buffer)
-    contiguous = set(slot) - {v for gk in kernels for v in strided_outputs(gk)} - nhwc_slots
     pending: list[str] = []  # deaths inside a group wait for its kernel call
     for i, node in enumerate(graph.nodes):
         if node.op is Op.SCALAR:
@@ -178,16 +175,12 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             lines += timed([])  # (a step still, so the profile's steps stay the report's)
         elif gk is None:
             lines += timed([f"    {library_line(node)}"])
-            if node.op is Op.VIEW and node.inputs[0] in contiguous:
-                contiguous.add(node.out())
         else:
             pending += dies_at.pop(i, [])
             if node is not gk.group.last:
                 continue
-            lines += timed(_kernel_lines(env, gk, graph, ref, slot, contiguous, library_line,
-                                         known, in_place))
-            if gk.generated:  # a library kernel returns what the library makes (NHWC ...)
-                contiguous.update(set(gk.outputs) - strided_outputs(gk))
+            lines += timed(_kernel_lines(env, gk, graph, ref, slot, library_line, known,
+                                         in_place))
             dies_at[i] = pending + dies_at.get(i, [])
             pending = []
         if dies_at.get(i):
@@ -205,18 +198,15 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
 
 
 def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
-                  ref: Callable[[Value], str], slot: dict[Value, int], contiguous: set[Value],
+                  ref: Callable[[Value], str], slot: dict[Value, int],
                   library_line: Callable[[Node, bool], str],
-                  known: Mapping[Value, tuple[int, ...]] | None = None,
-                  in_place: Mapping[Value, Value] | None = None) -> list[str]:
-    """The kernel call, behind a contiguity check of the operands not known to be contiguous;
-    if the check fails (rare: a strided graph input), the group's library calls run instead.
-    A library kernel (a library entry point on prepared weights) takes tensors and returns
-    its output: no check, no slot. An operand whose strides are ``known`` to be the kernel's
-    needs no check, and one of the views ``in_place`` is read through its source's pointer
-    (`kiln.runtime.layouts`)."""
-    known = known or {}
-    in_place = in_place or {}
+                  known: Mapping[Value, tuple[int, ...]],
+                  in_place: Mapping[Value, Value]) -> list[str]:
+    """The kernel call, behind a layout check of the operands whose strides are not
+    ``known`` to be the kernel's (`kiln.runtime.layouts`); if the check fails (rare: a
+    strided graph input), the group's library calls run instead. One of the views
+    ``in_place`` is read through its source's pointer. A library kernel (a library entry
+    point on prepared weights) takes tensors and returns its output: no check, no slot."""
     if not gk.generated:
         fn = _bind(env, "LIB", gk.kernel.fn)  # type: ignore[union-attr]
         (out,) = gk.outputs
@@ -249,7 +239,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         if v.node.op is Op.CONSTANT or laid_out_as(v, buffer, known):
             continue
         strides = _strides(buffer)
-        if strides is None and v not in contiguous:
+        if strides is None:
             checks.append(f"{ref(v)}.is_contiguous()")
         elif strides is not None and len(strides) == 4 and \
                 strides == channels_last_strides(buffer.shape):

@@ -45,8 +45,11 @@ def known_strides(graph: Graph, kernels: Iterable[Built], planned: Iterable[Valu
         if gk.generated:
             func = gk.kernel.func  # type: ignore[union-attr]
             for value, buffer in zip(gk.outputs, func.outputs):
-                if tuple(buffer.shape) == tuple(value.type.shape):  # (a row kernel's are
-                    known[value] = buffer.elem_strides  # [rows, n] of any value)
+                shape = tuple(value.type.shape)
+                if tuple(buffer.shape) == shape:
+                    known[value] = buffer.elem_strides
+                elif _dense(buffer):  # (a row kernel's [rows, n] of any value: row-major)
+                    known[value] = contiguous_strides(shape)
     for value in planned:
         if value.node not in members:
             shape = tuple(value.type.shape)
@@ -104,6 +107,17 @@ def views_read_in_place(graph: Graph, kernels: Iterable[Built], known: Mapping[V
 
 
 def laid_out_as(value: Value, buffer: TirBuffer, known: Mapping[Value, Strides]) -> bool:
-    """Whether ``value`` is known to have ``buffer``'s shape and strides at run time."""
-    return (tuple(buffer.shape) == tuple(value.type.shape)
-            and known.get(value) == buffer.elem_strides)
+    """Whether ``value`` is known to be laid out at run time as a kernel's ``buffer`` reads it:
+    the same shape and strides, or both row-major (a row kernel's [rows, n] of a 4-d value)."""
+    strides = known.get(value)
+    if strides is None:
+        return False
+    shape = tuple(value.type.shape)
+    if tuple(buffer.shape) == shape:
+        return strides == buffer.elem_strides
+    return _dense(buffer) and strides == contiguous_strides(shape) \
+        and buffer.numel == value.type.numel
+
+
+def _dense(buffer: TirBuffer) -> bool:
+    return buffer.elem_strides == contiguous_strides(buffer.shape)
