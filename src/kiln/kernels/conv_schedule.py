@@ -146,8 +146,8 @@ class ConvConfig:
     # the threads take panels (or rows) as they come free, not a fixed contiguous run each
     # (`conv_shares_dynamically`)
     dynamic: bool = False
-    # the vector width the tile was sized for: the register tile's channel loop is
-    # tensorized on vectors this wide (`plan.Tensorize`); 0 leaves the loop nest
+    # the vector width the tile was sized for: the register tile's reduction (taps and
+    # channels) is tensorized on vectors this wide (`plan.Tensorize`); 0 leaves the loops
     lanes: int = 0
 
     @staticmethod
