@@ -187,6 +187,31 @@ def test_the_portable_paths_without_avx512(kernel_options: Options, flags: tuple
         torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+@pytest.mark.parametrize("m,k,n", [(37, 19, 24), (5, 3, 21), (3136, 96, 24), (64, 300, 1000)])
+def test_avx2_three_vector_tiles_and_split_columns_match(kernel_options: Options, m: int,
+                                                         k: int, n: int) -> None:
+    """Compiled for AVX2: 17..24 columns run as one 4 x 24 tile (tensorized, its padding
+    columns never stored) and match; so do 64 rows (N split over 2 threads) and tails."""
+    options = dataclasses.replace(kernel_options, c_flags=PORTABLE[0][0])
+    torch.manual_seed(n)
+    graph = parse_graph(ACT_TEXT.format(m=m, k=k, n=n, act="relu", args="()"),
+                        {"w": torch.randn(n, k).t(), "b": torch.randn(n)})
+    built = gemm_kernels(graph, options, Decisions(None, False))
+    (kernel,) = built.kernels
+    if n <= 24:
+        assert kernel.weight(graph, kernel.inputs[1]).shape[-1] == 24
+        assert "4 x 24 register tile" in kernel.source
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    x = torch.randn(m, k)
+    x[0, 0] = float("nan")
+    with torch.no_grad():
+        (actual,) = run([x])
+    (expected,) = support.run_interpreter(graph, (x,))
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 RESIDUAL_TEXT = """\
 graph(%x: f32[{m}, {k}], %r: f32[{m}, {n}]) {{
   %w = constant {{name='w'}} : f32[{k}, {n}]

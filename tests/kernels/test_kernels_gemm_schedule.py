@@ -180,6 +180,29 @@ def test_short_reductions_over_many_rows_take_a_one_vector_tile() -> None:
     assert tile(128, 768, 768)[0] == 32
     assert tile(3136, 64, 64, GemmConfig.for_isa(Isa.AVX2)) == (16, 6)
 
+
+def test_avx2_tiles_for_24_columns_skinny_rows_and_deep_k() -> None:
+    """AVX2: 24 columns take one 4 x 24 tile (6 x 16 would compute a third padding); M tiles
+    that fall unevenly on the threads make them split N instead (64 rows: 11 tiles of 6);
+    K blocks are up to 1024 deep. The counterparts keep the defaults."""
+    from kiln.codegen.isa import Isa
+    from kiln.kernels.gemm_schedule import default_gemm_config
+
+    avx2 = GemmConfig.for_isa(Isa.AVX2)
+
+    def config(m: int, n: int, k: int, base: GemmConfig = avx2) -> GemmConfig:
+        return default_gemm_config(m, n, k, threads=2, base=base, b_prepacked=True)
+
+    assert (config(3136, 24, 96).mr, config(3136, 24, 96).nr) == (4, 24)
+    assert (config(3136, 32, 96).mr, config(3136, 32, 96).nr) == (6, 16)
+    assert config(3136, 24, 96, GemmConfig.for_isa(Isa.AVX512)).nr != 24
+    assert config(64, 2048, 2048).split_n  # 6 tiles on one thread, 5 on the other
+    assert not config(72, 2048, 2048).split_n  # 6 and 6
+    assert not config(3136, 2048, 64).split_n
+    assert config(128, 768, 768).kc == 768  # one K block
+    assert config(128, 768, 3072).kc == 1024
+    assert config(128, 768, 3072, GemmConfig.for_isa(Isa.AVX512)).kc == 512
+
 def test_tail_tiles_of_a_prepacked_b_run_without_bounds_checks() -> None:
     """B prepacked in zero-padded panels is read in bounds over the whole tile, so a tail
     tile's K loop has no guard (it had one per FMA: 16-wide outputs ran 30x slower)."""

@@ -95,6 +95,10 @@ PACK_A_FROM_K = 512
 # prepacked: 4x16, 8 accumulators, 113 GFLOP/s; 6x16, 12 of them, 169, though its last
 # tile of rows holds 2 of 6)
 MIN_ACCUMULATORS = 10
+# with B prepacked, the threads split N where the M tiles fall this much less evenly on them
+# (Zen 3, 2 threads: 64x2048x2048, 11 tiles of 6 rows, 6 on one thread: 165 -> 180 GFLOP/s
+# split by N, 64x784x2048 171 -> 185; 72 rows, 6 tiles each, within 1%)
+SPLIT_N_IMBALANCE = 1.05
 # the one-vector register tile for short K over many rows (see default_gemm_config)
 NARROW_TILE_MAX_K = 128
 NARROW_TILE_MIN_M = 512
@@ -132,7 +136,12 @@ class GemmConfig:
         if isa is Isa.SCALAR:
             return GemmConfig(mr=4, nr=4, lanes=1)
         mr = (isa.registers - 3) // 2 if isa is Isa.AVX512 else 6
-        return GemmConfig(mr=mr, nr=2 * isa.f32_lanes, mc=2 * mr, lanes=isa.f32_lanes)
+        # AVX2 (measured on Zen 3, 2 threads, B prepacked): deeper K blocks than AVX-512's
+        # 512 pass over C fewer times; KC = 1024 against 512 took 197x768x2304 from 166 to
+        # 182 GFLOP/s, 128x768x768 175 -> 184, 3136x576x64 159 -> 171, GPT-2's 128x768x50257
+        # LM head 152 -> 169, and was within 2% elsewhere (K = 1152..4096)
+        kc = 1024 if isa is Isa.AVX2 else 512
+        return GemmConfig(mr=mr, nr=2 * isa.f32_lanes, kc=kc, mc=2 * mr, lanes=isa.f32_lanes)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -167,6 +176,11 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
         # padding: MobileNetV2's 16-channel 1x1 projection ran 2.3x slower than the library)
         base = GemmConfig(2 * base.mr, base.nr // 2, base.kc, 2 * base.mc, base.nc,
                           lanes=base.lanes)
+    elif base.lanes == 8 and base.nr == 16 and 16 < n <= 24:  # AVX2: three vectors of
+        # columns, all of N in one panel (4 x 24, 12 accumulators; 6 x 16 computes a third
+        # padding: Zen 3, 2 threads, MobileNetV2's 3136x96x24 146 -> 113 us, 3136x144x24
+        # 219 -> 164)
+        base = GemmConfig(4, 24, base.kc, 8, base.nc, lanes=base.lanes)
     elif k <= NARROW_TILE_MAX_K and m >= NARROW_TILE_MIN_M and base.nr == 32:
         # short dot products over many rows (CNN 1x1 convolutions): a 16 x 16 tile, one
         # vector wide, beats 14 x 32 by 8-24% where the write-back weighs against the few
@@ -174,9 +188,11 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
         # 136 -> 117, 784x192x32 53 -> 46; at K = 128-512 within 5%, at M <= 197 worse)
         base = GemmConfig(16, 16, base.kc, 32 if k <= 32 else 16, base.nc, lanes=base.lanes)
     kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
-    split_n = (b_prepacked and threads > 1 and _ceil_div(m, base.mr) < 4 * threads
-               and n >= threads * base.nr)
     vectors = base.nr // base.lanes if base.lanes else max(base.nr // 16, 1)
+    split_n = (b_prepacked and threads > 1 and n >= threads * base.nr
+               and (_ceil_div(m, base.mr) < 4 * threads
+                    or _imbalance(m, _mr_for(m, base.mr, threads, vectors), threads)
+                    > SPLIT_N_IMBALANCE * _imbalance(n, base.nr, threads)))
     mr = _mr_for(m, base.mr, 1 if split_n else threads, vectors)
     base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc,
                       lanes=base.lanes)
@@ -184,6 +200,12 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     mc = _mc_for_threads(m, base, 1 if split_n else threads)
     return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k),
                       base.lanes)
+
+
+def _imbalance(extent: int, tile: int, threads: int) -> float:
+    """The busiest thread's share of ``extent``'s tiles against an even share."""
+    tiles = max(_ceil_div(extent, tile), 1)
+    return _ceil_div(tiles, threads) * threads / tiles
 
 
 def gemm_shares_dynamically(m: int, n: int, k: int) -> bool:
