@@ -297,3 +297,23 @@ def test_a_residual_gemm_that_loses_still_gets_the_librarys_variant(
     assert any(k.ops == ("add",) and k.kind == "library" for k in kernels)
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("m", [1, 5, 13, 97])
+def test_a_last_tile_of_rows_read_in_place_matches(kernel_options: Options, m: int) -> None:
+    """M not a multiple of the tile's rows, A not packed (one K block, one N block): the last
+    tile reads A in place behind its bounds checks and must not read or write past M."""
+    torch.manual_seed(m)
+    graph = parse_graph(ACT_TEXT.format(m=m, k=40, n=16, act="relu", args="()"),
+                        {"w": torch.randn(16, 40).t(), "b": torch.randn(16)})
+    built = gemm_kernels(graph, kernel_options, Decisions(None, False))
+    (kernel,) = built.kernels
+    assert "A_local" not in kernel.source
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    x = torch.randn(m + 3, 40)[:m]  # rows past M hold values the kernel must not use
+    x[-1, -1] = float("inf")
+    with torch.no_grad():
+        (actual,) = run([x])
+    (expected,) = support.run_interpreter(graph, (x,))
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)

@@ -148,6 +148,8 @@ def test_short_rows_of_a_are_read_in_place_and_narrow_outputs_take_one_vector() 
     assert (cfg.nr, cfg.mr) == (16, 28)  # 28 one-vector accumulators, none on padding
     source = render_c(gemm_func(12544, 16, 32, cfg, bias=True, b_prepacked=True))
     assert "A_local" not in source  # one K block, one N block: A read in place
+    tail = render_c(gemm_func(12545, 16, 32, cfg, bias=True, b_prepacked=True))
+    assert "A_local" not in tail  # a last tile of rows reads A in place, with its checks
     wide = render_c(gemm_func(12544, 16, 300, cfg, bias=True, b_prepacked=True))
     assert "A_local" in wide  # several K blocks: A is packed
     projection = default_gemm_config(784, 32, 192, threads=2,

@@ -25,7 +25,7 @@ With one K block (KC >= K: always with an epilogue, by default for K <= 512) the
 ``pc`` loop and no init nest: ``cache_write`` + ``decompose_reduction`` at the K step start
 each register tile from the bias (a row, or an [M, N] residual) and store it once, where the
 nest above passes over C three times (init, load, store). Where each row of A is read once
-(one K block, one N block, no tails) and short (K <= `PACK_A_FROM_K`), A is read in place.
+(one K block, one N block) and short (K <= `PACK_A_FROM_K`), A is read in place.
 
 Tails: the splits guard every block with bounds checks. `kiln.tir.tails.version_tails` runs
 full K blocks and full tiles without them (tiles wholly past the end are skipped; in the last
@@ -350,11 +350,15 @@ def schedule_gemm(func: PrimFunc, config: GemmConfig,
         sch.compute_at(load, ir)
         tile_blocks = (load, store)
         k_blocks = [pc.name]
-    # (a last tile of rows would read past an unpacked A, and keeps its bounds checks: M a
-    # multiple of MR; a last tile of columns runs over B's padded panel, its checks dropped:
-    # A packed for it took 3136x24x144 from 143 us, as at N = 32, to 181)
+    # (a last tile of rows reads an unpacked A in place too, keeping its bounds checks: the
+    # other tiles run without them, and packing all of A for that one tile cost more than the
+    # tile: Zen 3, 2 threads, 12544x32x16 141-168 -> 98-101 us, 784x144x32 53-57 -> 42-43,
+    # 125x256x16 10.5 -> 7.7; a bmm still packs, its tail tile's guards in each batch; a
+    # last tile of columns runs over B's padded panel, its checks dropped: A packed for it
+    # took 3136x24x144 from 143 us, as at N = 32, to 181)
     a_strides = func.inputs[0].strides
-    packs_a = (bool(k_blocks) or n > nc or k_values > PACK_A_FROM_K or m % mr
+    packs_a = (bool(k_blocks) or n > nc or k_values > PACK_A_FROM_K
+               or (m % mr and batched)
                or (a_strides is not None and a_strides[-1] != 1))  # (rows not contiguous)
     if packs_a:
         a_pack = sch.cache_read(c, "A")
