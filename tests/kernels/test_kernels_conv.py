@@ -168,6 +168,42 @@ def test_conv_default_config() -> None:
     assert not ConvConfig.default(huge, 16).pad_copy  # past the workspace cap
 
 
+def test_conv_default_config_on_16_registers() -> None:
+    """AVX2 (16 registers): a stride-1 layer takes the padded copy up to a larger size, and
+    over the copy a 6-pixel tile where its last tile is not short, else 7; stride 2 keeps its
+    guards and 7 pixels."""
+    def config(size: int, ci: int, stride: int = 1) -> ConvConfig:
+        shape = ConvShape(1, ci, size, size, ci, (3, 3), (stride, stride), (1, 1))
+        return ConvConfig.default(shape, 8, registers=16)
+
+    assert (config(28, 128).pad_copy, config(28, 128).tile) == (True, 6)  # 4 x 6 + 4
+    assert (config(14, 256).pad_copy, config(14, 256).tile) == (True, 7)  # 2 x 6 + 2: 7s
+    assert (config(7, 512).pad_copy, config(7, 512).tile) == (True, 7)
+    assert (config(56, 64).pad_copy, config(56, 64).tile) == (False, 7)  # an 861 KB copy
+    assert (config(56, 128, 2).pad_copy, config(56, 128, 2).tile) == (False, 7)
+    assert not ConvConfig.default(ConvShape(1, 256, 14, 14, 256, (3, 3), (1, 1), (1, 1)),
+                                  16).pad_copy  # AVX-512 keeps its guards there
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+@pytest.mark.parametrize("size", [10, 11, 14])
+def test_conv_avx2_tiles_over_the_padded_copy(kernel_options: Options, size: int) -> None:
+    """Compiled for AVX2, the 6- and 7-pixel tiles over the padded copy (their tails too)
+    match eager, NaN included."""
+    options = dataclasses.replace(kernel_options, c_flags=("-O3", "-march=x86-64-v3", "-fopenmp"))
+    assert target_isa(options) is Isa.AVX2
+    shape = ConvShape(1, 16, size, size, 24, (3, 3), (1, 1), (1, 1))
+    config = ConvConfig.default(shape, 8, registers=16)
+    assert config.pad_copy and config.tile in (6, 7)
+    plan = conv_plan(shape, config, name=f"conv_test_avx2_{size}", epilogue=Epilogue(Op.RELU, ()))
+    kernel = compile_kernel(plan.build(), options)
+    x, weight, bias = _operands(shape, seed=size)
+    x[0, 3, 0, size - 1] = float("nan")
+    got = _run(kernel, shape, config, x, weight, bias)
+    torch.testing.assert_close(got, _eager(shape, x, weight, bias, Op.RELU, ()),
+                               rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 def test_conv_plan_serial_by_work() -> None:
     """A layer with few outputs but a long reduction (7x7x512 -> 512) keeps its threads; a
     small one runs on one thread."""

@@ -97,6 +97,13 @@ PAD_COPY_BYTES = WORKSPACE_MAX
 # 1094 us with the copy, 1359 with guards (oneDNN 1360-1470); MobileNetV2's 3x3 first layer
 # 164 us with it, 122 with guards; 3x3 layers over 32-256 channels 3-20% slower with it
 SMALL_COPY_BYTES = 128 * 1024
+# with 16 vector registers (AVX2) a stride-1 layer takes a copy up to this size: its border
+# tiles' guarded versions of the 7 x 16 tile (14 of the 16 registers accumulators) cost more
+# than the copy (Zen 3, 2 threads, tensorized, 3x3: 17x17x128->192 1097 -> 960 us, 7x7x512
+# 1537 -> 1386, 14x14x256 1427 -> 1330, 35x35x96 1232 -> 1201 with it; 56x56x64 within 1%;
+# 147x147x32, a 2.8 MB copy, 4821 -> 4974; stride 2 keeps guards, 9-13% faster with them:
+# only its first row and column reach the padding)
+SMALL_COPY_BYTES_STRIDE1_16_REGISTERS = 640 * 1024
 
 
 @dataclass(frozen=True)
@@ -168,8 +175,10 @@ class ConvConfig:
         (ph, pw), (h, w) = shape.padding, (shape.h, shape.w)
         copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
         few_channels_wide_window = shape.ci < 8 and shape.kernel[0] * shape.kernel[1] >= 25
+        small = SMALL_COPY_BYTES_STRIDE1_16_REGISTERS \
+            if registers <= 16 and shape.stride == (1, 1) else SMALL_COPY_BYTES
         pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES and (
-            copy_bytes <= SMALL_COPY_BYTES or few_channels_wide_window)
+            copy_bytes <= small or few_channels_wide_window)
         guarded = any(shape.padding) and not pad_copy
         # with guards, a tile of 7 or 8 pixels: the border tiles' versions of a 14-pixel
         # tile ran out of registers (an accumulator spilled next to a clamp's constants:
@@ -179,6 +188,15 @@ class ConvConfig:
         ow = shape.out[1]
         if 0 < ow <= largest:
             tile = ow
+        elif registers <= 16 and not (guarded or few_channels_wide_window) and (
+                ow % 6 in (0, 4, 5) or ow % 7 in (0, 5, 6)):
+            # 16 registers (AVX2), 3x3 over a padded copy: 6 x 16 (12 accumulators) where
+            # its last tile is not short, else 7 x 16 (14, one weight vector read by the FMA
+            # from memory); a short last tile ran the whole kernel up to 2x slower (Zen 3,
+            # 2 threads: 35x35x96 over 6 x 16 1123 us, 7 x 16 1238; 17x17x128->192 740 and
+            # 901; 28x28x128 1402 and 1471; 56x56x64 over 6 x 16 (+2) 2710, 7 x 16 1416;
+            # 7x7x512 6 (+1) 1735, 7 1404; the 5- and 4-pixel tiles slower still)
+            tile = 6 if ow % 6 in (0, 4, 5) else 7
         elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
             # 1094 us at 7 pixels, 1188 at 14)
             tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
