@@ -188,14 +188,16 @@ class ConvConfig:
         ow = shape.out[1]
         if 0 < ow <= largest:
             tile = ow
-        elif registers <= 16 and not (guarded or few_channels_wide_window) and (
+        elif registers <= 16 and shape.stride == (1, 1) and not (
+                guarded or few_channels_wide_window) and (
                 ow % 6 in (0, 4, 5) or ow % 7 in (0, 5, 6)):
-            # 16 registers (AVX2), 3x3 over a padded copy: 6 x 16 (12 accumulators) where
+            # 16 registers (AVX2), stride 1, no guards: 6 x 16 (12 accumulators) where
             # its last tile is not short, else 7 x 16 (14, one weight vector read by the FMA
             # from memory); a short last tile ran the whole kernel up to 2x slower (Zen 3,
             # 2 threads: 35x35x96 over 6 x 16 1123 us, 7 x 16 1238; 17x17x128->192 740 and
             # 901; 28x28x128 1402 and 1471; 56x56x64 over 6 x 16 (+2) 2710, 7 x 16 1416;
-            # 7x7x512 6 (+1) 1735, 7 1404; the 5- and 4-pixel tiles slower still)
+            # 7x7x512 6 (+1) 1735, 7 1404; the 5- and 4-pixel tiles slower still; a 1x1
+            # stride-2 layer over 28 pixels: 1380 over 6 x 16, 1282 over 7 x 16)
             tile = 6 if ow % 6 in (0, 4, 5) else 7
         elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
             # 1094 us at 7 pixels, 1188 at 14)
