@@ -346,6 +346,16 @@ def _parallel_addmm(e: Example) -> Graph:
     return e.graph(*outs)
 
 
+def _parallel_mm(e: Example) -> Graph:
+    x = e.input(e.dims(2))
+    k = x.type.shape[1]
+    outs = [e.op(Op.MM, x, _linear_weight(e, k, e.rng.randint(1, 5)))
+            for _ in range(e.rng.randint(2, 4))]
+    if e.rng.random() < 0.5:  # a view downstream, as attention's head split has
+        outs[0] = e.op(Op.VIEW, outs[0], attrs=ShapeAttrs((1,) + outs[0].type.shape))
+    return e.graph(*outs)
+
+
 def _parallel_conv(e: Example) -> Graph:
     x = _image(e)
     kernel = e.pick(1, 3)
@@ -411,5 +421,6 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "conv-act": _conv_act,
     "conv-act-epilogue": _conv_act_epilogue,
     "merge-parallel-addmm": _parallel_addmm,
+    "merge-parallel-mm": _parallel_mm,
     "merge-parallel-conv": _parallel_conv,
 }

@@ -103,6 +103,28 @@ def test_merge_refused_when_a_view_cannot_take_the_strided_piece() -> None:
                   .replace("return %flat, %k", "return %flat, %k"), weights) == 1
 
 
+def test_merge_of_bias_free_gemms_refused_only_where_the_piece_alone_would_not_copy() -> None:
+    """mm siblings merge (LLaMA's q/k/v, gate/up); a reshape that copies the merged piece
+    refuses it, but not one that copies the unmerged value too (grouped-query attention's
+    expanded keys and values)."""
+    text = """graph(%x: f32[4, 5]) {
+  %wq = constant {name='wq'} : f32[5, 6]
+  %wk = constant {name='wk'} : f32[5, 6]
+  %q = mm(%x, %wq) : f32[4, 6]
+  %k = mm(%x, %wk) : f32[4, 6]
+  %flat = view(%q) {shape=(24,)} : f32[24]
+  return %flat, %k
+}"""
+    weights = {"wq": torch.randn(5, 6), "wk": torch.randn(5, 6)}
+    assert _fires("merge-parallel-mm", text, weights) == 0
+    grouped = text.replace(
+        "%flat = view(%q) {shape=(24,)} : f32[24]",
+        "%u = unsqueeze(%q) {dim=1} : f32[4, 1, 6]\n"
+        "  %e = expand(%u) {shape=(4, 2, 6)} : f32[4, 2, 6]\n"
+        "  %flat = view(%e) {shape=(48,)} : f32[48]").replace("f32[24]", "f32[48]")
+    assert _fires("merge-parallel-mm", grouped, weights) == 1
+
+
 def test_transposed_convolution_keeps_its_batch_norm() -> None:
     text = """graph(%x: f32[1, 2, 4, 4]) {
   %w = constant {name='w'} : f32[2, 3, 3, 3]

@@ -3,6 +3,9 @@
     q = addmm(bq, x, Wq); k = addmm(bk, x, Wk); v = addmm(bv, x, Wv)
         -> qkv = addmm(cat(bq, bk, bv), x, cat(Wq, Wk, Wv, dim=1)); q, k, v = split(qkv)
 
+    gate = mm(x, Wg); up = mm(x, Wu)          (bias-free linears: LLaMA, T5)
+        -> split(mm(x, cat(Wg, Wu, dim=1)))
+
     conv(x, W1, B1), conv(x, W2, B2) (same geometry)
         -> split(conv(x, cat(W1, W2), cat(B1, B2)), dim=1)
 
@@ -89,6 +92,20 @@ def _merge_addmm(m: Match) -> list[Value]:
     return list(m.node(Op.SPLIT, merged, attrs=SplitAttrs(sizes, 1)).outputs)
 
 
+def _mm_key(b: dict[str, Any]) -> Any:
+    node = b["_interior"][-1][0]
+    return (node.op, b["w"].type.shape[0], b["w"].type.dtype)
+
+
+def _merge_mm(m: Match) -> list[Value]:
+    members = m.members
+    first = members[0]["_root"]
+    w = _cat_weights(m, [mb["w"] for mb in members])
+    merged = m.op(Op.MM, members[0]["x"], w, attrs=first.attrs, name=first.name)
+    sizes = tuple(mb["_root"].type.shape[1] for mb in members)
+    return list(m.node(Op.SPLIT, merged, attrs=SplitAttrs(sizes, 1)).outputs)
+
+
 def _merge_conv(m: Match) -> list[Value]:
     members = m.members
     first = members[0]["_root"]
@@ -116,25 +133,32 @@ def _pieces_work(m: Match) -> str | None:
     shape[1] = sum(sizes)
     merged = torch.empty(shape, dtype=roots[0].type.dtype.torch, device=META)
     for root, piece in zip(roots, merged.split(sizes, 1)):
-        reason = _views_accept(root.out(), piece, m)
+        alone = torch.empty(root.type.shape, dtype=root.type.dtype.torch, device=META)
+        reason = _views_accept(root.out(), piece, alone, m)
         if reason:
             return reason
     return None
 
 
-def _views_accept(value: Value, tensor: torch.Tensor, m: Match) -> str | None:
+def _views_accept(value: Value, tensor: torch.Tensor, alone: torch.Tensor,
+                  m: Match) -> str | None:
+    """Every view downstream of ``value`` works on ``tensor`` (its merged piece) and copies
+    it only where it copies ``alone`` (the unmerged value) too: a reshape of an expanded
+    tensor (LLaMA's grouped keys and values) copies either way."""
     for user in m.ctx.users.get(value.node, []):
         if not user.op.is_a(OpGroup.VIEW) or user.inputs[0] != value:
             continue
-        operands = [tensor] + [meta_operand(v) for v in user.inputs[1:]]
+        rest = [meta_operand(v) for v in user.inputs[1:]]
         try:
-            results = run_call(lower_node(user), operands, META)
+            results = run_call(lower_node(user), [tensor, *rest], META)
         except RuntimeError as err:
             return f"{user.name} cannot view a merged piece: {str(err).splitlines()[0]}"
-        if user.op is Op.VIEW and not results[0]._is_view():  # (the IR's view is a reshape)
+        unmerged = run_call(lower_node(user), [alone, *rest], META)
+        if user.op is Op.VIEW and not results[0]._is_view() and unmerged[0]._is_view():
+            # (the IR's view is a reshape)
             return f"{user.name} would copy a merged piece: its strides allow no view"
-        for out, result in zip(user.outputs, results):
-            reason = _views_accept(out, result, m)
+        for out, result, before in zip(user.outputs, results, unmerged, strict=True):
+            reason = _views_accept(out, result, before, m)
             if reason:
                 return reason
     return None
@@ -144,6 +168,7 @@ def _views_accept(value: Value, tensor: torch.Tensor, m: Match) -> str | None:
 
 parallel_addmm = On({Op.ADDMM, Op.ADDMM_ACT}, Var("b", w_), Var("x"), Var("w", w_),
                     where=plain_gemm, describe="beta=alpha=1")
+parallel_mm = On({Op.MM}, Var("x"), Var("w", w_))
 parallel_conv = On({Op.CONVOLUTION, Op.CONV_ACT}, Var("x"), Var("w", w_), exact_arity=False)
 
 # two siblings; the rule takes any number, and the algebra is the same
@@ -160,6 +185,10 @@ MERGE_ADDMM_LAW = L(
     "merge-parallel-addmm", (A(Op.ADDMM, B1, X, W1), A(Op.ADDMM, B2, X, W2)),
     _pieces(A(Op.ADDMM, A(Op.CAT, B1, B2, dim=0), X, A(Op.CAT, W1, W2, dim=1)), W1, W2, 1),
     IEEE, *(C(CondKind.WEIGHT, v) for v in (B1, B2, W1, W2)))
+MERGE_MM_LAW = L(
+    "merge-parallel-mm", (A(Op.MM, X, W1), A(Op.MM, X, W2)),
+    _pieces(A(Op.MM, X, A(Op.CAT, W1, W2, dim=1)), W1, W2, 1),
+    IEEE, C(CondKind.WEIGHT, W1), C(CondKind.WEIGHT, W2))
 MERGE_CONV_LAWS = (
     L("merge-parallel-conv.no-bias", (conv(X, W1), conv(X, W2)),
       _pieces(conv(X, A(Op.CAT, W1, W2, dim=0)), W1, W2, 0), IEEE,
@@ -173,6 +202,9 @@ RULES = (
     Rule("merge-parallel-addmm", Siblings(parallel_addmm, "x", _addmm_key), _merge_addmm, IEEE,
          guard=_pieces_work, laws=(MERGE_ADDMM_LAW,)),
     # addmm(b_i, x, W_i) -> split(addmm(cat b, x, cat W))
+    Rule("merge-parallel-mm", Siblings(parallel_mm, "x", _mm_key), _merge_mm, IEEE,
+         guard=_pieces_work, laws=(MERGE_MM_LAW,)),
+    # mm(x, W_i) -> split(mm(x, cat W))
     Rule("merge-parallel-conv", Siblings(parallel_conv, "x", _conv_key), _merge_conv, IEEE,
          guard=_pieces_work, laws=MERGE_CONV_LAWS),
     # conv(x, W_i, B_i) -> split(conv(x, cat W, cat B))
