@@ -171,7 +171,7 @@ def test_conv_default_config() -> None:
 def test_conv_default_config_on_16_registers() -> None:
     """AVX2 (16 registers): a stride-1 layer takes the padded copy up to a larger size, and
     over the copy a 6-pixel tile where its last tile is not short, else 7; stride 2 keeps its
-    guards and 7 pixels."""
+    guards and 7 pixels; a first layer over 3 channels (loops, not an FMA_TILE) at most 6."""
     def config(size: int, ci: int, stride: int = 1) -> ConvConfig:
         shape = ConvShape(1, ci, size, size, ci, (3, 3), (stride, stride), (1, 1))
         return ConvConfig.default(shape, 8, registers=16)
@@ -183,6 +183,9 @@ def test_conv_default_config_on_16_registers() -> None:
     assert (config(56, 128, 2).pad_copy, config(56, 128, 2).tile) == (False, 7)
     assert not ConvConfig.default(ConvShape(1, 256, 14, 14, 256, (3, 3), (1, 1), (1, 1)),
                                   16).pad_copy  # AVX-512 keeps its guards there
+    stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
+    assert ConvConfig.default(stem, 8, registers=16).tile == 6  # loops over 3 channels
+    assert ConvConfig.default(stem, 16).tile == 7
 
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")

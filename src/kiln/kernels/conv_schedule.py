@@ -188,6 +188,12 @@ class ConvConfig:
         ow = shape.out[1]
         if 0 < ow <= largest:
             tile = ow
+        elif registers <= 16 and shape.ci < lanes:
+            # 16 registers, a first layer's few channels (its taps stay loops, not an
+            # FMA_TILE): at most 6 pixels, else the loops' 14 accumulators spill (Zen 3,
+            # 2 threads: ResNet's 7x7 stem 2072 us over 7 pixels, 1718 over 6, oneDNN
+            # 1683; MobileNetV2's 3x3 stride-2 first layer 255, 190, 241)
+            tile = next((t for t in (6, 5, 4) if ow % t in (0, t - 2, t - 1)), 6)
         elif registers <= 16 and shape.stride == (1, 1) and not (
                 guarded or few_channels_wide_window) and (
                 ow % 6 in (0, 4, 5) or ow % 7 in (0, 5, 6)):
