@@ -22,9 +22,9 @@ tile sizes), then the lowering post-passes. The program it gives::
               unrolled i / vectorized j:  C[...] = C_local[i, j]
 
 With one K block (KC >= K: always with an epilogue, by default for K <= 512, 1024 on AVX2)
-there is no ``pc`` loop and no init nest: ``cache_write`` + ``decompose_reduction`` at the K step start
-each register tile from the bias (a row, or an [M, N] residual) and store it once, where the
-nest above passes over C three times (init, load, store). Where each row of A is read once
+there is no ``pc`` loop and no init nest: ``cache_write`` + ``decompose_reduction`` at the K
+step start each register tile from the bias (a row, or an [M, N] residual) and store it once,
+where the nest above passes over C three times (init, load, store). Where each row of A is read once
 (one K block, one N block) and short (K <= `PACK_A_FROM_K`), A is read in place.
 
 Tails: the splits guard every block with bounds checks. `kiln.tir.tails.version_tails` runs
