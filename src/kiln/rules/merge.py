@@ -82,12 +82,16 @@ def _stored_transposed(m: Match, w: Value) -> bool:
     return False
 
 
-def _merge_addmm(m: Match) -> list[Value]:
+def _merge_gemm(m: Match) -> list[Value]:
+    """addmm/addmm_act siblings (their biases joined too), or mm siblings."""
     members = m.members
     first = members[0]["_root"]
     w = _cat_weights(m, [mb["w"] for mb in members])
-    b = m.op(Op.CAT, *[mb["b"] for mb in members], attrs=DimAttrs(0))
-    merged = m.op(first.op, b, members[0]["x"], w, attrs=first.attrs, name=first.name)
+    if first.op is Op.MM:
+        merged = m.op(Op.MM, members[0]["x"], w, attrs=first.attrs, name=first.name)
+    else:
+        b = m.op(Op.CAT, *[mb["b"] for mb in members], attrs=DimAttrs(0))
+        merged = m.op(first.op, b, members[0]["x"], w, attrs=first.attrs, name=first.name)
     sizes = tuple(mb["_root"].type.shape[1] for mb in members)
     return list(m.node(Op.SPLIT, merged, attrs=SplitAttrs(sizes, 1)).outputs)
 
@@ -95,15 +99,6 @@ def _merge_addmm(m: Match) -> list[Value]:
 def _mm_key(b: dict[str, Any]) -> Any:
     node = b["_interior"][-1][0]
     return (node.op, b["w"].type.shape[0], b["w"].type.dtype)
-
-
-def _merge_mm(m: Match) -> list[Value]:
-    members = m.members
-    first = members[0]["_root"]
-    w = _cat_weights(m, [mb["w"] for mb in members])
-    merged = m.op(Op.MM, members[0]["x"], w, attrs=first.attrs, name=first.name)
-    sizes = tuple(mb["_root"].type.shape[1] for mb in members)
-    return list(m.node(Op.SPLIT, merged, attrs=SplitAttrs(sizes, 1)).outputs)
 
 
 def _merge_conv(m: Match) -> list[Value]:
@@ -199,10 +194,10 @@ MERGE_CONV_LAWS = (
 )
 
 RULES = (
-    Rule("merge-parallel-addmm", Siblings(parallel_addmm, "x", _addmm_key), _merge_addmm, IEEE,
+    Rule("merge-parallel-addmm", Siblings(parallel_addmm, "x", _addmm_key), _merge_gemm, IEEE,
          guard=_pieces_work, laws=(MERGE_ADDMM_LAW,)),
     # addmm(b_i, x, W_i) -> split(addmm(cat b, x, cat W))
-    Rule("merge-parallel-mm", Siblings(parallel_mm, "x", _mm_key), _merge_mm, IEEE,
+    Rule("merge-parallel-mm", Siblings(parallel_mm, "x", _mm_key), _merge_gemm, IEEE,
          guard=_pieces_work, laws=(MERGE_MM_LAW,)),
     # mm(x, W_i) -> split(mm(x, cat W))
     Rule("merge-parallel-conv", Siblings(parallel_conv, "x", _conv_key), _merge_conv, IEEE,
