@@ -34,6 +34,8 @@ from kiln.options import Options
 from kiln.passes.partition import gather
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
+from kiln.tir.nodes import Block
+from kiln.tir.visit import iter_stmts
 
 CL = torch.channels_last
 
@@ -169,18 +171,24 @@ def test_conv_default_config() -> None:
 
 
 def test_conv_default_config_on_16_registers() -> None:
-    """AVX2 (16 registers): a stride-1 layer takes the padded copy up to a larger size, and
-    over the copy a 6-pixel tile where its last tile is not short, else 7; stride 2 keeps its
-    guards and 7 pixels; a first layer over 3 channels (loops, not an FMA_TILE) at most 6."""
+    """AVX2 (16 registers): a stride-1 layer takes the padded copy up to a larger size; the
+    tiles are 6 pixels, with 5-pixel ones at the end of a row that 6 does not divide, else
+    7 (no 6s and 5s make 14 or 7); stride 2 keeps its guards; a first layer over 3 channels
+    (loops, not an FMA_TILE) at most 6."""
     def config(size: int, ci: int, stride: int = 1) -> ConvConfig:
         shape = ConvShape(1, ci, size, size, ci, (3, 3), (stride, stride), (1, 1))
         return ConvConfig.default(shape, 8, registers=16)
 
-    assert (config(28, 128).pad_copy, config(28, 128).tile) == (True, 6)  # 4 x 6 + 4
-    assert (config(14, 256).pad_copy, config(14, 256).tile) == (True, 7)  # 2 x 6 + 2: 7s
-    assert (config(7, 512).pad_copy, config(7, 512).tile) == (True, 7)
-    assert (config(56, 64).pad_copy, config(56, 64).tile) == (False, 7)  # an 861 KB copy
-    assert (config(56, 128, 2).pad_copy, config(56, 128, 2).tile) == (False, 7)
+    def tiles(c: ConvConfig, ow: int) -> tuple[bool, int, int, int]:
+        return c.pad_copy, c.tile, c.tail_tile, c.split_at(ow)
+
+    assert tiles(config(28, 128), 28) == (True, 6, 5, 18)  # 6+6+6, 5+5
+    assert tiles(config(30, 128), 30) == (True, 6, 0, 0)
+    assert tiles(config(14, 256), 14) == (True, 7, 0, 0)
+    assert tiles(config(7, 512), 7) == (True, 7, 0, 0)
+    assert tiles(config(56, 64), 56) == (False, 6, 5, 36)  # an 861 KB copy; 6 x 6, 4 x 5
+    assert tiles(config(56, 128, 2), 28) == (False, 6, 5, 18)
+    assert tiles(config(17, 128), 17) == (True, 6, 5, 12)
     assert not ConvConfig.default(ConvShape(1, 256, 14, 14, 256, (3, 3), (1, 1), (1, 1)),
                                   16).pad_copy  # AVX-512 keeps its guards there
     stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
@@ -191,13 +199,14 @@ def test_conv_default_config_on_16_registers() -> None:
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
 @pytest.mark.parametrize("size", [10, 11, 14])
 def test_conv_avx2_tiles_over_the_padded_copy(kernel_options: Options, size: int) -> None:
-    """Compiled for AVX2, the 6- and 7-pixel tiles over the padded copy (their tails too)
-    match eager, NaN included."""
+    """Compiled for AVX2, the tiles over the padded copy (10: 5 + 5; 11: 6 + 5 tail; 14:
+    7 + 7) match eager, NaN included."""
     options = dataclasses.replace(kernel_options, c_flags=("-O3", "-march=x86-64-v3", "-fopenmp"))
     assert target_isa(options) is Isa.AVX2
     shape = ConvShape(1, 16, size, size, 24, (3, 3), (1, 1), (1, 1))
     config = ConvConfig.default(shape, 8, registers=16)
-    assert config.pad_copy and config.tile in (6, 7)
+    assert config.pad_copy and (config.tile, config.tail_tile) == {10: (5, 0), 11: (6, 5),
+                                                                   14: (7, 0)}[size]
     plan = conv_plan(shape, config, name=f"conv_test_avx2_{size}", epilogue=Epilogue(Op.RELU, ()))
     kernel = compile_kernel(plan.build(), options)
     x, weight, bias = _operands(shape, seed=size)
@@ -205,6 +214,46 @@ def test_conv_avx2_tiles_over_the_padded_copy(kernel_options: Options, size: int
     got = _run(kernel, shape, config, x, weight, bias)
     torch.testing.assert_close(got, _eager(shape, x, weight, bias, Op.RELU, ()),
                                rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_conv_split_at_covers_the_row_with_whole_tiles() -> None:
+    """`ConvConfig.split_at`: the most full tiles that leave whole tail tiles; 0 where the
+    tile divides the row, there is no tail, or no split makes the row."""
+    mixed = ConvConfig(6, tail_tile=5)
+    assert [mixed.split_at(ow) for ow in (28, 56, 17, 35, 11, 5, 30, 12, 14, 7, 9)] == \
+        [18, 36, 12, 30, 6, 0, 0, 0, 0, 0, 0]
+    assert ConvConfig(6).split_at(28) == 0
+
+
+@pytest.mark.parametrize(("size", "stride", "pad_copy", "residual"), [
+    (28, 1, True, False), (16, 1, False, True), (22, 2, False, False), (17, 1, True, True)])
+def test_conv_tail_tiles_match(kernel_options: Options, size: int, stride: int,
+                               pad_copy: bool, residual: bool) -> None:
+    """A row in 6-pixel tiles and then 5-pixel ones (with the padded copy or guards, stride
+    1 or 2, a residual) matches eager, NaN and inf included, at a tail pixel too."""
+    shape = ConvShape(1, 16, size, size, 24, (3, 3), (stride, stride), (1, 1), bias=True,
+                      residual=residual)
+    config = ConvConfig(6, 16, True, pad_copy, lanes=8, tail_tile=5)
+    ow = shape.out[1]
+    assert 0 < config.split_at(ow) < ow
+    plan = conv_plan(shape, config, name=f"conv_test_tail_{size}_{stride}_{int(pad_copy)}"
+                     f"_{int(residual)}", epilogue=Epilogue(Op.RELU, ()))
+    func = plan.build()
+    blocks = {b.name for b in iter_stmts(func.body) if isinstance(b, Block)}
+    assert {"conv", "conv_tail"} <= blocks
+    kernel = compile_kernel(func, kernel_options)
+    x, weight, bias = _operands(shape, seed=size)
+    x[0, 3, 0, size - 1] = float("nan")
+    x[0, 5, size - 1, 0] = float("inf")
+    want = torch.nn.functional.conv2d(x, weight, bias, shape.stride, shape.padding)
+    operands = [x, pack_conv_weight(weight, config.nr), bias]
+    if residual:
+        shortcut = torch.randn(want.shape).contiguous(memory_format=CL)
+        operands.append(shortcut)
+        want = want + shortcut
+    got = torch.full(want.shape, float("nan")).contiguous(memory_format=CL)
+    kernel(*operands, got)
+    torch.testing.assert_close(got, want.relu(), rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
 def test_conv_plan_serial_by_work() -> None:

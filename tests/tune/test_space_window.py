@@ -77,6 +77,13 @@ def test_candidates_respect_registers_guards_and_threads() -> None:
     assert max(unpadded.candidates("tile", {"nr": 16, "pad_copy": False})) == 28
     depthwise = _spaces()[1]
     assert max(depthwise.candidates("tile", {"lanes": 32})) <= 15  # 2 vectors a pixel
+    # a narrower tile for the row's end only where whole ones of it end the row (10 pixels)
+    assert conv.candidates("tail_tile", {"tile": 6}) == (0, 1, 2, 4)
+    assert conv.candidates("tail_tile", {"tile": 5}) == (0,)
+    avx2 = WindowSpace("conv", ConvShape(1, 64, 28, 28, 64, (3, 3), (1, 1), (1, 1)),
+                       Isa.AVX2, 2)
+    assert (avx2.default()["tile"], avx2.default()["tail_tile"]) == (6, 5)
+    assert 5 in avx2.candidates("tail_tile", {"tile": 6})
 
 
 def test_the_workload_is_the_program_kind_and_epilogue() -> None:

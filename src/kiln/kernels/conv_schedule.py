@@ -29,6 +29,8 @@ copy, 1359 us with guards). `schedule_conv` makes::
               unrolled ow_1 / vectorized co_1:
                 acc[ow_1, co_1] += x[n, ci, ih, iw] * w[co_0, i, j, ci, co_1]
             unrolled ow_1 / vectorized co_1:  out = act(acc)
+          for ow_0 in range(...):                       # with a `ConvConfig.tail_tile`: the
+            ...                                         # row's last tiles, narrower
 
 The panel loop is outside the rows so that one panel (KH*KW*CI*NR floats: 590 KB for a
 512-channel 3x3 layer) stays in L2 while every pixel passes it; the threads split the panels
@@ -156,6 +158,18 @@ class ConvConfig:
     # the vector width the tile was sized for: the register tile's reduction (taps and
     # channels) is tensorized on vectors this wide (`plan.Tensorize`); 0 leaves the loops
     lanes: int = 0
+    # the last tiles of each row: ``tile``-pixel tiles up to `ConvConfig.split_at`, then
+    # tiles of this many (28 columns: 6, 6, 6, 5, 5), so that no tile is short; 0: one width
+    tail_tile: int = 0
+
+    def split_at(self, ow: int) -> int:
+        """The first column of the ``tail_tile`` tiles: the most ``tile``-pixel tiles that
+        leave a whole number of ``tail_tile`` ones (0, one width, with no tail, where
+        ``tile`` divides the row, or where no such split is)."""
+        if self.tail_tile <= 0 or ow % self.tile == 0:
+            return 0
+        return next((full * self.tile for full in range(ow // self.tile, 0, -1)
+                     if (ow - full * self.tile) % self.tail_tile == 0), 0)
 
     @staticmethod
     def default(shape: ConvShape, lanes: int, registers: int = 32,
@@ -163,7 +177,8 @@ class ConvConfig:
         """NR: two vectors where CO fills more than one, else one. The tile: as many pixels
         as the accumulators leave registers for (two for the weights' vectors, one for the
         broadcast), preferring a tile that divides the row, and never wider than the row;
-        7 or 8 pixels where the border keeps guards.
+        7 or 8 pixels where the border keeps guards. On 16 registers, 6 pixels, and 5 for
+        the last tiles of a row that 6 does not divide (`tail_tile`).
         The threads split the panels where each thread gets the same number of them (or
         there are at least four per thread), else the rows. The padded copy where there is
         padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
@@ -186,6 +201,7 @@ class ConvConfig:
         # 64->64 3x3 1178 us at 14, 1024 at 7, oneDNN 1078)
         largest = 8 if guarded else max((registers - vectors - 1) // vectors, 1)
         ow = shape.out[1]
+        mixed, tail_tile = ConvConfig(6, tail_tile=5), 0
         if 0 < ow <= largest:
             tile = ow
         elif registers <= 16 and shape.ci < lanes:
@@ -194,17 +210,21 @@ class ConvConfig:
             # 2 threads: ResNet's 7x7 stem 2072 us over 7 pixels, 1718 over 6, oneDNN
             # 1683; MobileNetV2's 3x3 stride-2 first layer 255, 190, 241)
             tile = next((t for t in (6, 5, 4) if ow % t in (0, t - 2, t - 1)), 6)
+        elif registers <= 16 and vectors == 2 and not few_channels_wide_window and (
+                ow % 6 == 0 or mixed.split_at(ow)):
+            # 16 registers (AVX2): 6 x 16 (12 accumulators), the row's last tiles 5 x 16
+            # where 6 does not divide it (28 = 6+6+6+5+5), both at 95% of the FMA peak
+            # by hand; 7 x 16 (14 accumulators, one weight vector read by each FMA from
+            # memory) at 87%, and a short last tile (4 x 16: 8 accumulators) ran the whole
+            # kernel up to 2x slower (Zen 3, 2 threads, 3x3: 28x28x128 1360 us over 7 x 16,
+            # 1226 over 6s and 5s, oneDNN 1246; 56x56x64 1404, 1214, 1274; 112x112x64 5504,
+            # 4786, 4875; stride 2 to 28x28x128 1375, 1233, 1394)
+            tile, tail_tile = 6, (5 if ow % 6 else 0)
         elif registers <= 16 and shape.stride == (1, 1) and not (
-                guarded or few_channels_wide_window) and (
-                ow % 6 in (0, 4, 5) or ow % 7 in (0, 5, 6)):
-            # 16 registers (AVX2), stride 1, no guards: 6 x 16 (12 accumulators) where
-            # its last tile is not short, else 7 x 16 (14, one weight vector read by the FMA
-            # from memory); a short last tile ran the whole kernel up to 2x slower (Zen 3,
-            # 2 threads: 35x35x96 over 6 x 16 1123 us, 7 x 16 1238; 17x17x128->192 740 and
-            # 901; 28x28x128 1402 and 1471; 56x56x64 over 6 x 16 (+2) 2710, 7 x 16 1416;
-            # 7x7x512 6 (+1) 1735, 7 1404; the 5- and 4-pixel tiles slower still; a 1x1
-            # stride-2 layer over 28 pixels: 1380 over 6 x 16, 1282 over 7 x 16)
-            tile = 6 if ow % 6 in (0, 4, 5) else 7
+                guarded or few_channels_wide_window) and ow % 7 in (0, 5, 6):
+            # (no 6s and 5s make the row: 7 x 16, its last tile not short; 7x7x512 over
+            # 7 x 16 1403 us, over 4 + 3 1887; 14x14x256 1379, over 5 + 5 + 4 1498)
+            tile = 7
         elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
             # 1094 us at 7 pixels, 1188 at 14)
             tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
@@ -219,7 +239,7 @@ class ConvConfig:
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads) \
             and not few_channels_wide_window
         return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape),
-                          lanes=lanes)
+                          lanes=lanes, tail_tile=tail_tile)
 
 
 def conv_shares_dynamically(shape: ConvShape) -> bool:
@@ -247,14 +267,17 @@ def _lt(a: Expr, b: Expr) -> Expr:
     return Compare(CmpOp.LT, a, b)
 
 
-def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = False
-              ) -> PrimFunc:
+def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = False,
+              split_at: int = 0) -> PrimFunc:
     """The unscheduled program (see the module docstring): blocks ``init`` (the accumulator
     set to the bias, or 0, plus the residual where there is one), ``conv`` (the guarded
     update over taps and input channels) and ``store`` (the accumulator written to
     ``out``), each in its own loop nest. With ``pad_copy`` (and some padding) a first block
     ``pad`` writes the input with its zero border into a temporary ``xp``, and ``conv``
-    reads that without guards."""
+    reads that without guards. With ``0 < split_at < OW`` the three nests cover the output
+    columns before ``split_at``, and three more (``init_tail``, ``conv_tail``,
+    ``store_tail``, accumulating in their own ``acc_tail``) the columns from there on, so
+    that the two parts can take register tiles of different widths."""
     n, ci, h, w, co = shape.n, shape.ci, shape.h, shape.w, shape.co
     kh, kw = shape.kernel
     oh, ow = shape.out
@@ -264,27 +287,13 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     out = TBuffer("out", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow)))
     residual = TBuffer("residual", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow))
                        ) if shape.residual else None
-    acc = TBuffer("acc", (n, oh, ow, co), F32, scope=Scope.LOCAL)
-    spatial = (("n", n), ("oh", oh), ("ow", ow), ("co", co))
-
-    def nest(block: str, body, reduce: tuple[tuple[str, int], ...] = (),  # noqa: ANN001
-             guard=None) -> Stmt:  # noqa: ANN001
-        return loop_nest(block, spatial, body, reduce, guard)
-
-    def init(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
-        start = bias[vco] if bias is not None else const(0.0, F32)
-        if residual is not None:
-            start = residual[vn, vco, voh, vow] if bias is None else \
-                start + residual[vn, vco, voh, vow]
-        return BufferStore(acc, (vn, voh, vow, vco), start)
-
-    def position(o: Var, k: Var, d: int) -> Expr:
-        return tap_position(shape, o, k, d)
-
     ph, pw = shape.padding
     padded = pad_copy and (ph > 0 or pw > 0)
     xp = TBuffer("xp", (n, ci, h + 2 * ph, w + 2 * pw), F32,
                  channels_last_strides((n, ci, h + 2 * ph, w + 2 * pw)))
+
+    def position(o: Expr, k: Var, d: int) -> Expr:
+        return tap_position(shape, o, k, d)
 
     def within(pos_h: Expr, pos_w: Expr) -> Expr | None:
         conds = []
@@ -293,34 +302,62 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
                 conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
         return conjoin(*conds)
 
-    def update(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var) -> Stmt:
-        pos_h, pos_w = position(voh, vi, 0), position(vow, vj, 1)
-        value = xp[vn, vci, pos_h + ph, pos_w + pw] if padded else x[vn, vci, pos_h, pos_w]
-        tap = value * wt[vco // nr, vi, vj, vci, vco % nr]
-        return BufferStore(acc, (vn, voh, vow, vco), acc[vn, voh, vow, vco] + tap)
-
-    def inside(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var
-               ) -> Expr | None:
-        return None if padded else within(position(voh, vi, 0), position(vow, vj, 1))
-
     def pad(vn: Var, vh: Var, vw: Var, vci: Var) -> Stmt:
         pos_h, pos_w = vh - ph, vw - pw
         value = Select(within(pos_h, pos_w), x[vn, vci, pos_h, pos_w],  # type: ignore[arg-type]
                        const(0.0, F32))
         return BufferStore(xp, (vn, vci, vh, vw), value)
 
-    def store(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
-        return BufferStore(out, (vn, vco, voh, vow), acc[vn, voh, vow, vco])
-
     reduce = (("i", kh), ("j", kw), ("ci", ci))
-    body = seq(nest("init", init), nest("conv", update, reduce, inside), nest("store", store))
+
+    def part(suffix: str, start: int, stop: int) -> tuple[TBuffer, Stmt]:
+        """The accumulator and the three nests over output columns [start, stop): a nest's
+        column var (and the accumulator's column) counts from 0, ``col`` is the output's."""
+        acc = TBuffer(f"acc{suffix}", (n, oh, stop - start, co), F32, scope=Scope.LOCAL)
+
+        def col(vow: Expr) -> Expr:
+            return vow + start if start else vow
+
+        def init(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
+            value = bias[vco] if bias is not None else const(0.0, F32)
+            if residual is not None:
+                shortcut = residual[vn, vco, voh, col(vow)]
+                value = shortcut if bias is None else value + shortcut
+            return BufferStore(acc, (vn, voh, vow, vco), value)
+
+        def update(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var) -> Stmt:
+            pos_h, pos_w = position(voh, vi, 0), position(col(vow), vj, 1)
+            value = xp[vn, vci, pos_h + ph, pos_w + pw] if padded else x[vn, vci, pos_h, pos_w]
+            tap = value * wt[vco // nr, vi, vj, vci, vco % nr]
+            return BufferStore(acc, (vn, voh, vow, vco), acc[vn, voh, vow, vco] + tap)
+
+        def inside(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var
+                   ) -> Expr | None:
+            return None if padded else within(position(voh, vi, 0),
+                                              position(col(vow), vj, 1))
+
+        def store(vn: Var, voh: Var, vow: Var, vco: Var) -> Stmt:
+            return BufferStore(out, (vn, vco, voh, col(vow)), acc[vn, voh, vow, vco])
+
+        spatial = (("n", n), ("oh", oh), ("ow", stop - start), ("co", co))
+        return acc, seq(loop_nest(f"init{suffix}", spatial, init),
+                        loop_nest(f"conv{suffix}", spatial, update, reduce, inside),
+                        loop_nest(f"store{suffix}", spatial, store))
+
+    split = 0 < split_at < ow
+    parts = [part("", 0, split_at if split else ow)]
+    if split:
+        parts.append(part("_tail", split_at, ow))
+    body = seq(*(nests for _, nests in parts))
+    for acc, _ in reversed(parts):
+        body = Allocate(acc, body)
     inputs = (x, wt) if bias is None else (x, wt, bias)
     inputs += (residual,) if residual is not None else ()
     if padded:
         padding = loop_nest("pad", (("n", n), ("h", h + 2 * ph), ("w", w + 2 * pw), ("ci", ci)),
                             pad)
-        return PrimFunc(name, inputs, (out,), Allocate(xp, seq(padding, Allocate(acc, body))))
-    return PrimFunc(name, inputs, (out,), Allocate(acc, body))
+        return PrimFunc(name, inputs, (out,), Allocate(xp, seq(padding, body)))
+    return PrimFunc(name, inputs, (out,), body)
 
 
 def schedule_conv(func: PrimFunc, config: ConvConfig
@@ -330,32 +367,46 @@ def schedule_conv(func: PrimFunc, config: ConvConfig
     run without a guard), then the taps (in a border row a tap row outside the input is one
     test, and in a border tile only the taps that reach the padding keep their guards), and
     the loops of the reduction around the register tile, outermost first (tap rows, tap
-    columns, input channels)."""
+    columns, input channels). Where the program has a second part of the columns
+    (``conv_tail``), it takes tiles of ``config.tail_tile`` pixels, and its batch, panel
+    and row loops fuse with the first part's: one parallel loop, each row's tiles in
+    turn."""
     sch = Schedule(func)
-    conv = sch.get_block("conv")
-    n, oh, ow, co, i, j, ci = sch.get_loops(conv)
-    oh_0, oh_1 = sch.split(oh, [None, config.rows])
-    ow_0, ow_1 = sch.split(ow, [None, config.tile])
-    co_0, co_1 = sch.split(co, [None, config.nr])
-    sch.reorder(n, co_0, oh_0, ow_0, i, j, ci, oh_1, ow_1, co_1)
-    init, store = sch.get_block("init"), sch.get_block("store")
-    sch.reverse_compute_at(store, ow_0)  # (first: then no reader of acc is left outside)
-    sch.compute_at(init, ow_0)
-    sch.unroll(oh_1)
-    sch.unroll(ow_1)
-    sch.vectorize(co_1)
-    for block in (init, store):
-        rows, pixels, lanes = sch.get_loops(block)[-3:]
-        sch.unroll(rows)
-        sch.unroll(pixels)
-        sch.vectorize(lanes)
+    parts = [("", config.tile)]
+    if "conv_tail" in sch.blocks():
+        parts.append(("_tail", config.tail_tile))
+    outer, tails, taps = [], [], []
+    for suffix, tile in parts:
+        conv = sch.get_block(f"conv{suffix}")
+        n, oh, ow, co, i, j, ci = sch.get_loops(conv)
+        oh_0, oh_1 = sch.split(oh, [None, config.rows])
+        ow_0, ow_1 = sch.split(ow, [None, tile])
+        co_0, co_1 = sch.split(co, [None, config.nr])
+        sch.reorder(n, co_0, oh_0, ow_0, i, j, ci, oh_1, ow_1, co_1)
+        init, store = sch.get_block(f"init{suffix}"), sch.get_block(f"store{suffix}")
+        sch.reverse_compute_at(store, ow_0)  # (first: then no reader of acc is left outside)
+        sch.compute_at(init, ow_0)
+        sch.unroll(oh_1)
+        sch.unroll(ow_1)
+        sch.vectorize(co_1)
+        for block in (init, store):
+            rows, pixels, lanes = sch.get_loops(block)[-3:]
+            sch.unroll(rows)
+            sch.unroll(pixels)
+            sch.vectorize(lanes)
+        outer.append((n, co_0, oh_0))
+        tails += [ow_0.name, i.name, j.name]
+        taps += [i.name, j.name, ci.name]
+    n, co_0, oh_0 = outer[0]
+    for first, second in zip(*outer[:2]) if len(outer) > 1 else ():
+        sch.fusion(first, second)
     # (n stays serial: fused with oh, the row guards would not be affine)
     sch.parallel(co_0 if config.split_panels else oh_0, config.dynamic)
     if any(b.name == "xp" for b in _allocated(func)):  # the padded copy: rows on the threads
         _, rows, _, channels = sch.get_loops(sch.get_block("pad"))
         sch.parallel(rows)
         sch.vectorize(channels)
-    return sch, [co_0.name, oh_0.name, ow_0.name, i.name, j.name], (i.name, j.name, ci.name)
+    return sch, [co_0.name, oh_0.name, *tails], tuple(taps)
 
 
 def _allocated(func: PrimFunc) -> list[TBuffer]:
@@ -373,7 +424,7 @@ def conv_plan(shape: ConvShape, config: ConvConfig, name: str = "conv",
     compaction, indices in loop vars, the guards versioned away from interior rows and
     tiles and full panels, the padded panel's dead guards dropped, the activation in the
     write-back, and one thread below `SERIAL_MACS` multiply-adds."""
-    program = conv_func(shape, config.nr, name, config.pad_copy)
+    program = conv_func(shape, config.nr, name, config.pad_copy, config.split_at(shape.out[1]))
     sch, tails, taps = schedule_conv(program, config)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   DropDeadGuards())

@@ -88,14 +88,14 @@ class WindowSpace:
 
     def names(self) -> tuple[str, ...]:
         if self.kind == "conv":
-            return ("nr", "pad_copy", "tile", "split_panels")
+            return ("nr", "pad_copy", "tile", "tail_tile", "split_panels")
         return ("lanes", "tile")
 
     def default(self) -> Decisions:
         if self.kind == "conv":
             cfg = self._conv_default()
             return {"nr": cfg.nr, "pad_copy": cfg.pad_copy, "tile": cfg.tile,
-                    "split_panels": cfg.split_panels}
+                    "tail_tile": cfg.tail_tile, "split_panels": cfg.split_panels}
         cfg = DepthwiseConfig.default(self.shape, self.lanes)  # type: ignore[arg-type]
         return {"lanes": cfg.lanes, "tile": cfg.tile}
 
@@ -113,6 +113,10 @@ class WindowSpace:
             return (False, True) if any(s.padding) else (False,)
         if name == "split_panels":
             return (False, True) if self.threads > 1 else (False,)
+        if name == "tail_tile":  # (none, or a narrower tile that ends the row exactly)
+            tile = fixed["tile"]
+            return (0, *(t for t in range(1, tile)
+                         if ConvConfig(tile, tail_tile=t).split_at(max(ow, 1))))
         if name != "tile":
             raise KeyError(f"the {self.kind} space has no decision {name!r}")
         vectors = max(fixed.get("nr", fixed.get("lanes", lanes)) // lanes, 1)
@@ -136,7 +140,9 @@ class WindowSpace:
             return ConvConfig(decisions["tile"], decisions["nr"], decisions["split_panels"],
                               decisions["pad_copy"],
                               dynamic=conv_shares_dynamically(self.shape),
-                              lanes=self.lanes)
+                              lanes=self.lanes,
+                              # (a record from before the decision: one width)
+                              tail_tile=decisions.get("tail_tile", 0))
         return DepthwiseConfig(decisions["tile"], decisions["lanes"])
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
