@@ -171,10 +171,10 @@ def test_conv_default_config() -> None:
 
 
 def test_conv_default_config_on_16_registers() -> None:
-    """AVX2 (16 registers): a stride-1 layer takes the padded copy up to a larger size; the
-    tiles are 6 pixels, with 5-pixel ones at the end of a row that 6 does not divide, else
-    7 (no 6s and 5s make 14 or 7); stride 2 keeps its guards; a first layer over 3 channels
-    (loops, not an FMA_TILE) at most 6."""
+    """AVX2 (16 registers): rows wider than 7 in 6-pixel tiles, with 5-pixel ones at the end
+    of a row that 6 does not divide (else a 7 and 6s, or 6s and the rest), with guards; a
+    row of 7 takes one tile over the padded copy; a first layer over 3 channels (loops, not
+    an FMA_TILE) at most 6."""
     def config(size: int, ci: int, stride: int = 1) -> ConvConfig:
         shape = ConvShape(1, ci, size, size, ci, (3, 3), (stride, stride), (1, 1))
         return ConvConfig.default(shape, 8, registers=16)
@@ -182,13 +182,15 @@ def test_conv_default_config_on_16_registers() -> None:
     def tiles(c: ConvConfig, ow: int) -> tuple[bool, int, int, int]:
         return c.pad_copy, c.tile, c.tail_tile, c.split_at(ow)
 
-    assert tiles(config(28, 128), 28) == (True, 6, 5, 18)  # 6+6+6, 5+5
-    assert tiles(config(30, 128), 30) == (True, 6, 0, 0)
-    assert tiles(config(14, 256), 14) == (True, 7, 0, 0)
+    assert tiles(config(28, 128), 28) == (False, 6, 5, 18)  # 6+6+6, 5+5; guards
+    assert tiles(config(30, 128), 30) == (False, 6, 0, 0)
     assert tiles(config(7, 512), 7) == (True, 7, 0, 0)
-    assert tiles(config(56, 64), 56) == (False, 6, 5, 36)  # an 861 KB copy; 6 x 6, 4 x 5
+    assert tiles(config(56, 64), 56) == (False, 6, 5, 36)  # 6 x 6, 4 x 5
     assert tiles(config(56, 128, 2), 28) == (False, 6, 5, 18)
-    assert tiles(config(17, 128), 17) == (True, 6, 5, 12)
+    assert tiles(config(17, 128), 17) == (False, 6, 5, 12)
+    assert tiles(config(13, 128), 13) == (False, 7, 6, 7)  # a 7, then 6s
+    assert tiles(config(14, 128), 14) == (False, 6, 2, 12)  # 6s, then what is left
+    assert tiles(config(20, 128), 20) == (False, 5, 0, 0)
     assert not ConvConfig.default(ConvShape(1, 256, 14, 14, 256, (3, 3), (1, 1), (1, 1)),
                                   16).pad_copy  # AVX-512 keeps its guards there
     stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
@@ -198,15 +200,15 @@ def test_conv_default_config_on_16_registers() -> None:
 
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
 @pytest.mark.parametrize("size", [10, 11, 14])
-def test_conv_avx2_tiles_over_the_padded_copy(kernel_options: Options, size: int) -> None:
-    """Compiled for AVX2, the tiles over the padded copy (10: 5 + 5; 11: 6 + 5 tail; 14:
-    7 + 7) match eager, NaN included."""
+def test_conv_avx2_tiles_match(kernel_options: Options, size: int) -> None:
+    """Compiled for AVX2, the tiles with guards (10: 5 + 5; 11: 6 + a 5 tail; 14: 6 + 6 + a
+    2 tail) match eager, NaN included."""
     options = dataclasses.replace(kernel_options, c_flags=("-O3", "-march=x86-64-v3", "-fopenmp"))
     assert target_isa(options) is Isa.AVX2
     shape = ConvShape(1, 16, size, size, 24, (3, 3), (1, 1), (1, 1))
     config = ConvConfig.default(shape, 8, registers=16)
-    assert config.pad_copy and (config.tile, config.tail_tile) == {10: (5, 0), 11: (6, 5),
-                                                                   14: (7, 0)}[size]
+    assert (config.pad_copy, config.tile, config.tail_tile) == {
+        10: (False, 5, 0), 11: (False, 6, 5), 14: (False, 6, 2)}[size]
     plan = conv_plan(shape, config, name=f"conv_test_avx2_{size}", epilogue=Epilogue(Op.RELU, ()))
     kernel = compile_kernel(plan.build(), options)
     x, weight, bias = _operands(shape, seed=size)

@@ -183,26 +183,32 @@ class ConvConfig:
         there are at least four per thread), else the rows. The padded copy where there is
         padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
         up) over few input channels, so that a guard costs more than its taps' work (up to
-        `PAD_COPY_BYTES`); else guards."""
+        `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles."""
         lanes = max(lanes, 4)
         vectors = 2 if shape.co > lanes else 1
         nr = vectors * lanes
         (ph, pw), (h, w) = shape.padding, (shape.h, shape.w)
-        copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
+        ow = shape.out[1]
         few_channels_wide_window = shape.ci < 8 and shape.kernel[0] * shape.kernel[1] >= 25
+        row = _row_tiles_16_registers(ow) \
+            if registers <= 16 and vectors == 2 and shape.ci >= lanes and ow > 7 else None
+        copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
         small = SMALL_COPY_BYTES_STRIDE1_16_REGISTERS \
             if registers <= 16 and shape.stride == (1, 1) else SMALL_COPY_BYTES
+        # (those tiles' guarded border versions fit the registers, and beat the copy:
+        # 28x28x128 1230 -> 1187 us, 17x17x128->192 737 -> 684, 12x12x64 78 -> 68)
         pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES and (
-            copy_bytes <= small or few_channels_wide_window)
+            (copy_bytes <= small and row is None) or few_channels_wide_window)
         guarded = any(shape.padding) and not pad_copy
         # with guards, a tile of 7 or 8 pixels: the border tiles' versions of a 14-pixel
         # tile ran out of registers (an accumulator spilled next to a clamp's constants:
         # MobileNetV2's first layer 309 us at 14 pixels, 126 at 7, oneDNN 160; ResNet's
         # 64->64 3x3 1178 us at 14, 1024 at 7, oneDNN 1078)
         largest = 8 if guarded else max((registers - vectors - 1) // vectors, 1)
-        ow = shape.out[1]
-        mixed, tail_tile = ConvConfig(6, tail_tile=5), 0
-        if 0 < ow <= largest:
+        tail_tile = 0
+        if row is not None:
+            tile, tail_tile = row
+        elif 0 < ow <= largest:
             tile = ow
         elif registers <= 16 and shape.ci < lanes:
             # 16 registers, a first layer's few channels (its taps stay loops, not an
@@ -210,21 +216,13 @@ class ConvConfig:
             # 2 threads: ResNet's 7x7 stem 2072 us over 7 pixels, 1718 over 6, oneDNN
             # 1683; MobileNetV2's 3x3 stride-2 first layer 255, 190, 241)
             tile = next((t for t in (6, 5, 4) if ow % t in (0, t - 2, t - 1)), 6)
-        elif registers <= 16 and vectors == 2 and not few_channels_wide_window and (
-                ow % 6 == 0 or mixed.split_at(ow)):
-            # 16 registers (AVX2): 6 x 16 (12 accumulators), the row's last tiles 5 x 16
-            # where 6 does not divide it (28 = 6+6+6+5+5), both at 95% of the FMA peak
-            # by hand; 7 x 16 (14 accumulators, one weight vector read by each FMA from
-            # memory) at 87%, and a short last tile (4 x 16: 8 accumulators) ran the whole
-            # kernel up to 2x slower (Zen 3, 2 threads, 3x3: 28x28x128 1360 us over 7 x 16,
-            # 1226 over 6s and 5s, oneDNN 1246; 56x56x64 1404, 1214, 1274; 112x112x64 5504,
-            # 4786, 4875; stride 2 to 28x28x128 1375, 1233, 1394)
-            tile, tail_tile = 6, (5 if ow % 6 else 0)
         elif registers <= 16 and shape.stride == (1, 1) and not (
-                guarded or few_channels_wide_window) and ow % 7 in (0, 5, 6):
-            # (no 6s and 5s make the row: 7 x 16, its last tile not short; 7x7x512 over
-            # 7 x 16 1403 us, over 4 + 3 1887; 14x14x256 1379, over 5 + 5 + 4 1498)
-            tile = 7
+                guarded or few_channels_wide_window) and (
+                ow % 6 in (0, 4, 5) or ow % 7 in (0, 5, 6)):
+            # 16 registers, stride 1, over the copy, rows of 7 (7x7x512: 7 x 16 1396 us;
+            # 4 + 3 1589, 5 + 2 1493 with guards) or one vector of channels: 6 where the
+            # last tile is not short, else 7
+            tile = 6 if ow % 6 in (0, 4, 5) else 7
         elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
             # 1094 us at 7 pixels, 1188 at 14)
             tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
@@ -240,6 +238,30 @@ class ConvConfig:
             and not few_channels_wide_window
         return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape),
                           lanes=lanes, tail_tile=tail_tile)
+
+
+def _row_tiles_16_registers(ow: int) -> tuple[int, int]:
+    """On 16 registers (AVX2), two vectors of output channels: the register tiles of an
+    output row wider than 7 pixels, (``tile``, ``tail_tile``). 6 x 16 tiles (12
+    accumulators), the row's last ones 5 x 16 where 6 does not divide it (28 = 6+6+6+5+5):
+    both ran at 95% of the FMA peak by hand, where 7 x 16 (14 accumulators, one weight
+    vector read by each FMA from memory) ran at 87%, and a short last tile (4 x 16: 8
+    accumulators) made the whole kernel up to 2x slower. Zen 3, 2 threads, 3x3, 7 x 16
+    over the padded copy against these with guards (and oneDNN): 28x28x128 1360 us, 1187
+    (1246); 56x56x64 1404, 1214 (1274); 112x112x64 5504, 4786 (4875); 147x147x32->64 4950,
+    4133 (4392); 35x35x48->64 5x5 1097, 972 (1289); stride 2 to 28x28x128 1375, 1233
+    (1394). Rows no 6s and 5s make: a 7 first, then 6s (13 pixels 294 us, 252 as 7 + 6;
+    19: 787, 540), else 6s and what is left (14x14x256: 1352, 1272 as 6 + 6 + 2; 8x8x384
+    1377 over 4 + 4, 977 as 6 + 2)."""
+    if ow % 6 == 0:
+        return 6, 0
+    if ConvConfig(6, tail_tile=5).split_at(ow):
+        return 6, 5
+    if ow % 5 == 0:
+        return 5, 0
+    if ow % 6 == 1:
+        return 7, 6
+    return 6, ow % 6
 
 
 def conv_shares_dynamically(shape: ConvShape) -> bool:
