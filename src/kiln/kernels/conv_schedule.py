@@ -190,13 +190,14 @@ class ConvConfig:
         (ph, pw), (h, w) = shape.padding, (shape.h, shape.w)
         ow = shape.out[1]
         few_channels_wide_window = shape.ci < 8 and shape.kernel[0] * shape.kernel[1] >= 25
-        row = _row_tiles_16_registers(ow) \
-            if registers <= 16 and vectors == 2 and shape.ci >= lanes and ow > 7 else None
+        row = _row_tiles_16_registers(ow) if registers <= 16 and vectors == 2 and ow > 7 \
+            else None
         copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
         small = SMALL_COPY_BYTES_STRIDE1_16_REGISTERS \
             if registers <= 16 and shape.stride == (1, 1) else SMALL_COPY_BYTES
         # (those tiles' guarded border versions fit the registers, and beat the copy:
-        # 28x28x128 1230 -> 1187 us, 17x17x128->192 737 -> 684, 12x12x64 78 -> 68)
+        # 28x28x128 1230 -> 1187 us, 17x17x128->192 737 -> 684, 12x12x64 78 -> 68,
+        # MobileNetV2's 3x3 first layer 193 -> 162; not 7x7 over 3 channels: 1389 -> 1853)
         pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES and (
             (copy_bytes <= small and row is None) or few_channels_wide_window)
         guarded = any(shape.padding) and not pad_copy
@@ -211,10 +212,9 @@ class ConvConfig:
         elif 0 < ow <= largest:
             tile = ow
         elif registers <= 16 and shape.ci < lanes:
-            # 16 registers, a first layer's few channels (its taps stay loops, not an
-            # FMA_TILE): at most 6 pixels, else the loops' 14 accumulators spill (Zen 3,
-            # 2 threads: ResNet's 7x7 stem 2072 us over 7 pixels, 1718 over 6, oneDNN
-            # 1683; MobileNetV2's 3x3 stride-2 first layer 255, 190, 241)
+            # 16 registers, a first layer's few channels over one vector of output
+            # channels: at most 6 pixels (ResNet's 7x7 stem, when its taps were loops: 2072
+            # us over 7 pixels, 1718 over 6)
             tile = next((t for t in (6, 5, 4) if ow % t in (0, t - 2, t - 1)), 6)
         elif registers <= 16 and shape.stride == (1, 1) and not (
                 guarded or few_channels_wide_window) and (
@@ -452,10 +452,10 @@ def conv_plan(shape: ConvShape, config: ConvConfig, name: str = "conv",
                                   DropDeadGuards())
     if epilogue is not None:
         post += (epilogue,)
-    # (not over a few input channels: a first layer's taps of 3 channels ran slower as one
-    # FMA_TILE than as loops on Zen 3, AVX2: ResNet-50's 7x7 stem 2.71 ms against 2.15,
-    # Inception's 3x3 over 299x299 0.60 against 0.36; from 32 channels on it gains up to 24%)
-    if config.lanes and config.nr % config.lanes == 0 and shape.ci >= config.lanes:
+    # (a first layer's taps over 3 channels too, now that the tile's reduction stays a loop;
+    # Zen 3, AVX2, 6-pixel tiles, as loops against FMA_TILE: ResNet's 7x7 stem 1717 us,
+    # 1384; Inception's 3x3 over 299x299 358, 280; MobileNetV2's 3x3 over 225x225 204, 167)
+    if config.lanes and config.nr % config.lanes == 0:
         post += (Tensorize(taps, config.lanes),)
     if shape.macs < SERIAL_MACS:  # (by work, as a GEMM: 512 outputs of a 7x7 layer are
         # 2.3 M multiply-adds each)
