@@ -199,6 +199,33 @@ def _unary_kernel(op: UnOp, n: int) -> PrimFunc:
     return PrimFunc(f"unary_{op.value}", (x,), (y,), For(i, n, block, ForKind.VECTORIZED))
 
 
+@pytest.mark.parametrize("nan_bound", [False, True])
+def test_a_clamp_by_constants_keeps_nan_and_signed_zeros(options: Options,
+                                                         nan_bound: bool) -> None:
+    """min(6, max(0, x)) vectorized, its bounds through the constant-bound helpers: NaN
+    stays NaN, infinities and signed zeros as ATen's clamp gives them (a NaN bound: NaN)."""
+    n = 1029
+    x = Buffer("x", (n,), F32)
+    y = Buffer("y", (n,), F32)
+    i, vi = Var("i"), Var("vi")
+    low = const(float("nan") if nan_bound else 0.0, F32)
+    value = Binary(BinOp.MIN, const(6.0, F32), Binary(BinOp.MAX, low, x[vi]))
+    block = Block("f", (IterVar(vi, n),), (i,), BufferStore(y, (vi,), value))
+    func = PrimFunc(f"clamp_{int(nan_bound)}", (x,), (y,), For(i, n, block, ForKind.VECTORIZED))
+    source = render_c(func)
+    assert "kiln_minc_f32(6.0f, kiln_maxc_f32(" in source
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 6.0, 7.0,
+                            -1.0, 5.5])
+    data = torch.cat([torch.linspace(-8, 8, n - special.numel()), special])
+    got = torch.empty_like(data)
+    compile_kernel(func, options)(data, got)
+    want = torch.full_like(data, float("nan")) if nan_bound else torch.clamp(data, 0.0, 6.0)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    if not nan_bound:  # (bit for bit: the signs of the zeros too)
+        assert torch.equal(got.view(torch.int32)[~want.isnan()],
+                           want.view(torch.int32)[~want.isnan()])
+
+
 def test_vector_exp_is_accurate_and_handles_specials(options: Options) -> None:
     special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.72,
                             88.73, 89.0, -87.0, -103.0, -104.0, -200.0, 1e-30, -1e-8])

@@ -438,8 +438,10 @@ class CRenderer:
         if expr.op in _INFIX:
             return f"({a} {_INFIX[expr.op]} {b})"
         if expr.op in (BinOp.MIN, BinOp.MAX):
-            if dtype in (DType.F32, DType.F64):
-                return f"kiln_{expr.op.name.lower()}_{dtype.value}({_strip(a)}, {_strip(b)})"
+            if dtype in (DType.F32, DType.F64):  # (against a constant: a bound's own helper)
+                bound = "c" if isinstance(expr.a, Const) or isinstance(expr.b, Const) else ""
+                return (f"kiln_{expr.op.name.lower()}{bound}_{dtype.value}"
+                        f"({_strip(a)}, {_strip(b)})")
             op = "<" if expr.op is BinOp.MIN else ">"
             return f"({a} {op} {b} ? {a} : {b})"
         if expr.op is BinOp.POW:
