@@ -22,8 +22,11 @@ from kiln.kernels.plan import Epilogue, Tensorize
 from kiln.options import Options
 from kiln.tir import interp
 from kiln.tir.nodes import (
+    Binary,
+    BinOp,
     Buffer,
     BufferStore,
+    Expr,
     For,
     ForKind,
     Intrinsic,
@@ -34,7 +37,7 @@ from kiln.tir.nodes import (
     const,
 )
 from kiln.tir.printer import print_func
-from kiln.tir.tensorize import fma_tile, tensorize_fma_tiles
+from kiln.tir.tensorize import fma_tile, tensorize_fma_tiles, write_back
 from kiln.tir.visit import iter_stmts
 
 F32 = DType.F32
@@ -107,7 +110,8 @@ def test_the_intrinsic_keeps_the_accumulators_in_vector_variables() -> None:
     tile = tile[:tile.index('__asm__ volatile("" ::: "memory");')]
     assert "typedef float kiln_f32x8 __attribute__((vector_size(32)));" in tile
     assert tile.count("kiln_f32x8 fma0_acc") == 8  # 4 rows x 2 vectors of accumulators
-    assert "C_local[" not in tile[tile.index("for ("):tile.rindex("}")]  # not in the K loop
+    k_loop = tile[tile.index("for ("):tile.index("*(kiln_f32x8u*)&C_local[0] = fma0_acc0_0;")]
+    assert "C_local[" not in k_loop
     # the K loop stays a loop: each `for` right after a pragma that stops gcc unrolling it
     lines = tile.splitlines()
     loops = [i for i, line in enumerate(lines) if line.strip().startswith("for (")]
@@ -206,3 +210,62 @@ def test_strided_depthwise_keeps_its_loops_and_first_layers_tensorize() -> None:
     assert widths == {6, 5}
     strided = DepthwiseShape(1, 32, 16, 16, (3, 3), (2, 2), (1, 1))
     assert not _tiles(depthwise_plan(strided, DepthwiseConfig.default(strided, 8)).build())
+
+
+@pytest.mark.parametrize(("activation", "args"), [(Op.CLAMP, (0.0, 6.0)), (Op.RELU, ()),
+                                                  (None, ())])
+def test_a_tile_stores_its_activation_from_the_registers(options: Options,
+                                                         activation: Op | None,
+                                                         args: tuple) -> None:
+    """The nest after a GEMM tile that stores its accumulators (through relu, a clamp, or
+    as they are) becomes the tile's write-back: the fast copy has no store loop left, the
+    interpreter and the compiled kernel both match eager, NaN and inf included."""
+    m, k, n = 50, 16, 40
+    cfg = GemmConfig(mr=6, nr=16, kc=k, mc=12, nc=48, lanes=8)
+    epilogue = Epilogue(activation, args) if activation is not None else None
+    plan = gemm_plan(m, n, k, cfg, bias=True, b_prepacked=True,
+                     name=f"wb_{activation.value if activation else 'none'}", epilogue=epilogue)
+    func = plan.build()
+    backs = [t for t in _tiles(func) if t.write_back is not None]
+    assert backs and all(write_back(fma_tile(t.loop, 8), t.write_back, 8) for t in backs)
+    x, w, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    x[3, 2], x[7, 0] = float("nan"), float("inf")
+    want = F.linear(x, w, bias)
+    if activation is Op.CLAMP:
+        want = want.clamp(0.0, 6.0)
+    elif activation is Op.RELU:
+        want = want.relu()
+    packed = pack_b(w.t(), cfg.nr)
+    (got,) = interp.run_torch(func, [x, packed, bias])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    source = render_c(func)
+    assert "fma0_out" in source and "kiln_i32x8" in source
+    kernel = compile_kernel(func, options)
+    out = torch.full((m, n), 1e30)
+    kernel(x, packed, bias, out)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def test_a_nest_that_is_no_write_back_keeps_its_loop() -> None:
+    """A bound that is NaN, or a store that is not an activation of the accumulator against
+    constants, leaves the nest after the tile as it is."""
+    tile_loop = _tile_loop()
+    tile = fma_tile(tile_loop, 4)
+    assert tile is not None
+    acc, out = tile.acc.buffer, Buffer("out", (2, 8), F32)
+    i, j = Var("wi"), Var("wj")
+
+    def nest(value: Expr) -> For:
+        return For(i, 2, For(j, 8, BufferStore(out, (i, j), value), ForKind.VECTORIZED),
+                   ForKind.UNROLLED)
+
+    element = acc[i, j]
+    assert write_back(tile, nest(Binary(BinOp.MAX, const(0.0, F32), element)), 4) is not None
+    assert write_back(tile, nest(element), 4) is not None
+    assert write_back(tile, nest(Binary(BinOp.MAX, const(float("nan"), F32), element)),
+                      4) is None
+    assert write_back(tile, nest(element * element), 4) is None
+    assert write_back(tile, nest(Binary(BinOp.MAX, out[i, j], element)), 4) is None
+    half = For(i, 1, For(j, 8, BufferStore(out, (i, j), element), ForKind.VECTORIZED),
+               ForKind.UNROLLED)
+    assert write_back(tile, half, 4) is None  # (one of the two rows)

@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.tir.nodes import Expr, Load, Stmt, Var
-from kiln.tir.tensorize import FmaTile, load_at
+from kiln.tir.nodes import Binary, BinOp, Const, Expr, Load, Stmt, Var
+from kiln.tir.tensorize import FmaTile, WriteBack, load_at
 
 __all__ = ["fma_tile_lines"]
 
@@ -40,11 +40,13 @@ INDENT = "  "
 
 def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
                    expr: Callable[[Expr], str], stmt: Callable[[Stmt], list[str]],
-                   name: Callable[[str], str], prefix: str) -> list[str]:
+                   name: Callable[[str], str], prefix: str,
+                   write_back: WriteBack | None = None) -> list[str]:
     """The C lines of ``tile`` on ``lanes``-wide vectors. The callables are the renderer's:
     ``access`` renders a load as ``buf[index]``, ``expr`` an expression, ``stmt`` a statement
     (the prefetch hints) and ``name`` the C name of a tir name; the tile's own variables are
-    named from ``prefix``, which no tir name of the function has."""
+    named from ``prefix``, which no tir name of the function has. With ``write_back`` the
+    accumulators also go to its targets, through its activation on the vectors."""
     j = tile.cols.var
     # the rows in loop order: each a value of every row loop's var
     points: list[dict[Var, int]] = [{}]
@@ -91,9 +93,47 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
     for r in range(rows):
         for v in range(vectors):
             lines.append(f"{INDENT}*({unaligned}*)&{homes[r][v]} = {acc[r][v]};")
+    if write_back is not None:
+        lines += _write_back_lines(write_back, acc, lanes, access, expr, name, prefix)
     # the tile ends in memory here: without this, gcc 12 may merge the accumulators with the
     # `omp simd` write-back loop that reads them next, and keeps them in the stack array all
     # along the loop (a load and a store per FMA: 4x16 tiles on AVX2 ran at 0.43x)
     lines.append(f'{INDENT}__asm__ volatile("" ::: "memory");')
     lines.append("}")
+    return lines
+
+
+def _write_back_lines(back: WriteBack, acc: list[list[str]], lanes: int,
+                      access: Callable[[Load], str], expr: Callable[[Expr], str],
+                      name: Callable[[str], str], prefix: str) -> list[str]:
+    """Each accumulator vector through the activation, stored to its target. MAX(c, x) is
+    ``x < c ? c : x`` lane by lane, MIN(c, x) ``x > c ? c : x``: a NaN compares false and
+    stays, as in the scalar helpers (the bounds are not NaN); GNU C's vector compare gives
+    the lane mask, and the select is bitwise."""
+    vec, unaligned, ivec = f"kiln_f32x{lanes}", f"kiln_f32x{lanes}u", f"kiln_i32x{lanes}"
+    steps: list[tuple[BinOp, str]] = []  # the activation, outermost first
+    value: Expr = back.value
+    bounds: dict[str, str] = {}  # a constant's C text -> its vector's name
+    while isinstance(value, Binary):
+        bound, rest = (value.a, value.b) if isinstance(value.a, Const) else (value.b, value.a)
+        text = expr(bound)
+        bounds.setdefault(text, name(f"{prefix}bound{len(bounds)}"))
+        steps.append((value.op, bounds[text]))
+        value = rest
+    steps.reverse()  # (applied from the accumulator out)
+    lines = [f"{INDENT}typedef int {ivec} __attribute__((vector_size({4 * lanes})));"]
+    lines += [f"{INDENT}const {vec} {var} = {{{', '.join([text] * lanes)}}};"
+              for text, var in bounds.items()]
+    x, mask = name(f"{prefix}out"), name(f"{prefix}mask")
+    for r, row in enumerate(back.targets):
+        for v, target in enumerate(row):
+            body = [f"{vec} {x} = {acc[r][v]};"]
+            if steps:
+                body.append(f"{ivec} {mask};")
+            for op, bound in steps:
+                compare = "<" if op is BinOp.MAX else ">"
+                body.append(f"{mask} = {x} {compare} {bound}; {x} = ({vec})((({ivec}){x} & ~{mask})"
+                            f" | (({ivec}){bound} & {mask}));")
+            body.append(f"*({unaligned}*)&{access(target)} = {x};")
+            lines.append(f"{INDENT}{{ {' '.join(body)} }}")
     return lines

@@ -49,7 +49,7 @@ from kiln.tir.nodes import (
     seq,
 )
 from kiln.tir.tails import drop_dead_guards, version_tails
-from kiln.tir.tensorize import tensorize_fma_tiles
+from kiln.tir.tensorize import fuse_write_backs, tensorize_fma_tiles
 from kiln.tir.trace import Trace
 from kiln.tir.visit import all_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
@@ -321,7 +321,8 @@ class Tensorize:
     lanes: int
 
     def apply(self, func: PrimFunc) -> PrimFunc:
-        return tensorize_fma_tiles(func, self.k_loops, self.lanes)
+        # (and each tile's write-back, where the nest after it is one: `fuse_write_backs`)
+        return fuse_write_backs(tensorize_fma_tiles(func, self.k_loops, self.lanes))
 
     def as_python(self) -> str:
         return f"tensorize({list(self.k_loops)!r}, 'fma_tile', lanes={self.lanes})"

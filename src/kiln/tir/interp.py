@@ -199,7 +199,14 @@ def compile_stmt(s: Stmt) -> ExecFn:
             bufs[buf.name][idx] = convert(value(env, bufs), buf.dtype)
         return store
     if isinstance(s, Tensorized):  # the loop describes what the intrinsic computes
-        return compile_stmt(s.loop)
+        if s.write_back is None:
+            return compile_stmt(s.loop)
+        loop, back = compile_stmt(s.loop), compile_stmt(s.write_back)
+
+        def tile(env: Env, bufs: Arrays) -> None:
+            loop(env, bufs)
+            back(env, bufs)
+        return tile
     if isinstance(s, Prefetch):  # a hint to the memory system: nothing to compute
         return lambda env, bufs: None
     if isinstance(s, Allocate):

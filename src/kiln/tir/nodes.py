@@ -487,6 +487,10 @@ class Tensorized(Stmt):
     intrinsic: Intrinsic
     lanes: int
     loop: For
+    # the loop nest right after the tile that stores its accumulators (an activation of
+    # them, against constant bounds), emitted from the registers; the interpreter runs it
+    # after ``loop`` (`kiln.tir.tensorize.fuse_write_backs`)
+    write_back: Stmt | None = None
 
 
 def seq(*stmts: Stmt) -> Stmt:

@@ -102,6 +102,9 @@ def _stmt(s: Stmt, depth: int, out: list[str]) -> None:
     elif isinstance(s, Tensorized):
         out.append(f"{pad}tensorized {s.intrinsic.value}(lanes={s.lanes}):")
         _stmt(s.loop, depth + 1, out)
+        if s.write_back is not None:
+            out.append(f"{pad}  write-back from the registers:")
+            _stmt(s.write_back, depth + 1, out)
     elif isinstance(s, Allocate):
         out.append(f"{pad}alloc {s.buffer.name}: {buffer_type(s.buffer)}:")
         _stmt(s.body, depth + 1, out)

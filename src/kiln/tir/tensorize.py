@@ -57,7 +57,8 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import binding_map
 from kiln.tir.visit import iter_stmts, map_stmt, substitute
 
-__all__ = ["FmaTile", "fma_tile", "load_at", "tensorize_fma_tiles"]
+__all__ = ["FmaTile", "WriteBack", "fma_tile", "fuse_write_backs", "load_at",
+           "tensorize_fma_tiles", "write_back"]
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,129 @@ def _disjoint(acc: _Moves, rows: list[For], vectors: int, lanes: int) -> bool:
         starts = [x + acc[loop.var] * i for x in starts for i in range(loop.extent)]
     starts = sorted(x + v * lanes for x in starts for v in range(vectors))
     return all(b - a >= lanes for a, b in zip(starts, starts[1:]))
+
+
+@dataclass(frozen=True)
+class WriteBack:
+    """The loop nest after a tile that stores its accumulators, as the tile emits it from
+    the registers: ``targets[r][v]``, the output element that lane 0 of row ``r``'s vector
+    ``v`` goes to (each vector's lanes to consecutive elements), and ``value``, the stored
+    value as an expression of ``acc`` (the accumulator element): the accumulator itself, or
+    MIN/MAX against constants that are not NaN (an activation's bounds: relu, clamp)."""
+
+    targets: tuple[tuple[Load, ...], ...]
+    value: Expr
+    acc: Load
+
+
+MAX_WRITE_BACK_ROWS = 64  # (the points of a store nest a match enumerates)
+
+
+def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
+    """``nest`` as a `WriteBack` of ``tile`` (on ``lanes``-wide vectors), or None: unrolled
+    loops around a vectorized one as wide as the tile, one store (in a block without predicate
+    or init, or bare) of ``value`` into a buffer that moves by 1 with the vectorized loop,
+    and every vector of the tile's accumulators stored exactly once."""
+    row_loops: list[For] = []
+    while isinstance(nest, For) and nest.kind is ForKind.UNROLLED:
+        row_loops.append(nest)
+        nest = nest.body
+    if not isinstance(nest, For) or nest.kind is not ForKind.VECTORIZED \
+            or nest.extent != tile.cols.extent:
+        return None
+    store = _store(nest.body)
+    if store is None or store.buffer == tile.acc.buffer:
+        return None
+    acc = _bounded_activation_of(store.value, tile.acc)
+    if acc is None:
+        return None
+    j = nest.var
+    target = Load(store.buffer, store.indices)
+    moves = _moves(target), _moves(acc)
+    if any(m is None or m[j] != 1 for m in moves):
+        return None
+    vectors = tile.cols.extent // lanes
+    # the tile's accumulator vectors by their element offset in the accumulator buffer
+    by_offset: dict[int, tuple[int, int]] = {}
+    for r, point in enumerate(_points(tile.rows)):
+        start = _offset(load_at(tile.acc, {**point, tile.cols.var: 0}))
+        if start is None:
+            return None
+        for v in range(vectors):
+            by_offset[start + v * lanes] = (r, v)
+    points = _points(row_loops)
+    if len(points) > MAX_WRITE_BACK_ROWS:
+        return None
+    targets: dict[tuple[int, int], Load] = {}
+    for point in points:
+        start = _offset(load_at(acc, {**point, j: 0}))
+        if start is None:
+            return None
+        for v in range(vectors):
+            rv = by_offset.get(start + v * lanes)
+            if rv is None or rv in targets:
+                return None
+            targets[rv] = load_at(target, {**point, j: v * lanes})
+    if len(targets) != len(by_offset):
+        return None
+    rows = len(by_offset) // vectors
+    return WriteBack(tuple(tuple(targets[r, v] for v in range(vectors)) for r in range(rows)),
+                     store.value, acc)
+
+
+def _points(loops: list[For] | tuple[For, ...]) -> list[dict[Var, int]]:
+    """Every combination of the loops' values, in loop order."""
+    points: list[dict[Var, int]] = [{}]
+    for loop in loops:
+        points = [{**pt, loop.var: x} for pt in points for x in range(loop.extent)]
+    return points
+
+
+def _offset(load: Load) -> int | None:
+    """The flat element offset of a load whose indices are all constants, else None."""
+    if not all(isinstance(i, Const) for i in load.indices):
+        return None
+    return sum(int(i.value) * stride  # type: ignore[attr-defined]
+               for i, stride in zip(load.indices, load.buffer.elem_strides))
+
+
+def _bounded_activation_of(value: Expr, acc: Load) -> Load | None:
+    """The one load of ``acc``'s buffer in ``value`` where ``value`` is that load, or MIN/MAX
+    of a constant (f32, not NaN) and such a value; else None."""
+    if isinstance(value, Load):
+        return value if value.buffer == acc.buffer and value.dtype is DType.F32 else None
+    if not (isinstance(value, Binary) and value.op in (BinOp.MIN, BinOp.MAX)):
+        return None
+    bound, rest = (value.a, value.b) if isinstance(value.a, Const) else (value.b, value.a)
+    if not (isinstance(bound, Const) and bound.dtype is DType.F32) \
+            or bound.value != bound.value:  # (NaN)
+        return None
+    return _bounded_activation_of(rest, acc)
+
+
+def fuse_write_backs(func: PrimFunc) -> PrimFunc:
+    """Every FMA_TILE followed, in the same sequence, by a loop nest that is its `WriteBack`
+    takes that nest in (`Tensorized.write_back`): the renderer then stores the accumulators
+    from the registers, the activation on the vectors, instead of through the accumulator
+    buffer and a scalar loop that the compiler vectorizes (a clamp there became 9 vector
+    instructions on AVX2, 4 on the registers: MobileNetV2's 12544x16 @ 16x96 GEMM with its
+    relu6, 388 -> 349 us)."""
+
+    def fn(s: Stmt) -> Stmt:
+        if not isinstance(s, SeqStmt):
+            return s
+        out: list[Stmt] = []
+        for stmt in s.stmts:
+            last = out[-1] if out else None
+            if (isinstance(last, Tensorized) and last.write_back is None
+                    and last.intrinsic is Intrinsic.FMA_TILE):
+                tile = fma_tile(last.loop, last.lanes)
+                if tile is not None and write_back(tile, stmt, last.lanes) is not None:
+                    out[-1] = Tensorized(last.intrinsic, last.lanes, last.loop, stmt)
+                    continue
+            out.append(stmt)
+        return SeqStmt(tuple(out)) if len(out) > 1 else out[0]
+    return func.with_body(map_stmt(func.body, fn))
 
 
 def tensorize_fma_tiles(func: PrimFunc, loop_names: tuple[str, ...], lanes: int) -> PrimFunc:

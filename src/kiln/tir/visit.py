@@ -102,8 +102,11 @@ def map_stmt(stmt: Stmt, fn: StmtFn = lambda s: s, efn: ExprFn | None = None) ->
             new = Prefetch(stmt.buffer, indices, stmt.lines)
     elif isinstance(stmt, Tensorized):
         loop = map_stmt(stmt.loop, fn, efn)
-        if loop is not stmt.loop:  # (a rewrite that leaves no loop leaves no intrinsic)
-            new = Tensorized(stmt.intrinsic, stmt.lanes, loop) if isinstance(loop, For) else loop
+        back = sub(stmt.write_back)
+        if loop is not stmt.loop or back is not stmt.write_back:
+            # (a rewrite that leaves no loop leaves no intrinsic)
+            new = Tensorized(stmt.intrinsic, stmt.lanes, loop, back) if isinstance(loop, For) \
+                else seq_of([loop] + ([back] if back is not None else []))
     else:
         raise TypeError(f"unknown statement {type(stmt).__name__}")
     return fn(new)
@@ -180,6 +183,8 @@ def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
         yield from iter_stmts(stmt.body)
     elif isinstance(stmt, Tensorized):
         yield from iter_stmts(stmt.loop)
+        if stmt.write_back is not None:
+            yield from iter_stmts(stmt.write_back)
     elif isinstance(stmt, Block):
         if stmt.init is not None:
             yield from iter_stmts(stmt.init)

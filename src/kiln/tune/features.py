@@ -132,6 +132,8 @@ def _stores(stmt: Stmt, loops: tuple[_Loop, ...], bindings: dict[Var, Expr]
         yield from _stores(stmt.body, loops, bindings)
     elif isinstance(stmt, Tensorized):
         yield from _stores(stmt.loop, loops, bindings)
+        if stmt.write_back is not None:
+            yield from _stores(stmt.write_back, loops, bindings)
     elif isinstance(stmt, IfThenElse):
         yield from _stores(stmt.then_body, loops, bindings)
         if stmt.else_body is not None:
@@ -149,7 +151,7 @@ def _children(stmt: Stmt) -> tuple[Stmt, ...]:
     if isinstance(stmt, (For, Allocate)):
         return (stmt.body,)
     if isinstance(stmt, Tensorized):
-        return (stmt.loop,)
+        return (stmt.loop,) + ((stmt.write_back,) if stmt.write_back is not None else ())
     if isinstance(stmt, Block):
         return (stmt.body,) if stmt.init is None else (stmt.init, stmt.body)
     if isinstance(stmt, SeqStmt):
