@@ -155,9 +155,10 @@ MAX_WRITE_BACK_ROWS = 64  # (the points of a store nest a match enumerates)
 
 def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
     """``nest`` as a `WriteBack` of ``tile`` (on ``lanes``-wide vectors), or None: unrolled
-    loops (or serial ones of one iteration) around a vectorized one as wide as the tile, one store (in a block without predicate
-    or init, or bare) of ``value`` into a buffer that moves by 1 with the vectorized loop,
-    and every vector of the tile's accumulators stored exactly once."""
+    loops (or serial ones of one iteration) around a vectorized one as wide as the tile,
+    one store (in a block without predicate or init, or bare) of ``value`` into a buffer
+    that moves by 1 with the vectorized loop, and every vector of the tile's accumulators
+    stored exactly once."""
     row_loops: list[For] = []
     while isinstance(nest, For) and (nest.kind is ForKind.UNROLLED or (
             nest.kind is ForKind.SERIAL and nest.extent == 1)):
