@@ -371,6 +371,62 @@ def test_first_layer_through_kiln_compile(kernel_options: Options,
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
+class _SamePaddedStem(nn.Module):
+    """HF's TensorFlow-style first layer: a zero pad of one row and column at the end of an
+    NCHW image, then a 3x3 stride-2 convolution without padding, BN and ReLU6."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 16, 3, 2, 0, bias=False)
+        self.bn = nn.BatchNorm2d(16)
+        self.act = nn.ReLU6()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(torch.nn.functional.pad(x, (0, 1, 0, 1)))))
+
+
+def test_a_zero_pad_joins_the_first_layer_through_kiln_compile(
+        kernel_options: Options, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pad, the channels-last copy and the convolution run as one generated kernel that
+    reads the NCHW image in place, the pad's row and column its padding after; it matches
+    eager, with an inf at the last column."""
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    torch.manual_seed(0)
+    model = _SamePaddedStem().eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 22, 19)
+    x[0, 1, 5, 18] = float("inf")
+    compiled = kiln.compile(model, (x,), kernel_options)
+    ops = [k.ops for k in compiled.report.kernels if k.kind == "generated"
+           and "kiln_conv" in (k.source or "")]
+    assert ops == [("pad", "to_layout", "conv_act")]
+    with torch.no_grad():
+        want, got = model(x), compiled(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("pad_copy", [False, True])
+def test_conv_with_padding_after_matches_a_pad_then_the_convolution(kernel_options: Options,
+                                                                    pad_copy: bool) -> None:
+    """`ConvShape.padding_after` (1 before and 2 after the rows, none before and 1 after the
+    columns), with guards or the padded copy, over the 6- and 5-pixel tiles, against eager's
+    pad then convolution."""
+    shape = ConvShape(1, 8, 17, 23, 24, (3, 3), (2, 2), (1, 0), bias=True,
+                      padding_after=(2, 1))
+    config = dataclasses.replace(ConvConfig.default(shape, 8, 16), pad_copy=pad_copy)
+    assert shape.out == (9, 11) and (config.tile, config.tail_tile) == (6, 5)
+    plan = conv_plan(shape, config, name=f"conv_test_after_{int(pad_copy)}",
+                     epilogue=Epilogue(Op.RELU, ()))
+    kernel = compile_kernel(plan.build(), kernel_options)
+    x, weight, bias = _operands(shape, seed=3)
+    x[0, 2, 16, 22] = float("nan")
+    got = _run(kernel, shape, config, x, weight, bias)
+    padded = torch.nn.functional.pad(x, (0, 1, 1, 2))
+    want = torch.nn.functional.conv2d(padded, weight, bias, shape.stride).relu()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 IMAGE = """\
 graph(%x: f32[1, {ci}, 12, 11]) {{
   %w = constant {{name='w'}} : f32[16, {ci}, 3, 3]

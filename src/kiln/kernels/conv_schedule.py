@@ -50,7 +50,7 @@ import torch
 
 from kiln.codegen.c import WORKSPACE_MAX
 from kiln.ir.types import DType
-from kiln.kernels.depthwise_schedule import loop_nest, output_size, tap_position
+from kiln.kernels.depthwise_schedule import loop_nest, output_size, padding_after, tap_position
 from kiln.kernels.gemm_schedule import SERIAL_MACS
 from kiln.kernels.plan import (
     Compact,
@@ -114,7 +114,8 @@ class ConvShape:
     kernel KH x KW, stride, padding, dilation (per spatial dim), and whether it adds a bias.
     ``x_strides``: the input's strides where it is not channels-last (a network's NCHW
     input, `kiln.kernels.conv.layout_prologue`). ``residual``: it adds a channels-last
-    tensor of the output's shape (a ResNet basic block's shortcut), before the activation."""
+    tensor of the output's shape (a ResNet basic block's shortcut), before the activation.
+    ``padding_after``: see `DepthwiseShape`."""
 
     n: int
     ci: int
@@ -128,6 +129,9 @@ class ConvShape:
     bias: bool = False
     x_strides: tuple[int, ...] | None = None
     residual: bool = False
+    # the padding after each spatial dim where it differs from ``padding`` (a zero ``pad``
+    # folded in: TensorFlow's "same" padding of a strided convolution)
+    padding_after: tuple[int, int] | None = None
 
     @property
     def out(self) -> tuple[int, int]:
@@ -187,20 +191,21 @@ class ConvConfig:
         lanes = max(lanes, 4)
         vectors = 2 if shape.co > lanes else 1
         nr = vectors * lanes
-        (ph, pw), (h, w) = shape.padding, (shape.h, shape.w)
+        (ph, pw), (qh, qw), (h, w) = shape.padding, padding_after(shape), (shape.h, shape.w)
+        padding = any((ph, pw, qh, qw))
         ow = shape.out[1]
         few_channels_wide_window = shape.ci < 8 and shape.kernel[0] * shape.kernel[1] >= 25
         row = _row_tiles_16_registers(ow) if registers <= 16 and vectors == 2 and ow > 7 \
             else None
-        copy_bytes = 4 * shape.n * shape.ci * (h + 2 * ph) * (w + 2 * pw)
+        copy_bytes = 4 * shape.n * shape.ci * (h + ph + qh) * (w + pw + qw)
         small = SMALL_COPY_BYTES_STRIDE1_16_REGISTERS \
             if registers <= 16 and shape.stride == (1, 1) else SMALL_COPY_BYTES
         # (those tiles' guarded border versions fit the registers, and beat the copy:
         # 28x28x128 1230 -> 1187 us, 17x17x128->192 737 -> 684, 12x12x64 78 -> 68,
         # MobileNetV2's 3x3 first layer 193 -> 162; not 7x7 over 3 channels: 1389 -> 1853)
-        pad_copy = any(shape.padding) and copy_bytes <= PAD_COPY_BYTES and (
+        pad_copy = padding and copy_bytes <= PAD_COPY_BYTES and (
             (copy_bytes <= small and row is None) or few_channels_wide_window)
-        guarded = any(shape.padding) and not pad_copy
+        guarded = padding and not pad_copy
         # with guards, a tile of 7 or 8 pixels: the border tiles' versions of a 14-pixel
         # tile ran out of registers (an accumulator spilled next to a clamp's constants:
         # MobileNetV2's first layer 309 us at 14 pixels, 126 at 7, oneDNN 160; ResNet's
@@ -309,19 +314,22 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     out = TBuffer("out", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow)))
     residual = TBuffer("residual", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow))
                        ) if shape.residual else None
-    ph, pw = shape.padding
-    padded = pad_copy and (ph > 0 or pw > 0)
-    xp = TBuffer("xp", (n, ci, h + 2 * ph, w + 2 * pw), F32,
-                 channels_last_strides((n, ci, h + 2 * ph, w + 2 * pw)))
+    (ph, pw), (qh, qw) = shape.padding, padding_after(shape)
+    padded = pad_copy and any((ph, pw, qh, qw))
+    xp = TBuffer("xp", (n, ci, h + ph + qh, w + pw + qw), F32,
+                 channels_last_strides((n, ci, h + ph + qh, w + pw + qw)))
 
     def position(o: Expr, k: Var, d: int) -> Expr:
         return tap_position(shape, o, k, d)
 
     def within(pos_h: Expr, pos_w: Expr) -> Expr | None:
         conds = []
-        for pos, size, p in ((pos_h, h, ph), (pos_w, w, pw)):
-            if p > 0:  # (without padding every position is inside)
-                conds += [_lt(const(-1, pos.dtype), pos), _lt(pos, const(size, pos.dtype))]
+        for pos, size, before, after in ((pos_h, h, ph, qh), (pos_w, w, pw, qw)):
+            # (where there is no padding on a side, no position falls past it)
+            if before > 0:
+                conds.append(_lt(const(-1, pos.dtype), pos))
+            if after > 0:
+                conds.append(_lt(pos, const(size, pos.dtype)))
         return conjoin(*conds)
 
     def pad(vn: Var, vh: Var, vw: Var, vci: Var) -> Stmt:
@@ -376,8 +384,8 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     inputs = (x, wt) if bias is None else (x, wt, bias)
     inputs += (residual,) if residual is not None else ()
     if padded:
-        padding = loop_nest("pad", (("n", n), ("h", h + 2 * ph), ("w", w + 2 * pw), ("ci", ci)),
-                            pad)
+        padding = loop_nest("pad", (("n", n), ("h", h + ph + qh), ("w", w + pw + qw),
+                                    ("ci", ci)), pad)
         return PrimFunc(name, inputs, (out,), Allocate(xp, seq(padding, body)))
     return PrimFunc(name, inputs, (out,), body)
 

@@ -57,8 +57,8 @@ from kiln.tune.apply import tuned_or_default
 from kiln.tune.space_window import WindowSpace
 
 __all__ = ["conv_bias", "conv_residual", "depthwise_candidate", "depthwise_groups",
-           "depthwise_space", "direct_refusal", "epilogue_of", "folded_pad", "plan_depthwise",
-           "refusal"]
+           "depthwise_shape", "depthwise_space", "direct_refusal", "epilogue_of", "folded_pad",
+           "plan_depthwise", "refusal"]
 
 DepthwisePlanned = tuple[KernelPlan, tuple[Value, ...], dict[Value, torch.Tensor]]
 
@@ -80,15 +80,17 @@ def depthwise_groups(graph: Graph) -> list[KernelGroup]:
 
 
 def folded_pad(node: Node, users: dict[Node, list[Node]], returned: set[Value],
-               nhwc: set[Value]) -> Node | None:
-    """The zero ``pad`` node whose result ``node`` (a depthwise convolution) alone reads,
-    where it pads only the two spatial dims, by nothing negative, of an input that is
-    channels-last at run time; else None."""
+               nhwc: set[Value] | None) -> Node | None:
+    """The zero ``pad`` node whose result ``node`` (a depthwise convolution, a dense one, or
+    the copy that makes a dense one's input channels-last) alone reads, where it pads only
+    the two spatial dims, by nothing negative, of an input that is channels-last at run
+    time (in ``nhwc``; any layout where that is None: the caller checks); else None."""
     pad = node.inputs[0].node
     attrs = pad.attrs
     if pad.op is not Op.PAD or not isinstance(attrs, PadAttrs) or attrs.value != 0:
         return None
-    if len(attrs.pad) != 4 or min(attrs.pad) < 0 or pad.inputs[0] not in nhwc:
+    if len(attrs.pad) != 4 or min(attrs.pad) < 0 or len(pad.inputs[0].type.shape) != 4 \
+            or (nhwc is not None and pad.inputs[0] not in nhwc):
         return None
     if users[pad] != [node] or pad.out() in returned:
         return None

@@ -44,6 +44,7 @@ from kiln.kernels.depthwise_schedule import (
     depthwise_func,
     depthwise_plan,
     pack_depthwise_weight,
+    padding_after,
 )
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.pool_schedule import PoolShape, pool_func, pool_plan
@@ -110,7 +111,7 @@ class WindowSpace:
         if name in ("nr", "lanes"):
             return (lanes, 2 * lanes) if channels > lanes else (lanes,)
         if name == "pad_copy":
-            return (False, True) if any(s.padding) else (False,)
+            return (False, True) if any((*s.padding, *padding_after(s))) else (False,)
         if name == "split_panels":
             return (False, True) if self.threads > 1 else (False,)
         if name == "tail_tile":  # (none, or a narrower tile that ends the row exactly)
@@ -122,7 +123,7 @@ class WindowSpace:
         vectors = max(fixed.get("nr", fixed.get("lanes", lanes)) // lanes, 1)
         if self.kind == "conv":  # accumulators, the panel's vectors and one broadcast
             largest = (self.isa.registers - vectors - 1) // vectors
-            if any(s.padding) and not fixed["pad_copy"]:
+            if any((*s.padding, *padding_after(s))) and not fixed["pad_copy"]:
                 largest = min(largest, GUARDED_TILE)
         else:  # accumulators, and one vector of input (and of the weights)
             largest = (self.isa.registers - 2) // vectors
@@ -183,7 +184,7 @@ class WindowSpace:
         weight = torch.randn(out_channels, channels // groups, *s.kernel, generator=gen)
         bias = torch.randn(out_channels, generator=gen) if s.bias else None
         padded, padding = x, s.padding
-        if isinstance(s, DepthwiseShape) and s.padding_after is not None:
+        if not isinstance(s, PoolShape) and s.padding_after is not None:
             (top, left), (bottom, right) = s.padding, s.padding_after
             padded, padding = F.pad(x, (left, right, top, bottom)), (0, 0)
         expected = F.conv2d(padded, weight, bias, s.stride, padding, s.dilation, groups)
