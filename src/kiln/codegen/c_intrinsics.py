@@ -30,8 +30,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kiln.tir.nodes import Binary, BinOp, Const, Expr, Load, Stmt, Var
-from kiln.tir.tensorize import FmaTile, WriteBack, load_at
+from kiln.tir.nodes import Binary, BinOp, Const, Expr, Load, Stmt
+from kiln.tir.tensorize import FmaTile, WriteBack, load_at, loop_points
 
 __all__ = ["fma_tile_lines"]
 
@@ -48,10 +48,7 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
     named from ``prefix``, which no tir name of the function has. With ``write_back`` the
     accumulators also go to its targets, through its activation on the vectors."""
     j = tile.cols.var
-    # the rows in loop order: each a value of every row loop's var
-    points: list[dict[Var, int]] = [{}]
-    for loop in tile.rows:
-        points = [{**pt, loop.var: x} for pt in points for x in range(loop.extent)]
+    points = loop_points(tile.rows)  # the rows in loop order
     rows, vectors = len(points), tile.cols.extent // lanes
     vec, unaligned = f"kiln_f32x{lanes}", f"kiln_f32x{lanes}u"
     size = 4 * lanes

@@ -57,7 +57,7 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import binding_map
 from kiln.tir.visit import iter_stmts, map_stmt, substitute
 
-__all__ = ["FmaTile", "WriteBack", "fma_tile", "fuse_write_backs", "load_at",
+__all__ = ["FmaTile", "WriteBack", "fma_tile", "fuse_write_backs", "load_at", "loop_points",
            "tensorize_fma_tiles", "write_back"]
 
 
@@ -181,13 +181,13 @@ def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
     vectors = tile.cols.extent // lanes
     # the tile's accumulator vectors by their element offset in the accumulator buffer
     by_offset: dict[int, tuple[int, int]] = {}
-    for r, point in enumerate(_points(tile.rows)):
+    for r, point in enumerate(loop_points(tile.rows)):
         start = _offset(load_at(tile.acc, {**point, tile.cols.var: 0}))
         if start is None:
             return None
         for v in range(vectors):
             by_offset[start + v * lanes] = (r, v)
-    points = _points(row_loops)
+    points = loop_points(row_loops)
     if len(points) > MAX_WRITE_BACK_ROWS:
         return None
     targets: dict[tuple[int, int], Load] = {}
@@ -207,8 +207,8 @@ def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
                      store.value, acc)
 
 
-def _points(loops: list[For] | tuple[For, ...]) -> list[dict[Var, int]]:
-    """Every combination of the loops' values, in loop order."""
+def loop_points(loops: list[For] | tuple[For, ...]) -> list[dict[Var, int]]:
+    """Every combination of the loops' values, in loop order (a tile's rows)."""
     points: list[dict[Var, int]] = [{}]
     for loop in loops:
         points = [{**pt, loop.var: x} for pt in points for x in range(loop.extent)]
