@@ -19,8 +19,10 @@ from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
 from kiln.kernels.depthwise_schedule import DepthwiseConfig, DepthwiseShape, depthwise_plan
 from kiln.kernels.plan import Epilogue
 from kiln.kernels.pool_schedule import PoolShape, pool_plan
+from kiln.options import Options
 from kiln.tir import interp
 from kiln.tir.printer import print_func
+from kiln.tune.apply import TUNED, tuned_or_default, tuned_schedule
 from kiln.tune.db import Target, TuningDB, TuningRecord
 from kiln.tune.space import neighbours, random_point
 from kiln.tune.space_window import WindowSpace
@@ -133,3 +135,18 @@ def test_a_compile_uses_the_recorded_window_schedule(tmp_path: Path, options: ki
         assert kernel.decision.startswith("generated (tuned)"), kernel.decision
         assert all(f"sch.sample_categorical({name!r}, " in kernel.trace
                    for name in points[kind])
+
+
+def test_a_record_from_before_the_tail_tile_decision_is_not_used(tmp_path: Path) -> None:
+    """A convolution's record without ``tail_tile`` (written before the decision existed)
+    no longer fits the space: the compile takes the default, it does not fail."""
+    space = WindowSpace("conv", ConvShape(1, 64, 28, 28, 64, (3, 3), (1, 1), (1, 1)),
+                        Isa.AVX2, 2, name="old_record")
+    options = Options(tuning_db=str(tmp_path / "t.sqlite"))
+    old = {k: v for k, v in space.default().items() if k != "tail_tile"}
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(TuningRecord.measured(space.workload(), Target.here(options, torch.get_num_threads()),
+                                 "conv", "[]", old, [1e-6]))
+    assert tuned_schedule(space, options) is None
+    plan, decisions = tuned_or_default(space, options)
+    assert decisions == space.default() and TUNED not in plan.notes

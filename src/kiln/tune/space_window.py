@@ -141,9 +141,7 @@ class WindowSpace:
             return ConvConfig(decisions["tile"], decisions["nr"], decisions["split_panels"],
                               decisions["pad_copy"],
                               dynamic=conv_shares_dynamically(self.shape),
-                              lanes=self.lanes,
-                              # (a record from before the decision: one width)
-                              tail_tile=decisions.get("tail_tile", 0))
+                              lanes=self.lanes, tail_tile=decisions["tail_tile"])
         return DepthwiseConfig(decisions["tile"], decisions["lanes"])
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
