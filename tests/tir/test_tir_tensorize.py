@@ -118,6 +118,19 @@ def test_the_intrinsic_keeps_the_accumulators_in_vector_variables() -> None:
     assert loops and all(lines[i - 1].strip() == "#pragma GCC unroll 1" for i in loops)
 
 
+def test_a_short_tile_keeps_its_b_vectors_in_registers() -> None:
+    """A tile of at most 4 rows whose accumulators, b vectors and broadcast fit the registers
+    pins each b vector (gcc folded them into the FMAs' memory operands); a taller tile, or
+    one that would not fit, leaves them to the compiler."""
+    def pins(mr: int, nr: int, lanes: int) -> int:
+        cfg = GemmConfig(mr=mr, nr=nr, kc=32, mc=2 * mr, nc=nr, lanes=lanes)
+        return render_c(gemm_func(24, nr, 32, cfg)).count(f"KILN_IN_REGISTER_{4 * lanes}(fma")
+    assert pins(4, 24, 8) == 3  # 12 accumulators + 3 b + 1 broadcast: the 16 ymm
+    assert pins(6, 16, 8) == 0  # six uses of each b: gcc keeps them
+    assert pins(4, 32, 8) == 0  # 16 accumulators + 4 b: no room
+    assert pins(4, 48, 16) == 3  # AVX-512: 32 zmm
+
+
 def test_tensorizing_twice_changes_nothing_and_the_interpreter_runs_the_loop() -> None:
     cfg = GemmConfig(mr=3, nr=8, kc=7, mc=6, nc=16, lanes=4)
     func = gemm_func(10, 20, 14, cfg, bias=True)

@@ -113,6 +113,29 @@ static inline double kiln_maxc_f64(double a, double b) {
 static inline double kiln_minc_f64(double a, double b) {
   double m = a < b ? a : b; return KILN_BARRIER(a != a ? a : m);
 }
+/* a vector the compiler must keep in a register, by its size in bytes: gcc otherwise folds
+   each use of a register tile's weight vector back into a load (a memory operand of each
+   FMA), and the loads then outnumber what the core issues per cycle (a 4 x 24 GEMM tile on
+   AVX2, 16 loads per 12 FMAs, ran at 65% of peak); a size the target has no register for
+   stays as it is */
+#define KILN_IN_REGISTER_4(v) ((void)0)
+#if defined(__GNUC__) && defined(__AVX512F__)
+#define KILN_IN_REGISTER_64(v) __asm__("" : "+v"(v))
+#else
+#define KILN_IN_REGISTER_64(v) ((void)0)
+#endif
+#if defined(__GNUC__) && defined(__AVX__)
+#define KILN_IN_REGISTER_32(v) __asm__("" : "+v"(v))
+#else
+#define KILN_IN_REGISTER_32(v) ((void)0)
+#endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
+#define KILN_IN_REGISTER_16(v) __asm__("" : "+x"(v))
+#elif defined(__GNUC__) && defined(__aarch64__)
+#define KILN_IN_REGISTER_16(v) __asm__("" : "+w"(v))
+#else
+#define KILN_IN_REGISTER_16(v) ((void)0)
+#endif
 static inline int64_t kiln_floordiv_i64(int64_t a, int64_t b) {
   int64_t q = a / b; return (q * b != a && ((a < 0) != (b < 0))) ? q - 1 : q;
 }
