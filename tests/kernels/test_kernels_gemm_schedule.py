@@ -185,7 +185,8 @@ def test_short_reductions_over_many_rows_take_a_one_vector_tile() -> None:
 
 def test_avx2_tiles_for_24_columns_skinny_rows_and_deep_k() -> None:
     """AVX2: 24 columns take one 4 x 24 tile (6 x 16 would compute a third padding); M tiles
-    that fall unevenly on the threads make them split N instead (64 rows: 11 tiles of 6);
+    that fall unevenly on the threads make them split N instead (64 rows: 11 tiles of 6), as
+    does N > M;
     K blocks are up to 1024 deep. The counterparts keep the defaults."""
     from kiln.codegen.isa import Isa
     from kiln.kernels.gemm_schedule import default_gemm_config
@@ -199,7 +200,16 @@ def test_avx2_tiles_for_24_columns_skinny_rows_and_deep_k() -> None:
     assert (config(3136, 32, 96).mr, config(3136, 32, 96).nr) == (6, 16)
     assert config(3136, 24, 96, GemmConfig.for_isa(Isa.AVX512)).nr != 24
     assert config(64, 2048, 2048).split_n  # 6 tiles on one thread, 5 on the other
-    assert not config(72, 2048, 2048).split_n  # 6 and 6
+    assert config(72, 2048, 2048).split_n  # 6 tiles each, but N > M: half the weights each
+    assert not config(2052, 2048, 2048).split_n  # 171 tiles each, and M >= N
+    # split by N: a thread's whole share as one N block (up to 2048 columns), A in even
+    # blocks of at most 8 tiles
+    split = config(128, 3072, 768)
+    assert (split.split_n, split.nc, split.mc) == (True, 1536, 48)  # 22 tiles: 8, 8, 6
+    vocab = config(128, 32000, 768)
+    blocks = -(-32000 // vocab.nc)
+    assert vocab.nc <= 2048 and vocab.nc % 16 == 0 and blocks % 2 == 0
+    assert config(49, 320, 960).mc == 30  # 9 tiles: 5 and 4
     assert not config(3136, 2048, 64).split_n
     assert config(128, 768, 768).kc == 768  # one K block
     assert config(128, 768, 3072).kc == 1024

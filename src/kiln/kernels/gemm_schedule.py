@@ -99,6 +99,19 @@ MIN_ACCUMULATORS = 10
 # (Zen 3, 2 threads: 64x2048x2048, 11 tiles of 6 rows, 6 on one thread: 165 -> 180 GFLOP/s
 # split by N, 64x784x2048 171 -> 185; 72 rows, 6 tiles each, within 1%)
 SPLIT_N_IMBALANCE = 1.05
+# ... and wherever N > M with B from SPLIT_N_MIN_BYTES on (MLAS splits N > M too): each
+# thread then streams half of the weights from memory, not all of them. A thread's N block is
+# its whole share, up to SPLIT_N_MAX_NC columns, and it packs A in blocks of at most
+# SPLIT_N_MC_TILES register tiles, of even size (Zen 3, 2 threads, weights cold, against the
+# M split with 464-512-column blocks: 128x512x1376 1189 -> 1008 us, 128x768x2304 2956 ->
+# 2545, 197x768x2304 4295 -> 3753, 128x768x3072 3511 -> 3387, 128x768x32000 40.0 -> 34.9 ms
+# (16000 columns a block: 37.2), 128x768x768 883 -> 858, 196x256x512 362 -> 303,
+# 196x96x1280 313 -> 302; 512x768x3072 within 1%; MobileNetV2's 49-row GEMMs, split by N
+# before, -4% to +14%). A smaller B stays in the caches, and the split only adds A's
+# packing: 196x128x512 (256 KiB) 158 -> 182 us, 196x64x384 63 -> 99
+SPLIT_N_MIN_BYTES = 384 * 1024
+SPLIT_N_MAX_NC = 2048
+SPLIT_N_MC_TILES = 8
 # the one-vector register tile for short K over many rows (see default_gemm_config)
 NARROW_TILE_MAX_K = 128
 NARROW_TILE_MIN_M = 512
@@ -163,7 +176,7 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                         base: GemmConfig | None = None, b_prepacked: bool = False,
                         one_k_block: bool = False) -> GemmConfig:
     """Tiles for fp32 on a few cores: balanced blocks, threads split the M blocks; with B
-    prepacked and too few M tiles to balance, the threads split the N blocks.
+    prepacked, where N > M or the M tiles are too few to balance, the threads split N.
     ``one_k_block``: KC = K (a fused epilogue needs each output written back once).
 
     MR is ``base.mr`` or a shorter tile where that wastes fewer padded rows on the busiest
@@ -190,14 +203,20 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
     vectors = base.nr // base.lanes if base.lanes else max(base.nr // 16, 1)
     split_n = (b_prepacked and threads > 1 and n >= threads * base.nr
-               and (_ceil_div(m, base.mr) < 4 * threads
+               and ((n > m and 4 * k * n >= SPLIT_N_MIN_BYTES)
+                    or _ceil_div(m, base.mr) < 4 * threads
                     or _imbalance(m, _mr_for(m, base.mr, threads, vectors), threads)
                     > SPLIT_N_IMBALANCE * _imbalance(n, base.nr, threads)))
     mr = _mr_for(m, base.mr, 1 if split_n else threads, vectors)
     base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc,
                       lanes=base.lanes)
-    nc = _balanced(n, base.nc, base.nr, threads if split_n else 1)
-    mc = _mc_for_threads(m, base, 1 if split_n else threads)
+    if split_n:  # (each thread its own panels, all the rows: A packed in even blocks)
+        nc = _balanced(n, SPLIT_N_MAX_NC, base.nr, threads)
+        tiles = _ceil_div(m, mr)
+        mc = _ceil_div(tiles, _ceil_div(tiles, SPLIT_N_MC_TILES)) * mr
+    else:
+        nc = _balanced(n, base.nc, base.nr, 1)
+        mc = _mc_for_threads(m, base, threads)
     return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k),
                       base.lanes)
 
