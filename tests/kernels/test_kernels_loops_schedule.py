@@ -86,3 +86,17 @@ def test_a_view_input_is_read_with_its_run_time_strides(options: Options) -> Non
     out = torch.empty(1, 4, 8, 16)
     kernel.run_unchecked(t.data_ptr(), cos.data_ptr(), out.data_ptr())
     torch.testing.assert_close(out, t * cos + t)
+
+
+def test_a_batch_of_one_shares_its_rows_over_the_threads() -> None:
+    """[1, S, H] at batch 1: the threads take the S loop, not the batch loop of one
+    iteration (Llama's SiLU over [1, 128, 1376] ran on one thread)."""
+    from kiln.tir.nodes import For, ForKind
+    from kiln.tir.visit import iter_stmts
+
+    func = _lowered([(1, 128, 1376), (1, 128, 1376)],
+                    lambda b, x, y: b.op(Op.MUL, b.op(Op.SIGMOID, x), y))
+    scheduled, _ = default_schedule(func)
+    loops = [s for s in iter_stmts(scheduled.body) if isinstance(s, For)]
+    assert [lp.extent for lp in loops if lp.kind is ForKind.PARALLEL] == [128]
+    assert loops[0].extent == 1 and loops[0].kind is ForKind.SERIAL

@@ -7,8 +7,8 @@ same space the autotuner searches), each one skipped where the primitive refuses
 
 1. inline elementwise intermediates into their consumers (``compute_inline``);
 2. per block, vectorize the innermost loop when it is spatial and walks the last axis;
-3. per block, parallelize the outermost spatial loop (once per loop nest), splitting a
-   single long loop into ``parallel x vectorized`` first.
+3. per block, parallelize the outermost spatial loop of two or more iterations (once per
+   loop nest), splitting a single long loop into ``parallel x vectorized`` first.
 
 Reductions keep their reduction loops serial (the renderer never vectorizes a loop that
 feeds a REDUCE iter var). GEMMs take the packed kernel of ``kiln.kernels.gemm_schedule`` instead;
@@ -91,7 +91,9 @@ def _schedule_block(sch: Schedule, name: str, parallel_done: set[str],
             break
         if lp.var.name in parallel_done or lp.kind is not ForKind.SERIAL:
             continue
-        if lp.extent >= MIN_PARALLEL and _try(sch.parallel, lp.var.name) is not False:
+        if lp.extent < MIN_PARALLEL:  # (a batch of one: the threads share the next loop;
+            continue  # stopping here left Llama's [1, 128, 1376] SiLU on one thread)
+        if _try(sch.parallel, lp.var.name) is not False:
             parallel_done.add(lp.var.name)
         break
 
