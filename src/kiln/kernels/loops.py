@@ -21,7 +21,7 @@ from kiln.tir.lower import lower_chain
 from kiln.tir.nodes import Buffer, Expr, Load, PrimFunc, Stmt, const
 from kiln.tir.visit import map_stmt, replace_buffer
 
-__all__ = ["inline_scalars", "plan_loops"]
+__all__ = ["inline_scalars", "plan_loops", "read_views_in_place"]
 
 
 def plan_loops(graph: Graph, group: KernelGroup, vector: int = VECTOR,
@@ -34,7 +34,7 @@ def plan_loops(graph: Graph, group: KernelGroup, vector: int = VECTOR,
     lowered = lower_chain(group.nodes, outputs=group.outputs)
     body, params, values = inline_scalars(graph, lowered.func.body, lowered.func.inputs,
                                           lowered.inputs)
-    body, params = _read_views_in_place(body, params, values, strides or {})
+    body, params = read_views_in_place(body, params, values, strides or {})
     program = PrimFunc(lowered.func.name, params, lowered.func.outputs, body)
     scheduled, trace = default_schedule(program, vector)
     plan = KernelPlan(Recipe.LOOPS, program, trace, (Compact(),),
@@ -43,11 +43,12 @@ def plan_loops(graph: Graph, group: KernelGroup, vector: int = VECTOR,
     return plan, values, lowered.outputs
 
 
-def _read_views_in_place(body: Stmt, params: Sequence[Buffer], values: Sequence[Value],
+def read_views_in_place(body: Stmt, params: Sequence[Buffer], values: Sequence[Value],
                          strides: Mapping[Value, tuple[int, ...]]
                          ) -> tuple[Stmt, tuple[Buffer, ...]]:
     """Inputs that are views (a permute of a GEMM's output: Llama's rotary embedding reads
-    q and k so) read with the strides the run time gives them. Declared contiguous, the
+    q and k so; T5's position bias, a permute of an embedding, in its softmax's prologue)
+    read with the strides the run time gives them. Declared contiguous, the
     executor's check found them strided on every call and ran the library calls instead:
     72-85 us for a kernel timed at 7 us."""
     new_params = []

@@ -19,13 +19,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels import rows_schedule
-from kiln.kernels.loops import inline_scalars
+from kiln.kernels.loops import inline_scalars, read_views_in_place
 from kiln.kernels.plan import Compact, InlineRowPrologue, KernelPlan, Recipe, RenameParams
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower import lower_chain
@@ -44,10 +44,13 @@ class NoRowKernel(Exception):
     """The group has a shape the rows recipe does not take."""
 
 
-def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None
+def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None,
+              strides: Mapping[Value, tuple[int, ...]] | None = None
               ) -> tuple[KernelPlan, Sequence[Value], Sequence[Value]]:
     """The group's plan, and the values its parameters stand for (inputs, outputs).
-    ``lanes``: the width of the partial reductions (default: `default_lanes`)."""
+    ``lanes``: the width of the partial reductions (default: `default_lanes`);
+    ``strides``: prologue inputs read with other than contiguous strides (views, as the run
+    time gives them: `kiln.kernels.strides.runtime_strides`)."""
     norm = group.last
     x, y = norm.inputs[0], norm.out(0)
     shape = x.type.shape
@@ -81,7 +84,8 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None
     if not prologue:
         return plan, (x, *extra), (y,)
     taken = {f"row_{b.name}" for b in kernel.lowered.params}
-    inline, values, trace = _prologue(graph, prologue, x, x in group.outputs, taken)
+    inline, values, trace = _prologue(graph, prologue, x, x in group.outputs, taken,
+                                      strides or {})
     ops = ", ".join(node.op.text for node in prologue)
     notes = (f"{plan.notes}\n# its loads of x compute the prologue ({ops}), inlined by:\n"
              f"{_comment(trace) or '# (one op: nothing to inline)'}")
@@ -110,9 +114,11 @@ def _row_kernel(kind: str, rows: int, n: int, constant: float, lanes: int
     return rows_schedule.layernorm_rows(rows, n, constant, name=kind, lanes=lanes)
 
 
-def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, write_x: bool, taken: set[str]
+def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, write_x: bool, taken: set[str],
+              strides: Mapping[Value, tuple[int, ...]]
               ) -> tuple[InlineRowPrologue, tuple[Value, ...], str]:
-    """The prologue as one expression over its inputs, and the trace that inlined it."""
+    """The prologue as one expression over its inputs (views among them read where they
+    lie), and the trace that inlined it."""
     lowered = lower_chain(nodes, outputs=[x])
     sch = Schedule(lowered.func)
     out_name = lowered.func.outputs[0].name
@@ -128,6 +134,10 @@ def _prologue(graph: Graph, nodes: Sequence[Node], x: Value, write_x: bool, take
     if tuple(store.indices) != ivs:
         raise NoRowKernel("the prologue does not store x element by element")
     value, params, values = inline_scalars(graph, store, lowered.func.inputs, lowered.inputs)
+    # (a view read across the row with a stride gathers: a dense copy before the kernel
+    # costs less, T5's position bias 295 us read in place against 74 + the copy)
+    along = {v: s for v, s in strides.items() if s and s[-1] == 1}
+    value, params = read_views_in_place(value, params, values, along)
     assert isinstance(value, BufferStore)
     clash = [p.name for p in params if p.name in taken]
     if clash:

@@ -26,6 +26,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.kernels.outcome import Built
+from kiln.kernels.strides import runtime_strides
 from kiln.passes.layout import channels_last_values
 from kiln.runtime.layouts import known_strides, laid_out_as, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
@@ -132,6 +133,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     in_place = views_read_in_place(graph, kernels, known, outputs)
 
     dies_at: dict[int, list[str]] = {}
+    dense: dict[str, str] = {}  # views copied dense for the kernels: name -> the copy's
     for value, span in spans.items():
         if (value not in outputs and value not in slot and value.node.op not in _SOURCES
                 and value not in internal and value not in in_place):
@@ -180,11 +182,12 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             if node is not gk.group.last:
                 continue
             lines += timed(_kernel_lines(env, gk, graph, ref, slot, library_line, known,
-                                         in_place))
+                                         in_place, dense))
             dies_at[i] = pending + dies_at.get(i, [])
             pending = []
-        if dies_at.get(i):
-            lines.append(f"    del {', '.join(dies_at[i])}")
+        if dies_at.get(i):  # (with the dense copies of views that die)
+            gone = dies_at[i] + [dense.pop(name) for name in dies_at[i] if name in dense]
+            lines.append(f"    del {', '.join(gone)}")
     constants_out = [v for v in graph.outputs if v.node.op is Op.CONSTANT]
     for v in constants_out:  # a constant output is still the caller's own tensor
         env[names[v.node]] = graph.constant(v.node)
@@ -201,11 +204,13 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   ref: Callable[[Value], str], slot: dict[Value, int],
                   library_line: Callable[[Node, bool], str],
                   known: Mapping[Value, tuple[int, ...]],
-                  in_place: Mapping[Value, Value]) -> list[str]:
+                  in_place: Mapping[Value, Value], dense: dict[str, str]) -> list[str]:
     """The kernel call, behind a layout check of the operands whose strides are not
     ``known`` to be the kernel's (`kiln.runtime.layouts`); if the check fails (rare: a
-    strided graph input), the group's library calls run instead. One of the views
-    ``in_place`` is read through its source's pointer. A library kernel (a library entry
+    strided graph input), the group's library calls run instead; an operand that the IR
+    makes a strided view, read dense by the kernel, is copied dense before the first such
+    call (``dense``: a view's name -> its copy's, dropped where the view dies). One of the
+    views ``in_place`` is read through its source's pointer. A library kernel (a library entry
     point on prepared weights) takes tensors and returns its output: no check, no slot."""
     if not gk.generated:
         fn = _bind(env, "LIB", gk.kernel.fn)  # type: ignore[union-attr]
@@ -233,12 +238,22 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
             size = repr(tuple(v.type.shape)) + ("" if strides is None else f", {strides!r}")
             allocs.append(f"{ref(v)} = {empty}({size}, dtype={dtype})")
         pointers.append(f"{ref(v)}.data_ptr()")
-    call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
-    checks = []
+    checks, copies = [], []
     for v, buffer in dict(zip(gk.inputs, params.inputs)).items():
         if v.node.op is Op.CONSTANT or laid_out_as(v, buffer, known):
             continue
         strides = _strides(buffer)
+        if strides is None and v not in in_place and runtime_strides(graph, v) is not None:
+            # by its IR a strided view, which the kernel reads dense: one copy, shared by
+            # the kernels after it (T5's position bias, a permute of an embedding, in each
+            # layer's softmax prologue: the check failed on every call and the library ops
+            # ran, 200 us against a 74 us kernel); a copy of a tensor already dense is none
+            pointer = f"{ref(v)}.data_ptr()"
+            if ref(v) not in dense:
+                dense[ref(v)] = f"{ref(v)}_dense"
+                copies.append(f"    {dense[ref(v)]} = {ref(v)}.contiguous()")
+            pointers = [f"{dense[ref(v)]}.data_ptr()" if p == pointer else p for p in pointers]
+            continue
         if strides is None:
             checks.append(f"{ref(v)}.is_contiguous()")
         elif strides is not None and len(strides) == 4 and \
@@ -247,15 +262,16 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
             checks.append(f"{ref(v)}.is_contiguous(memory_format={fmt})")
         elif strides is not None:  # any other strides: the kernel's own test of them
             checks.append(f"{_bind(env, 'LAYOUT_OK', layout_check(buffer))}({ref(v)})")
+    call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
     if not checks:
-        return [f"    {a}" for a in allocs] + [f"    {call}"]
+        return copies + [f"    {a}" for a in allocs] + [f"    {call}"]
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
     fallback = [library_line(n, False) for n in gk.group.nodes]
     fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs
                  if v not in strided_outputs(gk)]  # (those may have any layout after it)
     named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
     fallback += [f"del {', '.join(named)}"] if named else []
-    return ([f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]
+    return (copies + [f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]
             + [f"        {call}", "    else:"] + [f"        {line}" for line in fallback])
 
 

@@ -101,7 +101,8 @@ class GroupSpace:
         """The plan (with its decisions at the head of its trace where ``record``) and the
         values its parameters stand for."""
         if self.rows:
-            plan, ins, outs = plan_rows(self.graph, self.group, lanes=decisions["lanes"])
+            plan, ins, outs = plan_rows(self.graph, self.group, lanes=decisions["lanes"],
+                                        strides=self.strides)
         else:
             plan, ins, outs = plan_loops(self.graph, self.group, vector=decisions["vector"],
                                          strides=self.strides)
