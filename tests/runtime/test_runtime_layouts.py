@@ -96,44 +96,42 @@ graph(%x: f32[2, 4, 4, 8]) {
     torch.testing.assert_close(run([x])[0], want, rtol=1e-4, atol=1e-4)
 
 
+def _softmax_of_a_sum_with_a_view(kernel_options, x: tuple, y: tuple, dims: tuple):  # noqa: ANN001, ANN202
+    """softmax(x + permute(y)) built as kernels and run by an executor: (its kernels, the
+    executor's source, the output on random inputs, the output wanted)."""
+    graph = parse_graph(f"""\
+graph(%x: f32[{', '.join(map(str, x))}], %y: f32[{', '.join(map(str, y))}]) {{
+  %p = permute(%y) {{dims={dims}}} : f32[{', '.join(map(str, x))}]
+  %s = add(%x, %p) : f32[{', '.join(map(str, x))}]
+  %m = softmax(%s) {{dim=-1}} : f32[{', '.join(map(str, x))}]
+  return %m
+}}""")
+    built = build_kernels(graph, partition(graph), kernel_options)
+    moved = gather(graph, [k.group for k in built.kernels])
+    run, source = build_executor(moved, plan_memory(moved, [fused_call(k) for k in built.kernels]),
+                                 range(2), built.kernels)
+    a, b = torch.randn(x), torch.randn(y)
+    return built.kernels, source, run([a, b])[0], torch.softmax(a + b.permute(dims), -1)
+
+
 def test_a_view_read_dense_is_copied_once_before_its_kernel(kernel_options) -> None:  # noqa: ANN001
     """A row kernel's prologue reads a permuted view (T5's position bias) dense: the
     executor copies it dense and calls the kernel; it checked the view's layout, found it
     strided on every call and ran the library ops instead."""
-    graph = parse_graph("""\
-graph(%x: f32[4, 16, 16], %y: f32[16, 16, 4]) {
-  %p = permute(%y) {dims=(2, 0, 1)} : f32[4, 16, 16]
-  %s = add(%x, %p) : f32[4, 16, 16]
-  %m = softmax(%s) {dim=-1} : f32[4, 16, 16]
-  return %m
-}""")
-    built = build_kernels(graph, partition(graph), kernel_options)
-    assert [[n.name for n in k.group.nodes] for k in built.kernels] == [["s", "m"]]
-    moved = gather(graph, [k.group for k in built.kernels])
-    run, source = build_executor(moved, plan_memory(moved, [fused_call(k) for k in built.kernels]),
-                                 range(2), built.kernels)
+    kernels, source, got, want = _softmax_of_a_sum_with_a_view(
+        kernel_options, (4, 16, 16), (16, 16, 4), (2, 0, 1))
+    assert [[n.name for n in k.group.nodes] for k in kernels] == [["s", "m"]]
     assert re.search(r"v\d+_p_dense = v\d+_p\.contiguous\(\)", source), source
     assert not re.search(r"_p\.is_contiguous", source)  # (x, an input, is still checked)
-    x, y = torch.randn(4, 16, 16), torch.randn(16, 16, 4)
-    torch.testing.assert_close(run([x, y])[0], torch.softmax(x + y.permute(2, 0, 1), -1))
+    torch.testing.assert_close(got, want)
 
 
 def test_a_view_along_the_rows_is_read_where_it_lies(kernel_options) -> None:  # noqa: ANN001
     """A permuted view whose rows stay contiguous: the row kernel reads it in place (its
     buffer has the view's strides), no copy."""
-    graph = parse_graph("""\
-graph(%x: f32[4, 8, 16], %y: f32[8, 4, 16]) {
-  %p = permute(%y) {dims=(1, 0, 2)} : f32[4, 8, 16]
-  %s = add(%x, %p) : f32[4, 8, 16]
-  %m = softmax(%s) {dim=-1} : f32[4, 8, 16]
-  return %m
-}""")
-    built = build_kernels(graph, partition(graph), kernel_options)
-    (kernel,) = built.kernels
+    kernels, source, got, want = _softmax_of_a_sum_with_a_view(
+        kernel_options, (4, 8, 16), (8, 4, 16), (1, 0, 2))
+    (kernel,) = kernels
     assert (16, 64, 1) in [b.elem_strides for b in kernel.kernel.func.inputs]
-    moved = gather(graph, [k.group for k in built.kernels])
-    run, source = build_executor(moved, plan_memory(moved, [fused_call(k) for k in built.kernels]),
-                                 range(2), built.kernels)
     assert "_dense" not in source
-    x, y = torch.randn(4, 8, 16), torch.randn(8, 4, 16)
-    torch.testing.assert_close(run([x, y])[0], torch.softmax(x + y.permute(1, 0, 2), -1))
+    torch.testing.assert_close(got, want)
