@@ -176,7 +176,8 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                         base: GemmConfig | None = None, b_prepacked: bool = False,
                         one_k_block: bool = False) -> GemmConfig:
     """Tiles for fp32 on a few cores: balanced blocks, threads split the M blocks; with B
-    prepacked, where N > M or the M tiles are too few to balance, the threads split N.
+    prepacked, where N > M (B of `SPLIT_N_MIN_BYTES` or more) or the M tiles are too few to
+    balance, the threads split N.
     ``one_k_block``: KC = K (a fused epilogue needs each output written back once).
 
     MR is ``base.mr`` or a shorter tile where that wastes fewer padded rows on the busiest
