@@ -39,8 +39,12 @@ _SOURCES = (Op.SCALAR, Op.CONSTANT, Op.INPUT)
 class Arena:
     """Per-thread planned buffers: concurrent calls from two threads never share memory."""
 
-    def __init__(self, graph: Graph, plan: MemoryPlan, order: Sequence[Value]) -> None:
+    def __init__(self, graph: Graph, plan: MemoryPlan, order: Sequence[Value],
+                 strides: Mapping[int, tuple[int, ...]] | None = None) -> None:
         self._layout = [(plan.offsets[v], v.type) for v in order]
+        # buffers written with other strides (channels-last), as views made once, not on
+        # each call (19 as_strided calls a call cost mobilenet_v2 30 us of its 5 ms)
+        self._strides = dict(strides or {})
         self._bytes = plan.arena_bytes
         self._device = graph.device
         self._local = threading.local()
@@ -49,10 +53,14 @@ class Arena:
         bufs = getattr(self._local, "bufs", None)
         if bufs is None:
             storage = torch.empty(self._bytes, dtype=torch.uint8, device=self._device)
-            bufs = tuple(storage[off:off + t.nbytes].view(t.dtype.torch).view(t.shape)
-                         for off, t in self._layout)
+            bufs = tuple(self._view(storage[off:off + t.nbytes].view(t.dtype.torch), i, t)
+                         for i, (off, t) in enumerate(self._layout))
             self._local.bufs = bufs
         return bufs
+
+    def _view(self, flat: torch.Tensor, index: int, t: Any) -> torch.Tensor:
+        strides = self._strides.get(index)
+        return flat.view(t.shape) if strides is None else flat.as_strided(t.shape, strides)
 
 
 class StepTimer(Protocol):
@@ -93,7 +101,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     env: dict[str, Any] = {}
     planned = list(plan.offsets) if plan else []
     slot = {v: i for i, v in enumerate(planned)}
-    arena = Arena(graph, plan, planned) if plan and planned else None
+    slot_strides: dict[int, tuple[int, ...]] = {}  # planned values written strided
     lines = ["def kiln_graph(args):"]
     if graph.inputs:
         unpack = ", ".join(names[n] for n in graph.inputs)
@@ -104,8 +112,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     if compiled:
         env["sync_threads"] = ThreadSync(compiled)  # type: ignore[arg-type]
         lines.append("    sync_threads()")
-    if arena is not None:
-        env["buffers"] = arena.buffers
+    if plan and planned:  # (the arena is made once its strides are known: at the end)
         lines.append("    buf = buffers()")
 
     def ref(value: Value) -> str:
@@ -148,8 +155,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             return f"{targets} = {ref(node.inputs[0])}.{_METHOD_VIEWS[node.op](node.attrs)}"
         out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
         if out is not None and node.out() in nhwc_slots:
-            shape = tuple(node.out().type.shape)
-            out += f".as_strided({shape!r}, {channels_last_strides(shape)!r})"
+            slot_strides[slot[node.out()]] = channels_last_strides(tuple(node.out().type.shape))
         unpack = len(node.types) > 1 or (call.returns_list and call.select is None)
         return (f"{targets}{',' if unpack else ''} = "
                 f"{_call_text(env, node, call, ref, out, graph.device)}")
@@ -182,7 +188,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             if node is not gk.group.last:
                 continue
             lines += timed(_kernel_lines(env, gk, graph, ref, slot, library_line, known,
-                                         in_place, dense))
+                                         in_place, dense, slot_strides))
             dies_at[i] = pending + dies_at.get(i, [])
             pending = []
         if dies_at.get(i):  # (with the dense copies of views that die)
@@ -194,6 +200,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     results = ", ".join(ref(v) if v.node.op is not Op.CONSTANT else f"{ref(v)}.clone()"
                         for v in graph.outputs)
     lines.append(f"    return [{results}]")
+    if plan and planned:
+        env["buffers"] = Arena(graph, plan, planned, slot_strides).buffers
     source = "\n".join(lines) + "\n"
     code = compile(source, "<kiln graph>", "exec")
     exec(code, env)  # noqa: S102 - source generated above from the IR, nothing user-given
@@ -204,7 +212,8 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   ref: Callable[[Value], str], slot: dict[Value, int],
                   library_line: Callable[[Node, bool], str],
                   known: Mapping[Value, tuple[int, ...]],
-                  in_place: Mapping[Value, Value], dense: dict[str, str]) -> list[str]:
+                  in_place: Mapping[Value, Value], dense: dict[str, str],
+                  slot_strides: dict[int, tuple[int, ...]]) -> list[str]:
     """The kernel call, behind a layout check of the operands whose strides are not
     ``known`` to be the kernel's (`kiln.runtime.layouts`); if the check fails (rare: a
     strided graph input), the group's library calls run instead; an operand that the IR
@@ -228,9 +237,10 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
     allocs = []
     for v, buffer in zip(gk.outputs, params.outputs):
         strides = _strides(buffer)
-        if v in slot:
-            view = "" if strides is None else f".as_strided({tuple(v.type.shape)!r}, {strides!r})"
-            allocs.append(f"{ref(v)} = buf[{slot[v]}]{view}")
+        if v in slot:  # (a strided one's view made by the arena: ``slot_strides``)
+            if strides is not None:
+                slot_strides[slot[v]] = strides
+            allocs.append(f"{ref(v)} = buf[{slot[v]}]")
         else:
             dtype = _bind(env, "DT", v.type.dtype.torch)
             empty = _bind(env, "EMPTY", torch.empty) if strides is None else \
