@@ -25,6 +25,7 @@ from kiln.codegen.kernel import layout_check
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
+from kiln.ir.types import TensorType
 from kiln.kernels.outcome import Built
 from kiln.kernels.strides import runtime_strides
 from kiln.passes.layout import channels_last_values
@@ -58,7 +59,8 @@ class Arena:
             self._local.bufs = bufs
         return bufs
 
-    def _view(self, flat: torch.Tensor, index: int, t: Any) -> torch.Tensor:
+    def _view(self, flat: torch.Tensor, index: int, t: TensorType) -> torch.Tensor:
+        """Buffer ``index`` of type ``t`` over its bytes ``flat``, with its strides."""
         strides = self._strides.get(index)
         return flat.view(t.shape) if strides is None else flat.as_strided(t.shape, strides)
 
