@@ -1,10 +1,11 @@
 """The design spaces of the channels-last window kernels (dense direct convolution, depthwise,
 pooling): the heuristic is the default point, points replay from their traces and compute
 what torch computes, candidates respect the registers and the guards, the runner measures
-them on channels-last operands, and a compile uses a recorded point."""
+them on operands with the strides the kernel reads, and a compile uses a recorded point."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from pathlib import Path
 
@@ -97,10 +98,13 @@ def test_the_workload_is_the_program_kind_and_epilogue() -> None:
                        "other name").workload() == depthwise.workload()
 
 
-def test_the_runner_measures_channels_last_operands(options: kiln.Options) -> None:
+def test_the_runner_measures_operands_with_the_kernels_strides(options: kiln.Options) -> None:
     from kiln.tune.measure import time_one
 
-    for space in _spaces():
+    # a network's first convolution reads the NCHW input in place (`conv.layout_prologue`)
+    nchw = dataclasses.replace(CONV, x_strides=(3 * 17 * 19, 17 * 19, 19, 1))
+    stem = WindowSpace("conv", nchw, Isa.AVX512, 2, RELU6, "wstem")
+    for space in [*_spaces(), stem]:
         point = random_point(space, random.Random(2))
         result = time_one(space, point, options, threads=1, budget_s=0.05)
         assert result.error is None and result.run_times

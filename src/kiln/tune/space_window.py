@@ -164,11 +164,15 @@ class WindowSpace:
     def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Random operands in the kernel's parameter order (the input and output
-        channels-last, the weight packed for this point), and the expected output."""
+        channels-last, or the input with the strides the kernel reads it with; the weight
+        packed for this point), and the expected output."""
         s = self.shape
         cl = torch.channels_last
         channels = s.ci if isinstance(s, ConvShape) else s.c
         x = torch.randn(s.n, channels, s.h, s.w, generator=gen).contiguous(memory_format=cl)
+        x_strides = getattr(s, "x_strides", None)
+        if x_strides is not None:  # a convolution that reads its NCHW input in place
+            x = torch.empty_strided(x.shape, x_strides).copy_(x)
         out_channels = s.co if isinstance(s, ConvShape) else s.c
         out = torch.empty(s.n, out_channels, *s.out).contiguous(memory_format=cl)
         if isinstance(s, PoolShape):
