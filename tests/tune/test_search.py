@@ -135,3 +135,28 @@ def test_the_model_ranks_held_out_candidates(tmp_path: Path) -> None:
     path.write_text("not a model")
     assert not CostModel.load_or_new(path).trained
     assert CostModel().predict([rows[0].features]) == [0.0]
+
+
+def test_the_model_picks_only_for_a_kind_it_has_learned(tmp_path: Path) -> None:
+    from kiln.tune.search import MIN_KIND_RECORDS
+
+    space = AddSpace()
+    other = AddSpace(rows=32, kind="rows")  # another kind of kernel, measured first
+    session = _session(tmp_path)
+    tune_kernel(other, session, TuneSettings(trials=MIN_KIND_RECORDS, batch=8))
+    assert session.model.trained and session.learned == {"rows": MIN_KIND_RECORDS}
+    guided = tune_kernel(space, session, TuneSettings(trials=9, batch=8))
+    (tmp_path / "random").mkdir()
+    alone = _session(tmp_path / "random")
+    randomly = tune_kernel(space, alone, TuneSettings(trials=9, batch=8, use_model=False))
+    # the model knows no "loops" kernel: its picks are the random search's
+    picks = [r.decisions for r in session.db.records(space.workload())]
+    assert picks == [r.decisions for r in alone.db.records(space.workload())]
+    assert guided.best_s == randomly.best_s
+    # once it has learned from enough of this kind, it picks them (unlike the random search)
+    tune_kernel(AddSpace(rows=16), session, TuneSettings(trials=MIN_KIND_RECORDS, batch=8))
+    assert session.learned["loops"] >= MIN_KIND_RECORDS
+    tune_kernel(space, session, TuneSettings(trials=17, batch=8, seed=3))
+    tune_kernel(space, alone, TuneSettings(trials=17, batch=8, seed=3, use_model=False))
+    assert [r.decisions for r in session.db.records(space.workload())] != [
+        r.decisions for r in alone.db.records(space.workload())]
