@@ -1,15 +1,20 @@
 """The tuner, measured: the learned cost model against random search, and the transfer of a
 model trained on one network's kernels to another's.
 
-    python benchmarks/tune.py --models bert --trials 40 --kernels 3 --json tune.json
-    python benchmarks/tune.py --models bert --transfer-to gpt2 --trials 40
+    python benchmarks/tune.py --models hf_llama,bert --trials 16 --json tune.json
+    python benchmarks/tune.py --models bert --kernels 3 --transfer-to gpt2 --trials 40
 
-For each of the first ``--kernels`` workloads of each model (`kiln.tune.workloads`), the same
-number of trials is run twice from an empty database: with the cost model, and with random
-picks (same seed). Each run reports the best time, and how many trials it took to come
-within 5% of the best time either run found. With ``--transfer-to``, the cost model trained on
-the first models' records ranks the other model's candidates from its first batch, against a
-run that starts with no model.
+The comparison tunes each model's kernels (`kiln.tune.workloads`, the first ``--kernels`` of
+each, or all) twice, as ``kiln tune`` would: one run with the cost model, one with random picks
+(``--random``), each run with its own database that every kernel of the run adds to, so the
+model guides a kernel with what the kernels before it taught it. The two runs take turns a
+batch of 8 trials at a time on the same kernel, which of them first alternating, so a slow
+phase of the machine falls on both. For each kernel: the best time of each run, and how many
+trials each run took to come within 5% of the best time either found (the default is trial
+1). The summary counts wins and losses and sums those trials, a run that never got there
+counted as ``--trials`` + 1. With ``--transfer-to``, the cost model trained on the first
+models' records ranks the other model's candidates from its first batch, against a run that
+starts with no model.
 
 Run it on a quiet machine: every trial is a timing.
 """
@@ -43,8 +48,8 @@ def trials_to(result: TuneResult, goal_s: float) -> int | None:
 
 def run(space, db_path: Path, options: kiln.Options, settings: TuneSettings,
         prior: list | None = None) -> TuneResult:
-    """One search from an empty database, or from one holding ``prior`` records (other
-    workloads': the cost model trains on them before the first pick)."""
+    """One search from the database at ``db_path``, or from one holding ``prior`` records
+    (other workloads': the cost model trains on them before the first pick)."""
     session = Session.open(db_path, options, jobs=2)
     if prior:
         session.db.add_many(prior)
@@ -54,31 +59,110 @@ def run(space, db_path: Path, options: kiln.Options, settings: TuneSettings,
         session.close()
 
 
-def compare(names: list[str], kernels: int, trials: int, out: Path) -> list[dict]:
+ARMS = (("model", True), ("random", False))
+BATCH = 8
+
+
+def trials_to_goal(times: list[float], goal_s: float) -> int | None:
+    best = math.inf
+    for trials, t in enumerate(times, 1):
+        best = min(best, t)
+        if best <= goal_s:
+            return trials
+    return None
+
+
+def remeasure(space, points: list[dict], options: kiln.Options) -> list[float]:
+    """The median seconds of each point, all timed together in interleaved rounds in this
+    process: one yardstick for both arms, whatever phase the machine was in when each arm
+    measured a point (the runner's times of one point differed by up to 23% between arms)."""
+    from kiln.codegen.kernel import compile_kernel
+    from kiln.cost.measure import Budget, interleaved
+
+    calls = []
+    for point in points:
+        kernel = compile_kernel(space.plan(point).build(), options)  # built: in the cache
+        kernel.set_num_threads(torch.get_num_threads())
+        operands, _ = space.operands(point, torch.Generator().manual_seed(0))
+        strided = getattr(space, "strided_operands", ())
+        operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
+        pointers = [t.data_ptr() for t in operands]
+        calls.append(lambda k=kernel, ptrs=pointers, keep=operands: k.run_unchecked(*ptrs))
+    timings = interleaved(calls, Budget(min_rounds=9, max_rounds=9, min_sample_s=1e-3,
+                                        settle_calls=1, collect_first=False))
+    return [t.median_s if t.error is None and t.samples else math.inf for t in timings]
+
+
+def compare(names: list[str], kernels: int | None, trials: int, out: Path,
+            tune: bool = True) -> list[dict]:
+    """Each model's kernels tuned by both arms, one database per arm. The arms take turns a
+    batch at a time on the same kernel (which one first alternates), and each batch resumes
+    from the arm's database. Then every point either arm measured is timed again, all
+    together (`remeasure`), and each arm's trials are read off those times."""
     options = kiln.Options()
     rows = []
+    turn = 0
     for name in names:
         model, inputs = models.build(name)
         for w in model_workloads(model, inputs, options)[:kernels]:
-            results = {}
-            for mode, use_model in (("model", True), ("random", False)):
-                db = out / f"{name}-{w.space.workload()[:8]}-{mode}.sqlite"
-                start = time.perf_counter()
-                results[mode] = run(w.space, db, options,
-                                    TuneSettings(trials=trials, use_model=use_model, batch=8))
-                results[mode + "_s"] = time.perf_counter() - start
-            best = min(results["model"].best_s, results["random"].best_s)
-            row = {"model": name, "kernel": w.label, "uses": len(w.nodes),
-                   "default_us": results["model"].default_s * 1e6}
-            for mode in ("model", "random"):
-                r = results[mode]
-                row[f"{mode}_best_us"] = r.best_s * 1e6
-                row[f"{mode}_trials_to_95"] = trials_to(r, best / 0.95)
-                row[f"{mode}_speedup"] = r.speedup
-                row[f"{mode}_seconds"] = round(results[mode + "_s"], 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            seconds = {mode: 0.0 for mode, _ in ARMS}
+            for step in range(math.ceil(trials / BATCH) if tune else 0):
+                for mode, use_model in (ARMS if turn % 2 == 0 else ARMS[::-1]):
+                    start = time.perf_counter()
+                    run(w.space, out / f"{mode}.sqlite", options,
+                        TuneSettings(trials=min(BATCH, trials - step * BATCH), batch=BATCH,
+                                     use_model=use_model, seed=step))
+                    seconds[mode] += time.perf_counter() - start
+                turn += 1
+            rows.append(head_to_head(w, name, out, options, seconds))
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def head_to_head(w, name: str, out: Path, options: kiln.Options, seconds: dict) -> dict:
+    arms = {mode: [r for r in TuningDB.open(out / f"{mode}.sqlite").records(w.space.workload())]
+            for mode, _ in ARMS}
+    points = {_point_key(r.decisions): dict(r.decisions)
+              for records in arms.values() for r in records if r.ok}
+    again = dict(zip(points, remeasure(w.space, list(points.values()), options)))
+    row = {"model": name, "kernel": w.label, "kind": w.space.kind, "uses": len(w.nodes),
+           "points": len(points)}
+    times = {mode: [again.get(_point_key(r.decisions), math.inf) for r in records]
+             for mode, records in arms.items()}
+    best = min(min(t, default=math.inf) for t in times.values())
+    row["default_us"] = times["model"][0] * 1e6
+    for mode, t in times.items():
+        row[f"{mode}_best_us"] = min(t) * 1e6
+        row[f"{mode}_trials_to_95"] = trials_to_goal(t, best / 0.95)
+        row[f"{mode}_measured"] = len(t)
+        row[f"{mode}_speedup"] = t[0] / min(t)
+        row[f"{mode}_seconds"] = round(seconds[mode], 1)
+    return row
+
+
+def _point_key(decisions: dict) -> str:
+    return json.dumps(dict(decisions), sort_keys=True)
+
+
+def summary(rows: list[dict], trials: int) -> dict:
+    """Wins, ties and losses of the model on trials to 95% of the best, the trials summed (a
+    run that never got there counts ``trials`` + 1), and the geomean of best-found ratios."""
+    def cost(r: dict, mode: str) -> int:
+        t = r[f"{mode}_trials_to_95"]
+        return trials + 1 if t is None else t
+
+    # a space both runs measured whole leaves nothing for a model to decide
+    contested = [r for r in rows if min(r["model_measured"], r["random_measured"]) >= trials]
+    wins = sum(cost(r, "model") < cost(r, "random") for r in contested)
+    losses = sum(cost(r, "model") > cost(r, "random") for r in contested)
+    ratio = [r["random_best_us"] / r["model_best_us"] for r in contested
+             if r["model_best_us"] > 0 and math.isfinite(r["random_best_us"])]
+    return {"kernels": len(rows), "contested": len(contested), "model_wins": wins,
+            "ties": len(contested) - wins - losses, "model_losses": losses,
+            "model_trials": sum(cost(r, "model") for r in contested),
+            "random_trials": sum(cost(r, "random") for r in contested),
+            "best_random_over_model_geomean":
+                math.exp(sum(map(math.log, ratio)) / len(ratio)) if ratio else None}
 
 
 def transfer(source_dbs: list[Path], target: str, kernels: int, trials: int, out: Path
@@ -140,14 +224,17 @@ def ranking(db_path: str, sizes: tuple[int, ...] = (16, 32, 64, 128)) -> list[di
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default="bert", help="comma-separated zoo models")
-    p.add_argument("--kernels", type=int, default=3, help="workloads per model")
+    p.add_argument("--kernels", type=int, default=None,
+                   help="the first N workloads of each model (default: all)")
     p.add_argument("--trials", type=int, default=40)
     p.add_argument("--transfer-to", metavar="MODEL", help="also measure the transfer to MODEL")
     p.add_argument("--out", help="folder for the databases (default: a temporary one)")
     p.add_argument("--ranking-db", metavar="PATH",
                    help="only the cost model's ranking quality on this database's records")
     p.add_argument("--skip-compare", action="store_true",
-                   help="only the transfer, from the *-model.sqlite databases in --out")
+                   help="only the transfer, from the databases of an earlier run in --out")
+    p.add_argument("--rejudge", action="store_true",
+                   help="no tuning: time again the points of an earlier run's databases in --out")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args(argv)
     if args.ranking_db:
@@ -170,10 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     document = {"threads": torch.get_num_threads(), "trials": args.trials,
                 "compare": [] if args.skip_compare else compare(names, args.kernels,
-                                                                  args.trials, out)}
+                                                                  args.trials, out,
+                                                                  not args.rejudge)}
     if args.transfer_to:
-        sources = sorted(p for p in out.glob("*-model.sqlite")
-                         if not p.name.startswith(args.transfer_to + "-"))
+        sources = [p for p in (out / "model.sqlite", out / "random.sqlite") if p.is_file()]
         document["transfer"] = transfer(sources, args.transfer_to, args.kernels, args.trials,
                                         out)
     for row in document["compare"]:
@@ -181,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['model']:<8} {row['kernel']:<44} default {row['default_us']:9.1f} us  "
               f"model {row['model_best_us']:9.1f} us ({m} trials)  random "
               f"{row['random_best_us']:9.1f} us ({r} trials)")
+    if document["compare"]:
+        document["summary"] = summary(document["compare"], args.trials)
+        print(json.dumps(document["summary"]))
     if args.json:
         Path(args.json).write_text(json.dumps(document, indent=1, default=_plain))
     return 0
