@@ -104,7 +104,10 @@ def test_the_runner_measures_operands_with_the_kernels_strides(options: kiln.Opt
     # a network's first convolution reads the NCHW input in place (`conv.layout_prologue`)
     nchw = dataclasses.replace(CONV, x_strides=(3 * 17 * 19, 17 * 19, 19, 1))
     stem = WindowSpace("conv", nchw, Isa.AVX512, 2, RELU6, "wstem")
-    for space in [*_spaces(), stem]:
+    # a basic block's second convolution adds the shortcut (a channels-last residual)
+    shortcut = dataclasses.replace(CONV, residual=True)
+    block = WindowSpace("conv", shortcut, Isa.AVX512, 2, RELU6, "wblock")
+    for space in [*_spaces(), stem, block]:
         point = random_point(space, random.Random(2))
         result = time_one(space, point, options, threads=1, budget_s=0.05)
         assert result.error is None and result.run_times

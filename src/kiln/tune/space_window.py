@@ -82,10 +82,13 @@ class WindowSpace:
 
     @property
     def strided_operands(self) -> tuple[int, ...]:
-        """The input and the output are channels-last: the runner passes them as they are."""
+        """The input, a residual and the output are channels-last (or, the input, strided as
+        the kernel reads it): the runner passes them as they are."""
         if isinstance(self.shape, PoolShape):
             return (0, 1)  # x, out
-        return (0, 3 if self.shape.bias else 2)  # x, weight, (bias,) out
+        after_weights = 3 if self.shape.bias else 2  # x, weight, (bias,) (residual,) out
+        residual = isinstance(self.shape, ConvShape) and self.shape.residual
+        return (0, after_weights, after_weights + 1) if residual else (0, after_weights)
 
     def names(self) -> tuple[str, ...]:
         if self.kind == "conv":

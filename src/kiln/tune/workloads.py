@@ -62,7 +62,8 @@ class KernelWorkload:
             sizes = f"{sh.ci}x{sh.h}x{sh.w}->{sh.co}" if s.kind == "conv" else \
                 f"{sh.c}x{sh.h}x{sh.w}"
             act = f" {s.epilogue.activation.text}" if s.epilogue else ""
-            return f"{what} {sizes} k{kh}x{kw} s{sy}{act}"
+            residual = " +residual" if getattr(sh, "residual", False) else ""
+            return f"{what} {sizes} k{kh}x{kw} s{sy}{residual}{act}"
         assert isinstance(s, GroupSpace)
         ops = " ".join(n.op.text for n in s.group.nodes)
         shape = "x".join(map(str, s.group.last.out().type.shape))
