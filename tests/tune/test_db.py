@@ -40,6 +40,20 @@ def test_best_is_the_fastest_record_that_ran_on_that_target(tmp_path: Path) -> N
     assert [r.decisions["mr"] for r in db.top(HERE, "gemm", 5)] == [14]
 
 
+def test_a_record_timed_again_keeps_the_new_times(tmp_path: Path) -> None:
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(_record("w", 8, [3e-4]))
+    db.add(_record("w", 14, [2e-4]))
+    db.add(TuningRecord.failed("w", HERE, "gemm", "[]", {"mr": 16}, "timeout"))
+    assert db.retime("w", HERE, {"mr": 8}, [1e-4, 1.2e-4])  # now the best
+    assert db.best("w", HERE).decisions == {"mr": 8}
+    assert db.best("w", HERE).run_times == (1e-4, 1.2e-4)
+    assert not db.retime("w", HERE, {"mr": 16}, [1e-4])  # a failed one stays failed
+    assert not db.retime("w", ELSEWHERE, {"mr": 14}, [1e-4])  # no such record there
+    with pytest.raises(ValueError):
+        db.retime("w", HERE, {"mr": 14}, [0.0])
+
+
 def test_the_file_is_in_wal_mode_and_versioned(tmp_path: Path) -> None:
     TuningDB.open(tmp_path / "t.sqlite")
     with sqlite3.connect(tmp_path / "t.sqlite") as conn:

@@ -160,3 +160,37 @@ def test_the_model_picks_only_for_a_kind_it_has_learned(tmp_path: Path) -> None:
     tune_kernel(space, alone, TuneSettings(trials=17, batch=8, seed=3, use_model=False))
     assert [r.decisions for r in session.db.records(space.workload())] != [
         r.decisions for r in alone.db.records(space.workload())]
+
+
+class NoisyRunner(FormulaRunner):
+    """Times each candidate alone as if the machine were twice as slow for some of them;
+    side by side, it gives the true times."""
+
+    def __init__(self, slow: dict[str, Any]) -> None:
+        self.slow = slow
+        self.together: list[list[dict[str, Any]]] = []
+
+    def run_one(self, space: AddSpace, point: dict[str, Any]) -> MeasureResult:
+        t = space.seconds(point) * (2.0 if point == self.slow else 1.0)
+        return MeasureResult(dict(point), (t, t, t))
+
+    def run_together(self, space: AddSpace, points: list[dict[str, Any]]
+                     ) -> list[tuple[float, ...]]:
+        self.together.append([dict(p) for p in points])
+        return [(space.seconds(p),) * 3 for p in points]
+
+
+def test_the_best_candidates_and_the_default_are_timed_again_together(tmp_path: Path) -> None:
+    space = AddSpace()
+    default = space.default()
+    runner = NoisyRunner(slow=default)  # the default, timed alone, looked twice as slow
+    session = Session(TuningDB.open(tmp_path / "t.sqlite"), TARGET, FormulaBuilder(), runner,
+                      CostModel())
+    result = tune_kernel(space, session, TuneSettings(trials=12, batch=6, use_model=False))
+    (confirmed,) = runner.together
+    assert confirmed[0] == default and len(confirmed) == 4
+    assert result.default_s == pytest.approx(space.seconds(default))  # its time replaced
+    stored = session.db.records(space.workload())
+    for record in stored:  # the default's stored time too: a compile reads these
+        assert record.median_s == pytest.approx(space.seconds(record.decisions))
+    assert result.best_s == min(r.median_s for r in stored)

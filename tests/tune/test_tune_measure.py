@@ -49,6 +49,17 @@ def test_candidates_build_in_parallel_and_are_checked_and_timed(options: Options
         assert all(t > 0 for t in result.run_times) and "kiln_" in result.source
 
 
+def test_built_candidates_are_timed_again_side_by_side(options: Options) -> None:
+    space = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
+    points = [space.default(), *list(neighbours(space, space.default()))[:2]]
+    Builder(options, jobs=2).build(space, points)
+    with Runner(options, timeout_s=60, threads=1) as runner:
+        times = runner.run_together(space, points)
+    assert [len(t) for t in times] == [7, 7, 7] and all(x > 0 for t in times for x in t)
+    with Runner(options, timeout_s=5, threads=1) as runner:  # a hang: nothing comes back
+        assert runner.run_together(Misbehaving("hang"), [{}]) == [()]
+
+
 def test_a_crash_or_a_hang_is_a_failed_result_and_the_runner_goes_on(options: Options) -> None:
     good = GemmSpace.for_shape(16, 32, 8)
     with Runner(options, timeout_s=5, threads=1, budget_s=0.1) as runner:

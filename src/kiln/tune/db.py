@@ -27,7 +27,7 @@ import platform
 import sqlite3
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,6 +234,21 @@ class TuningDB:
                              "decisions, run_times, features, error, created) VALUES "
                              "(?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             return conn.total_changes - before
+
+    def retime(self, workload: str, target: Target | str, decisions: Mapping[str, Any],
+               run_times: Sequence[float]) -> bool:
+        """Replace the run times of a measured record with ones timed again (the tuner's
+        confirmation: its best candidates and the default timed together); False where no
+        such record ran."""
+        if not run_times or any(not math.isfinite(t) or t <= 0 for t in run_times):
+            raise ValueError("a run time is not a positive number of seconds")
+        with self._connect() as conn:
+            changed = conn.execute(
+                "UPDATE records SET run_times = ? WHERE workload = ? AND target = ? AND "
+                "decisions = ? AND error IS NULL",
+                (json.dumps([float(t) for t in run_times]), workload, _target_key(target),
+                 _canonical(decisions))).rowcount
+        return changed == 1
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ worker process, on random operands, with an untimed call first, then interleaved
 (`kiln.cost.measure`: repeats and medians). It checks each candidate's output against the
 space's reference once, before timing. A candidate that crashes its process (a wild store
 in generated code) or runs past the timeout comes back as a failed result, the worker is
-replaced, and tuning goes on.
+replaced, and tuning goes on. ``runner.run_together`` times several built candidates side by
+side in interleaved rounds: the tuner's last word between its best candidates and the
+default.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import torch
 
 from kiln.options import Options
 
-__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "time_one"]
+__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "time_one", "time_together"]
 
 CHECK_RTOL = 1e-4
 
@@ -97,6 +99,39 @@ def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads
     return MeasureResult(point, tuple(timing.samples), None, kernel.source)
 
 
+def time_together(space: Any, points: Sequence[Mapping[str, Any]], options: Options,
+                  threads: int) -> list[tuple[float, ...]]:
+    """In the runner's process: the points (built and checked already) timed together, in
+    interleaved rounds, so that a slow phase of the machine falls on all of them alike; an
+    empty tuple for a point that no longer builds or runs."""
+    from kiln.codegen.kernel import compile_kernel
+    from kiln.cost.measure import Budget, interleaved
+
+    torch.set_num_threads(threads)
+    calls: list[Any] = []
+    for point in points:
+        try:
+            kernel = compile_kernel(space.plan(dict(point)).build(), options)
+            kernel.set_num_threads(threads)
+        except Exception:  # noqa: BLE001 - that point is left out, the others are timed
+            calls.append(None)
+            continue
+        operands, _ = space.operands(dict(point), torch.Generator().manual_seed(0))
+        strided = getattr(space, "strided_operands", ())
+        operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
+        pointers = [t.data_ptr() for t in operands]
+        calls.append(lambda k=kernel, p=pointers, keep=operands: k.run_unchecked(*p))
+    live = [c for c in calls if c is not None]
+    timings = iter(interleaved(live, Budget(min_rounds=7, max_rounds=7, min_sample_s=1e-3,
+                                            settle_calls=1, collect_first=False)))
+    out = []
+    for call in calls:
+        timing = next(timings) if call is not None else None
+        ok = timing is not None and timing.error is None and timing.samples
+        out.append(tuple(timing.samples) if ok else ())  # type: ignore[union-attr]
+    return out
+
+
 def _scale(space: Any) -> float:
     return float(getattr(space, "k", 1)) ** 0.5
 
@@ -157,6 +192,18 @@ class Runner:
         except futures.process.BrokenProcessPool:
             self._stop(kill=True)
             return MeasureResult(dict(point), error="crash: the kernel killed its process")
+
+    def run_together(self, space: Any, points: Sequence[Mapping[str, Any]]
+                     ) -> list[tuple[float, ...]]:
+        """`time_together` in the worker; empty tuples where it crashed or timed out."""
+        pool = self._worker()
+        job = pool.submit(time_together, space, [dict(p) for p in points], self.options,
+                          self.threads)
+        try:
+            return job.result(timeout=self.timeout_s * max(len(points), 1))
+        except (futures.TimeoutError, futures.process.BrokenProcessPool):
+            self._stop(kill=True)
+            return [() for _ in points]
 
     def _worker(self) -> futures.ProcessPoolExecutor:
         if self._pool is None:
