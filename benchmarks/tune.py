@@ -156,14 +156,26 @@ def summary(rows: list[dict], trials: int) -> dict:
     contested = [r for r in rows if min(r["model_measured"], r["random_measured"]) >= trials]
     wins = sum(cost(r, "model") < cost(r, "random") for r in contested)
     losses = sum(cost(r, "model") > cost(r, "random") for r in contested)
-    ratio = [r["random_best_us"] / r["model_best_us"] for r in contested
-             if r["model_best_us"] > 0 and math.isfinite(r["random_best_us"])]
+    finite = [r for r in rows if math.isfinite(r["model_best_us"] + r["random_best_us"])]
+    ratio = [r["random_best_us"] / r["model_best_us"] for r in finite if r in contested]
+    # the tuned kernel (the model's run) over the default, both timed again together
+    speedups: dict[str, dict[str, float | None]] = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in finite if r["model"] == name]
+        speedups[name] = {
+            "row_and_elementwise": _geomean([r["model_speedup"] for r in mine
+                                             if r["kind"] in ("rows", "loops")]),
+            "all": _geomean([r["model_speedup"] for r in mine])}
     return {"kernels": len(rows), "contested": len(contested), "model_wins": wins,
             "ties": len(contested) - wins - losses, "model_losses": losses,
             "model_trials": sum(cost(r, "model") for r in contested),
             "random_trials": sum(cost(r, "random") for r in contested),
-            "best_random_over_model_geomean":
-                math.exp(sum(map(math.log, ratio)) / len(ratio)) if ratio else None}
+            "best_random_over_model_geomean": _geomean(ratio),
+            "tuned_over_default_geomean": speedups}
+
+
+def _geomean(xs: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
 def transfer(source_dbs: list[Path], target: str, kernels: int, trials: int, out: Path
