@@ -72,10 +72,67 @@ def trials_to_goal(times: list[float], goal_s: float) -> int | None:
     return None
 
 
+def library_call(space):  # noqa: ANN001, ANN201
+    """A call of what the kernel replaces, on random operands: the torch ops of a fused
+    group (as the compile's fallback runs them), addmm or bmm, a convolution or pool on
+    channels-last tensors; with the activation where the kernel has one."""
+    import torch.nn.functional as F
+
+    from kiln.ir.fused import apply_activation
+    from kiln.kernels.depthwise_schedule import DepthwiseShape
+    from kiln.kernels.pool_schedule import PoolShape
+    from kiln.kernels.validate import library_results, random_operands
+    from kiln.tune.space import GemmSpace
+    from kiln.tune.space_groups import GroupSpace
+
+    gen = torch.Generator().manual_seed(0)
+    if isinstance(space, GroupSpace):
+        env = random_operands(space.graph, space.group)
+        return lambda: library_results(space.graph, space.group, env)
+    epilogue = getattr(space, "epilogue", None)
+
+    def activated(out: torch.Tensor) -> torch.Tensor:
+        if epilogue is not None:
+            apply_activation(out, epilogue.activation, epilogue.args)
+        return out
+
+    if isinstance(space, GemmSpace):
+        operands, _ = space.operands(space.default(), gen)
+        if space.batch:
+            return lambda: torch.bmm(operands[0], operands[1])
+        a = operands[0]
+        w = torch.randn(space.n, space.k, generator=gen)  # a Linear's weight: B = w.T
+        bias = operands[2] if space.bias else None
+        if bias is not None and space.bias_row:
+            bias = bias + operands[3]
+        return lambda: activated(F.linear(a, w, bias) if bias is None or bias.dim() == 1
+                                 else torch.addmm(bias, a, w.t()))
+    sh = space.shape
+    cl = torch.channels_last
+    channels = sh.ci if hasattr(sh, "ci") else sh.c
+    x = torch.randn(sh.n, channels, sh.h, sh.w, generator=gen).contiguous(memory_format=cl)
+    if isinstance(sh, PoolShape):
+        pool = F.max_pool2d if sh.kind == "max" else F.avg_pool2d
+        return lambda: pool(x, sh.kernel, sh.stride, sh.padding)
+    groups = channels if isinstance(sh, DepthwiseShape) else 1
+    out_channels = channels if groups > 1 else sh.co
+    weight = torch.randn(out_channels, channels // groups, *sh.kernel, generator=gen
+                         ).contiguous(memory_format=cl)
+    bias = torch.randn(out_channels, generator=gen) if sh.bias else None
+    residual = getattr(sh, "residual", False)
+    shortcut = torch.randn(sh.n, out_channels, *sh.out, generator=gen
+                           ).contiguous(memory_format=cl) if residual else None
+    return lambda: activated(
+        F.conv2d(x, weight, bias, sh.stride, sh.padding, sh.dilation, groups)
+        if shortcut is None else
+        F.conv2d(x, weight, bias, sh.stride, sh.padding, sh.dilation, groups).add_(shortcut))
+
+
 def remeasure(space, points: list[dict], options: kiln.Options) -> list[float]:
     """The median seconds of each point, all timed together in interleaved rounds in this
-    process: one yardstick for both arms, whatever phase the machine was in when each arm
-    measured a point (the runner's times of one point differed by up to 23% between arms)."""
+    process, and last the library's call: one yardstick for both arms, whatever phase the
+    machine was in when each arm measured a point (the runner's times of one point differed
+    by up to 2x between arms)."""
     from kiln.codegen.kernel import compile_kernel
     from kiln.cost.measure import Budget, interleaved
 
@@ -88,6 +145,7 @@ def remeasure(space, points: list[dict], options: kiln.Options) -> list[float]:
         operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
         pointers = [t.data_ptr() for t in operands]
         calls.append(lambda k=kernel, ptrs=pointers, keep=operands: k.run_unchecked(*ptrs))
+    calls.append(library_call(space))
     timings = interleaved(calls, Budget(min_rounds=9, max_rounds=9, min_sample_s=1e-3,
                                         settle_calls=1, collect_first=False))
     return [t.median_s if t.error is None and t.samples else math.inf for t in timings]
@@ -125,9 +183,10 @@ def head_to_head(w, name: str, out: Path, options: kiln.Options, seconds: dict) 
             for mode, _ in ARMS}
     points = {_point_key(r.decisions): dict(r.decisions)
               for records in arms.values() for r in records if r.ok}
-    again = dict(zip(points, remeasure(w.space, list(points.values()), options)))
+    *times_again, library_s = remeasure(w.space, list(points.values()), options)
+    again = dict(zip(points, times_again))
     row = {"model": name, "kernel": w.label, "kind": w.space.kind, "uses": len(w.nodes),
-           "points": len(points)}
+           "points": len(points), "library_us": library_s * 1e6}
     times = {mode: [again.get(_point_key(r.decisions), math.inf) for r in records]
              for mode, records in arms.items()}
     best = min(min(t, default=math.inf) for t in times.values())
