@@ -1,20 +1,28 @@
-"""The tuner, measured: the learned cost model against random search, and the transfer of a
-model trained on one network's kernels to another's.
+"""The tuner, measured: the learned cost model against random search, the transfer of a
+model trained on some networks' kernels to another's, and tuned kernels against the default
+and the library.
 
-    python benchmarks/tune.py --models hf_llama,bert --trials 16 --json tune.json
-    python benchmarks/tune.py --models bert --kernels 3 --transfer-to gpt2 --trials 40
+    python benchmarks/tune.py --models bert,hf_llama --trials 16 --out runs --json tune.json
+    python benchmarks/tune.py --models bert --trials 16 --out runs --transfer-to hf_bert
+    python benchmarks/tune.py --models bert --trials 16 --out runs --rejudge   # time again
 
 The comparison tunes each model's kernels (`kiln.tune.workloads`, the first ``--kernels`` of
-each, or all) twice, as ``kiln tune`` would: one run with the cost model, one with random picks
-(``--random``), each run with its own database that every kernel of the run adds to, so the
-model guides a kernel with what the kernels before it taught it. The two runs take turns a
-batch of 8 trials at a time on the same kernel, which of them first alternating, so a slow
-phase of the machine falls on both. For each kernel: the best time of each run, and how many
-trials each run took to come within 5% of the best time either found (the default is trial
-1). The summary counts wins and losses and sums those trials, a run that never got there
-counted as ``--trials`` + 1. With ``--transfer-to``, the cost model trained on the first
-models' records ranks the other model's candidates from its first batch, against a run that
-starts with no model.
+each, or all) twice, as ``kiln tune`` would: one arm with the cost model, one with random picks
+(``--random``), each with its own database that every kernel adds to, so the model guides a
+kernel with what the kernels before it taught it. The arms take turns a batch of 8 trials at
+a time on the same kernel, which of them first alternating. Then every point either arm
+measured on that kernel is timed again, together and beside the library's call, in
+interleaved rounds in this process: one yardstick for both arms (the runner's times of one
+point differed by up to 2x between arms). Read off those times, per kernel: the default,
+each arm's best, the library, and how many trials each arm took to come within 5% of the
+best either found (the default is trial 1). The summary counts the model's wins and losses
+on kernels where both arms measured ``--trials`` points, sums those trials (never reached:
+``--trials`` + 1), and gives per model the geomean speedup of the tuned kernels over the
+default.
+
+With ``--transfer-to MODEL``, both arms use the cost model on MODEL's kernels; one starts
+from the comparison's records (other models' kernels, those MODEL shares left out), the
+other from nothing.
 
 Run it on a quiet machine: every trial is a timing.
 """
@@ -38,28 +46,18 @@ from kiln.tune.search import Session, TuneResult, TuneSettings, tune_kernel
 from kiln.tune.workloads import model_workloads
 
 
-def trials_to(result: TuneResult, goal_s: float) -> int | None:
-    """The trial count at which the run's best first came within ``goal_s``."""
-    for trials, best in result.history:
-        if best <= goal_s:
-            return trials
-    return None
-
-
-def run(space, db_path: Path, options: kiln.Options, settings: TuneSettings,
-        prior: list | None = None) -> TuneResult:
-    """One search from the database at ``db_path``, or from one holding ``prior`` records
-    (other workloads': the cost model trains on them before the first pick)."""
+def run(space, db_path: Path, options: kiln.Options, settings: TuneSettings) -> TuneResult:
+    """One search, resumed from the database at ``db_path``."""
     session = Session.open(db_path, options, jobs=2)
-    if prior:
-        session.db.add_many(prior)
     try:
         return tune_kernel(space, session, settings)
     finally:
         session.close()
 
 
-ARMS = (("model", True), ("random", False))
+ARMS = {"model": True, "random": False}  # arm -> whether the cost model guides it
+# the cost model with other models' records first, against one that starts from nothing
+TRANSFER_ARMS = {"prior": True, "cold": True}
 BATCH = 8
 
 
@@ -151,52 +149,55 @@ def remeasure(space, points: list[dict], options: kiln.Options) -> list[float]:
     return [t.median_s if t.error is None and t.samples else math.inf for t in timings]
 
 
-def compare(names: list[str], kernels: int | None, trials: int, out: Path,
-            tune: bool = True) -> list[dict]:
-    """Each model's kernels tuned by both arms, one database per arm. The arms take turns a
-    batch at a time on the same kernel (which one first alternates), and each batch resumes
-    from the arm's database. Then every point either arm measured is timed again, all
-    together (`remeasure`), and each arm's trials are read off those times."""
+def duel(names: list[str], arms: dict[str, bool], kernels: int | None, trials: int,
+         out: Path, tune: bool = True) -> list[dict]:
+    """Each model's kernels tuned by two arms (name -> whether the cost model guides it), one
+    database per arm (``out/<arm>.sqlite``). The arms take turns a batch at a time on the same
+    kernel (which one first alternates), and each batch resumes from the arm's database. Then
+    every point either arm measured is timed again, all together (`remeasure`), and each
+    arm's trials are read off those times."""
     options = kiln.Options()
+    order = list(arms.items())
     rows = []
     turn = 0
     for name in names:
         model, inputs = models.build(name)
         for w in model_workloads(model, inputs, options)[:kernels]:
-            seconds = {mode: 0.0 for mode, _ in ARMS}
+            seconds = {mode: 0.0 for mode in arms}
             for step in range(math.ceil(trials / BATCH) if tune else 0):
-                for mode, use_model in (ARMS if turn % 2 == 0 else ARMS[::-1]):
+                for mode, use_model in (order if turn % 2 == 0 else order[::-1]):
                     start = time.perf_counter()
                     run(w.space, out / f"{mode}.sqlite", options,
                         TuneSettings(trials=min(BATCH, trials - step * BATCH), batch=BATCH,
                                      use_model=use_model, seed=step))
                     seconds[mode] += time.perf_counter() - start
                 turn += 1
-            if TuningDB.open(out / "model.sqlite").records(w.space.workload()):
-                rows.append(head_to_head(w, name, out, options, seconds))
+            if TuningDB.open(out / f"{order[0][0]}.sqlite").records(w.space.workload()):
+                rows.append(head_to_head(w, name, list(arms), out, options, seconds))
                 print(json.dumps(rows[-1]), flush=True)  # (--rejudge: not in that run)
     return rows
 
 
-def head_to_head(w, name: str, out: Path, options: kiln.Options, seconds: dict) -> dict:
-    arms = {mode: [r for r in TuningDB.open(out / f"{mode}.sqlite").records(w.space.workload())]
-            for mode, _ in ARMS}
+def head_to_head(w, name: str, arms: list[str], out: Path, options: kiln.Options,
+                 seconds: dict) -> dict:
+    measured = {mode: TuningDB.open(out / f"{mode}.sqlite").records(w.space.workload())
+                for mode in arms}
     points = {_point_key(r.decisions): dict(r.decisions)
-              for records in arms.values() for r in records if r.ok}
+              for records in measured.values() for r in records if r.ok}
     *times_again, library_s = remeasure(w.space, list(points.values()), options)
     again = dict(zip(points, times_again))
     row = {"model": name, "kernel": w.label, "kind": w.space.kind, "uses": len(w.nodes),
            "points": len(points), "library_us": library_s * 1e6}
     times = {mode: [again.get(_point_key(r.decisions), math.inf) for r in records]
-             for mode, records in arms.items()}
+             for mode, records in measured.items()}
     best = min(min(t, default=math.inf) for t in times.values())
-    row["default_us"] = times["model"][0] * 1e6
+    row["default_us"] = times[arms[0]][0] * 1e6
     for mode, t in times.items():
         row[f"{mode}_best_us"] = min(t) * 1e6
         row[f"{mode}_trials_to_95"] = trials_to_goal(t, best / 0.95)
         row[f"{mode}_measured"] = len(t)
         row[f"{mode}_speedup"] = t[0] / min(t)
-        row[f"{mode}_seconds"] = round(seconds[mode], 1)
+        row[f"{mode}_seconds"] = round(seconds.get(mode, 0.0), 1)
     return row
 
 
@@ -204,32 +205,33 @@ def _point_key(decisions: dict) -> str:
     return json.dumps(dict(decisions), sort_keys=True)
 
 
-def summary(rows: list[dict], trials: int) -> dict:
-    """Wins, ties and losses of the model on trials to 95% of the best, the trials summed (a
-    run that never got there counts ``trials`` + 1), and the geomean of best-found ratios."""
+def summary(rows: list[dict], trials: int, a: str = "model", b: str = "random") -> dict:
+    """Wins, ties and losses of arm ``a`` against ``b`` on trials to 95% of the best, the
+    trials summed (a run that never got there counts ``trials`` + 1), the geomean of their
+    best-found ratios, and per model the speedup of ``a``'s tuned kernels over the default."""
     def cost(r: dict, mode: str) -> int:
         t = r[f"{mode}_trials_to_95"]
         return trials + 1 if t is None else t
 
     # a space both runs measured whole leaves nothing for a model to decide
-    contested = [r for r in rows if min(r["model_measured"], r["random_measured"]) >= trials]
-    wins = sum(cost(r, "model") < cost(r, "random") for r in contested)
-    losses = sum(cost(r, "model") > cost(r, "random") for r in contested)
-    finite = [r for r in rows if math.isfinite(r["model_best_us"] + r["random_best_us"])]
-    ratio = [r["random_best_us"] / r["model_best_us"] for r in finite if r in contested]
-    # the tuned kernel (the model's run) over the default, both timed again together
+    contested = [r for r in rows if min(r[f"{a}_measured"], r[f"{b}_measured"]) >= trials]
+    wins = sum(cost(r, a) < cost(r, b) for r in contested)
+    losses = sum(cost(r, a) > cost(r, b) for r in contested)
+    finite = [r for r in rows if math.isfinite(r[f"{a}_best_us"] + r[f"{b}_best_us"])]
+    ratio = [r[f"{b}_best_us"] / r[f"{a}_best_us"] for r in finite if r in contested]
+    # the tuned kernel over the default, both timed again together
     speedups: dict[str, dict[str, float | None]] = {}
     for name in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in finite if r["model"] == name]
         speedups[name] = {
-            "row_and_elementwise": _geomean([r["model_speedup"] for r in mine
+            "row_and_elementwise": _geomean([r[f"{a}_speedup"] for r in mine
                                              if r["kind"] in ("rows", "loops")]),
-            "all": _geomean([r["model_speedup"] for r in mine])}
-    return {"kernels": len(rows), "contested": len(contested), "model_wins": wins,
-            "ties": len(contested) - wins - losses, "model_losses": losses,
-            "model_trials": sum(cost(r, "model") for r in contested),
-            "random_trials": sum(cost(r, "random") for r in contested),
-            "best_random_over_model_geomean": _geomean(ratio),
+            "all": _geomean([r[f"{a}_speedup"] for r in mine])}
+    return {"kernels": len(rows), "contested": len(contested), f"{a}_wins": wins,
+            "ties": len(contested) - wins - losses, f"{a}_losses": losses,
+            f"{a}_trials": sum(cost(r, a) for r in contested),
+            f"{b}_trials": sum(cost(r, b) for r in contested),
+            f"best_{b}_over_{a}_geomean": _geomean(ratio),
             "tuned_over_default_geomean": speedups}
 
 
@@ -237,30 +239,14 @@ def _geomean(xs: list[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def transfer(source_dbs: list[Path], target: str, kernels: int, trials: int, out: Path
-             ) -> list[dict]:
-    """The records of ``source_dbs`` (another model's kernels) as the prior for ``target``'s
-    kernels, against no prior; both with the cost model guiding the search."""
-    records = [r for path in source_dbs for r in TuningDB.open(path).records()]
-    options = kiln.Options()
+def seed_prior(source_dbs: list[Path], target: str, db: Path) -> int:
+    """The records of ``source_dbs`` (other models' kernels) into ``db``, but for the kernels
+    ``target`` shares with them (the same shapes: not a transfer); how many."""
     model, inputs = models.build(target)
-    rows = []
-    for w in model_workloads(model, inputs, options)[:kernels]:
-        results = {}
-        # a kernel both models share (the same shapes) is not a transfer: leave its records out
-        others = [r for r in records if r.workload != w.space.workload()]
-        for mode, use in (("prior", others), ("cold", None)):
-            db = out / f"{target}-{w.space.workload()[:8]}-{mode}.sqlite"
-            results[mode] = run(w.space, db, options, TuneSettings(trials=trials, batch=8),
-                                prior=use)
-        best = min(r.best_s for r in results.values())
-        row = {"model": target, "kernel": w.label, "prior_records": len(others)}
-        for mode, r in results.items():
-            row[f"{mode}_best_us"] = r.best_s * 1e6
-            row[f"{mode}_trials_to_95"] = trials_to(r, best / 0.95)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+    own = {w.space.workload() for w in model_workloads(model, inputs, kiln.Options())}
+    records = [r for path in source_dbs for r in TuningDB.open(path).records()
+               if r.workload not in own]
+    return TuningDB.open(db).add_many(records)
 
 
 def ranking(db_path: str, sizes: tuple[int, ...] = (16, 32, 64, 128)) -> list[dict]:
@@ -298,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="bert", help="comma-separated zoo models")
     p.add_argument("--kernels", type=int, default=None,
                    help="the first N workloads of each model (default: all)")
-    p.add_argument("--trials", type=int, default=40)
+    p.add_argument("--trials", type=int, default=16, help="per kernel and arm")
     p.add_argument("--transfer-to", metavar="MODEL", help="also measure the transfer to MODEL")
     p.add_argument("--out", help="folder for the databases (default: a temporary one)")
     p.add_argument("--ranking-db", metavar="PATH",
@@ -328,18 +314,28 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     names = [n.strip() for n in args.models.split(",") if n.strip()]
     document = {"threads": torch.get_num_threads(), "trials": args.trials,
-                "compare": [] if args.skip_compare else compare(names, args.kernels,
-                                                                  args.trials, out,
-                                                                  not args.rejudge)}
+                "compare": [] if args.skip_compare else duel(names, ARMS, args.kernels,
+                                                               args.trials, out,
+                                                               not args.rejudge)}
     if args.transfer_to:
         sources = [p for p in (out / "model.sqlite", out / "random.sqlite") if p.is_file()]
-        document["transfer"] = transfer(sources, args.transfer_to, args.kernels, args.trials,
-                                        out)
+        if not args.rejudge:
+            for arm in TRANSFER_ARMS:  # (and the cost model saved beside each)
+                for stale in out.glob(f"{arm}.sqlite*"):
+                    stale.unlink()
+            document["prior_records"] = seed_prior(sources, args.transfer_to,
+                                                   out / "prior.sqlite")
+        document["transfer"] = duel([args.transfer_to], TRANSFER_ARMS, args.kernels,
+                                    args.trials, out, not args.rejudge)
+        document["transfer_summary"] = summary(document["transfer"], args.trials, "prior",
+                                               "cold")
+        print(json.dumps(document["transfer_summary"]))
     for row in document["compare"]:
         m, r = row["model_trials_to_95"], row["random_trials_to_95"]
         print(f"{row['model']:<8} {row['kernel']:<44} default {row['default_us']:9.1f} us  "
               f"model {row['model_best_us']:9.1f} us ({m} trials)  random "
-              f"{row['random_best_us']:9.1f} us ({r} trials)")
+              f"{row['random_best_us']:9.1f} us ({r} trials)  library "
+              f"{row['library_us']:9.1f} us")
     if document["compare"]:
         document["summary"] = summary(document["compare"], args.trials)
         print(json.dumps(document["summary"]))
