@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 import kiln
+from kiln.codegen.isa import Isa
 from kiln.codegen.kernel import compile_kernel
 from kiln.ir import parse_graph, verify
 from kiln.kernels.contractions import build_contraction_kernels
@@ -22,6 +23,7 @@ from kiln.options import Options
 from kiln.passes.partition import gather, gemms
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
+from kiln.tune.space import GemmSpace
 
 TINY = GemmConfig(mr=4, nr=8, kc=5, mc=8, nc=16)  # several blocks and tails in every loop
 
@@ -216,3 +218,23 @@ def test_tail_tiles_of_a_bmm_run_without_bounds_checks_in_their_k_loop() -> None
     assert all("if (" not in u[:u.index("}")] for u in updates)
     stores = source.split("/* block C_local */")[1:]
     assert any("if (" in s[:s.index("}")] for s in stores)  # (the tails' write-back)
+
+
+def test_a_bmm_takes_a_tile_of_rows_that_divides_m() -> None:
+    """A batch's last tile of rows, when short, makes the bmm pack A and keep that tile's
+    guards in every batch: its default MR divides M where a tile of 4 rows or more does.
+    An unbatched GEMM keeps its taller tile."""
+    from kiln.kernels.gemm_schedule import BATCHED_MIN_MR, default_gemm_config
+
+    avx2 = GemmConfig.for_isa(Isa.AVX2)  # 6 x 16 tiles
+    for m, want in [(128, 4), (64, 4), (96, 6), (197, 6), (120, 6), (125, 5)]:
+        config = default_gemm_config(m, 128, 64, threads=1, base=avx2, one_k_block=True,
+                                     batched=True)
+        assert config.mr == want, m
+        assert config.mr >= BATCHED_MIN_MR and (m % config.mr == 0 or want == 6)
+    assert default_gemm_config(128, 128, 64, threads=1, base=avx2, one_k_block=True).mr == 6
+    avx512 = GemmConfig.for_isa(Isa.AVX512)
+    assert default_gemm_config(128, 128, 64, threads=1, base=avx512, one_k_block=True,
+                               batched=True).mr == 8
+    space = GemmSpace(128, 128, 64, Isa.AVX2, 2, batch=8)
+    assert space.default()["mr"] == 4

@@ -95,6 +95,12 @@ PACK_A_FROM_K = 512
 # prepacked: 4x16, 8 accumulators, 113 GFLOP/s; 6x16, 12 of them, 169, though its last
 # tile of rows holds 2 of 6)
 MIN_ACCUMULATORS = 10
+# but a batched GEMM takes a tile down to this many rows where it divides M (`_exact_mr`):
+# Zen 3, AVX2, 2 threads, each batch on one thread, 4 x 16 tiles against 6 x 16 (M = 128,
+# the 6-row tiles' last holding 2 rows): Llama's q @ k^T, 8x128x128x64, 147 -> 106 us and
+# attention @ v, 8x128x64x128, 113 -> 96; BERT's 12x128x128x64 186 -> 164, 12x128x64x128
+# 168 -> 146 (the tuner's records, each timed again side by side)
+BATCHED_MIN_MR = 4
 # with B prepacked, the threads split N where the M tiles fall this much less evenly on them
 # (Zen 3, 2 threads: 64x2048x2048, 11 tiles of 6 rows, 6 on one thread: 165 -> 180 GFLOP/s
 # split by N, 64x784x2048 171 -> 185; 72 rows, 6 tiles each, within 1%)
@@ -174,11 +180,13 @@ def _balanced(total: int, limit: int, multiple: int, parts_multiple: int = 1) ->
 
 def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                         base: GemmConfig | None = None, b_prepacked: bool = False,
-                        one_k_block: bool = False) -> GemmConfig:
+                        one_k_block: bool = False, batched: bool = False) -> GemmConfig:
     """Tiles for fp32 on a few cores: balanced blocks, threads split the M blocks; with B
     prepacked, where N > M (B of `SPLIT_N_MIN_BYTES` or more) or the M tiles are too few to
     balance, the threads split N.
     ``one_k_block``: KC = K (a fused epilogue needs each output written back once).
+    ``batched``: one batch of a bmm (on one thread): MR divides M where a tile of at least
+    `BATCHED_MIN_MR` rows does (`_exact_mr`).
 
     MR is ``base.mr`` or a shorter tile where that wastes fewer padded rows on the busiest
     thread (measured on Zen 4, 128x3072x768 on 2 threads: MR=14, whose last tile holds 2
@@ -209,6 +217,8 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                     or _imbalance(m, _mr_for(m, base.mr, threads, vectors), threads)
                     > SPLIT_N_IMBALANCE * _imbalance(n, base.nr, threads)))
     mr = _mr_for(m, base.mr, 1 if split_n else threads, vectors)
+    if batched:
+        mr = _exact_mr(m, mr)
     base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc,
                       lanes=base.lanes)
     if split_n:  # (each thread its own panels, all the rows: A packed in even blocks)
@@ -220,6 +230,15 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
         mc = _mc_for_threads(m, base, threads)
     return GemmConfig(mr, base.nr, kc, mc, nc, split_n, gemm_shares_dynamically(m, n, k),
                       base.lanes)
+
+
+def _exact_mr(m: int, mr: int) -> int:
+    """``mr``, or the tallest shorter tile of at least `BATCHED_MIN_MR` rows that divides
+    ``m``: a bmm whose last tile of rows is short packs A and keeps that tile's bounds checks
+    in every batch, which costs more than the accumulators a shorter tile gives up."""
+    if m % mr == 0:
+        return mr
+    return next((r for r in range(mr - 1, BATCHED_MIN_MR - 1, -1) if m % r == 0), mr)
 
 
 def _imbalance(extent: int, tile: int, threads: int) -> float:

@@ -158,7 +158,8 @@ class GemmSpace:
     def _heuristic(self) -> GemmConfig:
         if self.batch:  # (each batch on one thread, in one K block)
             return default_gemm_config(self.m, self.n, self.k, threads=1,
-                                       base=GemmConfig.for_isa(self.isa), one_k_block=True)
+                                       base=GemmConfig.for_isa(self.isa), one_k_block=True,
+                                       batched=True)
         return default_gemm_config(self.m, self.n, self.k, threads=self.threads,
                                    base=GemmConfig.for_isa(self.isa),
                                    b_prepacked=self.b_prepacked,
