@@ -131,18 +131,11 @@ def remeasure(space, points: list[dict], options: kiln.Options) -> list[float]:
     process, and last the library's call: one yardstick for both arms, whatever phase the
     machine was in when each arm measured a point (the runner's times of one point differed
     by up to 2x between arms)."""
-    from kiln.codegen.kernel import compile_kernel
     from kiln.cost.measure import Budget, interleaved
+    from kiln.tune.measure import kernel_call
 
-    calls = []
-    for point in points:
-        kernel = compile_kernel(space.plan(point).build(), options)  # built: in the cache
-        kernel.set_num_threads(torch.get_num_threads())
-        operands, _ = space.operands(point, torch.Generator().manual_seed(0))
-        strided = getattr(space, "strided_operands", ())
-        operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
-        pointers = [t.data_ptr() for t in operands]
-        calls.append(lambda k=kernel, ptrs=pointers, keep=operands: k.run_unchecked(*ptrs))
+    threads = torch.get_num_threads()
+    calls = [kernel_call(space, point, options, threads) for point in points]
     calls.append(library_call(space))
     timings = interleaved(calls, Budget(min_rounds=9, max_rounds=9, min_sample_s=1e-3,
                                         settle_calls=1, collect_first=False))

@@ -97,9 +97,8 @@ PACK_A_FROM_K = 512
 MIN_ACCUMULATORS = 10
 # but a batched GEMM takes a tile down to this many rows where it divides M (`_exact_mr`):
 # Zen 3, AVX2, 2 threads, each batch on one thread, 4 x 16 tiles against 6 x 16 (M = 128,
-# the 6-row tiles' last holding 2 rows): Llama's q @ k^T, 8x128x128x64, 147 -> 106 us and
-# attention @ v, 8x128x64x128, 113 -> 96; BERT's 12x128x128x64 186 -> 164, 12x128x64x128
-# 168 -> 146 (the tuner's records, each timed again side by side)
+# the 6-row tiles' last holding 2 rows), at compile time: BERT's 12x128x128x64 189 -> 167
+# us, 12x128x64x128 173 -> 148; Llama's 8x128x64x128 114 -> 100, 8x128x128x64 149 -> 135
 BATCHED_MIN_MR = 4
 # with B prepacked, the threads split N where the M tiles fall this much less evenly on them
 # (Zen 3, 2 threads: 64x2048x2048, 11 tiles of 6 rows, 6 on one thread: 165 -> 180 GFLOP/s

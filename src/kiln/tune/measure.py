@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import concurrent.futures as futures
 import multiprocessing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,8 @@ import torch
 
 from kiln.options import Options
 
-__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "time_one", "time_together"]
+__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "kernel_call", "laid_out_operands",
+           "time_one", "time_together"]
 
 CHECK_RTOL = 1e-4
 
@@ -76,12 +77,7 @@ def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads
     if not hasattr(kernel, "source"):
         return MeasureResult(point, error=f"build: no C compiler ({kernel.reason})")
     kernel.set_num_threads(threads)
-    gen = torch.Generator().manual_seed(0)
-    operands, expected = space.operands(point, gen)
-    # kernels read dense memory by pointer, but for the operands a space lays out with the
-    # strides its kernel reads (a bmm's views)
-    strided = getattr(space, "strided_operands", ())
-    operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
+    operands, expected = laid_out_operands(space, point)
     pointers = [t.data_ptr() for t in operands]
     kernel.run_unchecked(*pointers)
     for out, want in zip(operands[len(operands) - len(expected):], expected):
@@ -99,31 +95,45 @@ def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads
     return MeasureResult(point, tuple(timing.samples), None, kernel.source)
 
 
+def laid_out_operands(space: Any, point: Mapping[str, Any]
+                      ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """``space.operands`` as the kernel reads them: dense, but for the operands the space
+    lays out with the kernel's own strides (a bmm's views, a channels-last image)."""
+    operands, expected = space.operands(dict(point), torch.Generator().manual_seed(0))
+    strided = getattr(space, "strided_operands", ())
+    return [t if i in strided else t.contiguous() for i, t in enumerate(operands)], expected
+
+
+def kernel_call(space: Any, point: Mapping[str, Any], options: Options, threads: int
+                ) -> Callable[[], object]:
+    """A call of the point's kernel (built: from the cache) on its operands."""
+    from kiln.codegen.kernel import compile_kernel
+
+    kernel = compile_kernel(space.plan(dict(point)).build(), options)
+    kernel.set_num_threads(threads)
+    operands, _ = laid_out_operands(space, point)
+    pointers = [t.data_ptr() for t in operands]
+    return lambda keep=operands: kernel.run_unchecked(*pointers)  # (keep: the memory lives)
+
+
 def time_together(space: Any, points: Sequence[Mapping[str, Any]], options: Options,
-                  threads: int) -> list[tuple[float, ...]]:
+                  threads: int, rounds: int = 7) -> list[tuple[float, ...]]:
     """In the runner's process: the points (built and checked already) timed together, in
     interleaved rounds, so that a slow phase of the machine falls on all of them alike; an
     empty tuple for a point that no longer builds or runs."""
-    from kiln.codegen.kernel import compile_kernel
     from kiln.cost.measure import Budget, interleaved
 
     torch.set_num_threads(threads)
-    calls: list[Any] = []
+    calls: list[Callable[[], object] | None] = []
     for point in points:
         try:
-            kernel = compile_kernel(space.plan(dict(point)).build(), options)
-            kernel.set_num_threads(threads)
+            calls.append(kernel_call(space, point, options, threads))
         except Exception:  # noqa: BLE001 - that point is left out, the others are timed
             calls.append(None)
-            continue
-        operands, _ = space.operands(dict(point), torch.Generator().manual_seed(0))
-        strided = getattr(space, "strided_operands", ())
-        operands = [t if i in strided else t.contiguous() for i, t in enumerate(operands)]
-        pointers = [t.data_ptr() for t in operands]
-        calls.append(lambda k=kernel, p=pointers, keep=operands: k.run_unchecked(*p))
     live = [c for c in calls if c is not None]
-    timings = iter(interleaved(live, Budget(min_rounds=7, max_rounds=7, min_sample_s=1e-3,
-                                            settle_calls=1, collect_first=False)))
+    timings = iter(interleaved(live, Budget(min_rounds=rounds, max_rounds=rounds,
+                                            min_sample_s=1e-3, settle_calls=1,
+                                            collect_first=False)))
     out = []
     for call in calls:
         timing = next(timings) if call is not None else None
