@@ -316,6 +316,7 @@ def _ort_gemm(w: torch.Tensor, b: torch.Tensor, m: int, threads: int) -> object 
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [m, n])],
         [numpy_helper.from_array(w.numpy(), "w"), numpy_helper.from_array(b.numpy(), "b")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # opset 17's own; a newer onnx writes one an older onnxruntime refuses
     opts = onnxruntime.SessionOptions()
     opts.intra_op_num_threads = threads
     return onnxruntime.InferenceSession(model.SerializeToString(), opts,
