@@ -45,6 +45,7 @@ def test_tune_records_then_db_lists_shows_exports_imports(tmp_path: Path, capsys
     (["tune"], 2, "MODEL or --all"),
     (["tune", "no_such_model"], 2, "known models"),
     (["tune", "mlp", "--time-budget", "soon"], 2, "--time-budget"),
+    (["tune", "mlp", "--patience", "-1"], 2, "--patience"),
     (["db", "show", "--db", "/no/such.sqlite"], 2, "needs a workload"),
     (["db", "ls", "--db", "/no/such.sqlite"], 1, "no such tuning database"),
 ])

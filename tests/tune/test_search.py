@@ -106,6 +106,38 @@ def test_the_search_finds_the_known_optimum_of_a_small_space(tmp_path: Path) -> 
     assert session.model.trained and (tmp_path / "t.sqlite.model.txt").is_file()
 
 
+@dataclass(frozen=True)
+class BestDefaultSpace(AddSpace):
+    """The heuristic default is already the optimum: nothing beats it."""
+
+    def default(self) -> dict[str, Any]:
+        return {"inner": 16, "vectorize": True, "parallel": "rows"}
+
+
+def test_the_search_stops_once_patience_runs_out(tmp_path: Path) -> None:
+    space = BestDefaultSpace()
+    patient = tune_kernel(space, _session(tmp_path / "a"),
+                          TuneSettings(trials=40, batch=4, use_model=False, patience=8))
+    # the default, then two batches of 4 that found nothing 1% faster
+    assert patient.measured == 1 + 8
+    assert patient.best == space.default()
+    unlimited = tune_kernel(space, _session(tmp_path / "b"),
+                            TuneSettings(trials=40, batch=4, use_model=False))
+    assert unlimited.measured == 40
+
+
+def test_an_improvement_renews_the_patience(tmp_path: Path) -> None:
+    space = AddSpace()  # the default is 3.7x slower than the optimum
+    result = tune_kernel(space, _session(tmp_path),
+                         TuneSettings(trials=40, batch=4, use_model=False, patience=8, seed=2))
+    improvements = [n for (n, b), (_, before) in zip(result.history[1:], result.history)
+                    if b < before * 0.99]
+    assert len(improvements) >= 2, "random picks beat the slow default, then their best"
+    # it went on for 8 candidates after its last improvement (not after its first), and
+    # stopped within one batch of that, long before the 40 trials
+    assert improvements[-1] + 8 <= result.measured < improvements[-1] + 8 + 4 < 40
+
+
 def test_a_second_run_resumes_from_the_database(tmp_path: Path) -> None:
     space = AddSpace()
     first = tune_kernel(space, _session(tmp_path), TuneSettings(trials=10, batch=5))

@@ -22,11 +22,14 @@ DEFAULT_DB = Path.home() / ".cache" / "kiln" / "tuning.sqlite"
 def add_command(commands: argparse._SubParsersAction) -> None:
     t = commands.add_parser(
         "tune", help="search schedules for a model's kernels; records go into a database",
-        description="For each distinct generated GEMM of MODEL (as kiln.compile builds it at "
-        "--opt-level), measure the heuristic schedule, then candidates an evolutionary search "
-        "picks with a learned cost model (LightGBM), each built in parallel and timed in a "
-        "separate process. Records go into the tuning database; a stopped run resumes from "
-        "it. Compile with Options(tuning_db=PATH) (or KILN_TUNING_DB) to use the results.",
+        description="For each distinct generated kernel of MODEL (as kiln.compile builds it "
+        "at --opt-level: GEMMs and batched GEMMs, convolutions, depthwise convolutions, pools, "
+        "row kernels and elementwise chains), measure the heuristic schedule, then candidates "
+        "an evolutionary search picks with a learned cost model (LightGBM), each built in "
+        "parallel and timed in a separate process; the default and the best three are timed "
+        "again side by side at the end. Records go into the tuning database; a stopped run "
+        "resumes from it. Compile with Options(tuning_db=PATH) (or KILN_TUNING_DB) to use the "
+        "results.",
         epilog="example: kiln tune bert --trials 32 --time-budget 10m --db tuning.sqlite")
     t.add_argument("model", metavar="MODEL", nargs="?",
                    help=f"one of {', '.join(models.names())}")
@@ -36,7 +39,11 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     t.add_argument("--trials", type=int, default=32, metavar="N",
                    help="candidates measured per kernel (default 32)")
     t.add_argument("--time-budget", default="", metavar="T",
-                   help="stop after T for the whole run: 90s, 10m, 1h (default: none)")
+                   help="stop after T for the whole run: 90s, 10m, 1h (default: none); each "
+                   "model, then each kernel, gets an equal share of what is left")
+    t.add_argument("--patience", type=int, default=16, metavar="N",
+                   help="move on to the next kernel once N candidates in a row found nothing "
+                   "1%% faster than its best (default 16; 0: measure all --trials)")
     t.add_argument("--db", default=str(DEFAULT_DB), metavar="PATH",
                    help=f"the tuning database (default {DEFAULT_DB})")
     t.add_argument("--jobs", type=int, default=os.cpu_count() or 1, metavar="J",
@@ -84,6 +91,8 @@ def _tune(args: argparse.Namespace) -> int:
             raise UsageError(str(err)) from None
     if args.trials < 1 or args.jobs < 1:
         raise UsageError("--trials and --jobs must be at least 1")
+    if args.patience < 0:
+        raise UsageError("--patience must be 0 (off) or more")
     budget = parse_duration(args.time_budget) if args.time_budget else math.inf
     if not args.random:  # the cost model; random search needs none
         try:
@@ -104,21 +113,26 @@ def _tune(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     rows = []
     try:
-        for name in names:
+        for m, name in enumerate(names):
+            model_start = time.perf_counter()
+            model_budget = (budget - (model_start - start)) / (len(names) - m)
             model, inputs = models.build(name, quick=args.quick)
             workloads = model_workloads(model, inputs, options)
             print(f"{name}: {len(workloads)} tunable kernels", file=sys.stderr)
             with step_progress(sys.stderr, total=len(workloads) * args.trials) as bar:
                 for i, w in enumerate(workloads):
-                    left = budget - (time.perf_counter() - start)
+                    # an equal share of what is left: a kernel that stops early (patience,
+                    # a small space) leaves its time to the ones after it
+                    left = model_budget - (time.perf_counter() - model_start)
                     if left <= 0:
                         break
 
                     show = _shows(bar, f"{name} {i + 1}/{len(workloads)} {w.label}",
                                   i * args.trials)
                     settings = TuneSettings(trials=args.trials, use_model=not args.random,
-                                            time_budget_s=left, seed=args.seed,
-                                            batch=max(args.jobs * 2, 4))
+                                            time_budget_s=left / (len(workloads) - i),
+                                            seed=args.seed, batch=max(args.jobs * 2, 4),
+                                            patience=args.patience)
                     result = tune_kernel(w.space, session, settings, show)
                     rows.append((name, w, result))
     finally:
