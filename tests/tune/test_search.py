@@ -3,6 +3,7 @@ follow a known formula (no compiler, no timing noise)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass
@@ -146,6 +147,17 @@ def test_a_second_run_resumes_from_the_database(tmp_path: Path) -> None:
     assert len(records) == first.measured + second.measured == 20  # nothing measured twice
     assert len({str(sorted(r.decisions.items())) for r in records}) == 20
     assert second.best_s <= first.best_s
+
+
+def test_trials_can_count_the_records_a_workload_has(tmp_path: Path) -> None:
+    space = AddSpace()
+    total = TuneSettings(trials=10, batch=4, use_model=False, trials_include_records=True)
+    first = tune_kernel(space, _session(tmp_path), total)
+    again = tune_kernel(space, _session(tmp_path), total)  # a model that shares the kernel
+    more = tune_kernel(space, _session(tmp_path), dataclasses.replace(total, trials=16))
+    assert (first.measured, again.measured, more.measured) == (10, 0, 6)
+    assert again.best_s == first.best_s and again.default_s == first.default_s
+    assert len(TuningDB.open(tmp_path / "t.sqlite").records()) == 16
 
 
 def test_the_model_ranks_held_out_candidates(tmp_path: Path) -> None:

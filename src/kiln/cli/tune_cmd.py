@@ -37,7 +37,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     t.add_argument("--quick", action="store_true", help="the small variants")
     t.add_argument("--opt-level", type=int, default=2, choices=range(4), metavar="N")
     t.add_argument("--trials", type=int, default=32, metavar="N",
-                   help="candidates measured per kernel (default 32)")
+                   help="candidates measured per kernel, the database's records of it "
+                   "counted (default 32): a stopped run goes on where it stopped, and a kernel "
+                   "an earlier model shares is not tuned again")
     t.add_argument("--time-budget", default="", metavar="T",
                    help="stop after T for the whole run: 90s, 10m, 1h (default: none); each "
                    "model, then each kernel, gets an equal share of what is left")
@@ -132,7 +134,8 @@ def _tune(args: argparse.Namespace) -> int:
                     settings = TuneSettings(trials=args.trials, use_model=not args.random,
                                             time_budget_s=left / (len(workloads) - i),
                                             seed=args.seed, batch=max(args.jobs * 2, 4),
-                                            patience=args.patience)
+                                            patience=args.patience,
+                                            trials_include_records=True)
                     result = tune_kernel(w.space, session, settings, show)
                     rows.append((name, w, result))
     finally:

@@ -65,6 +65,10 @@ class TuneSettings:
     # so far (0: never; `kiln tune` stops after 16): most kernels' best comes early, or the
     # default is best (MobileNetV2, 32 kernels at 32 trials: 20 minutes)
     patience: int = 0
+    # count the database's records of this workload (on this target) as trials done: a
+    # stopped run goes on where it stopped, and a kernel another model shares (BERT's and
+    # HF BERT's) is tuned once; False: measure ``trials`` more whatever is recorded
+    trials_include_records: bool = False
 
 
 IMPROVES = 0.99  # a new best below this fraction of the old one resets the patience
@@ -170,20 +174,22 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
 
     if settings.use_model and not session.learned:
         session.retrain()  # records of other workloads guide this one's first picks
+    trials = settings.trials - (len(known) if settings.trials_include_records else 0)
     if _key(space.default()) not in known:
         measure([space.default()])
     _update(result, known, space)
     stale = 0  # (the default is where the search starts, not a candidate that failed it)
-    while (result.measured < settings.trials
+    while (result.measured < trials
            and time.perf_counter() - start < settings.time_budget_s
            and not (settings.patience and stale >= settings.patience)):
         picks = _next_batch(space, session, settings, known, tried, feature_cache, rng)
         if not picks:  # every point drawn was measured already: a small space, exhausted
             break
-        measure(picks[: settings.trials - result.measured])
+        measure(picks[: trials - result.measured])
         if settings.use_model:
             session.retrain()
-    _confirm(space, session, workload, known, result)
+    if result.measured:  # (a workload tuned to the full count already: nothing new to time)
+        _confirm(space, session, workload, known, result)
     return result
 
 
