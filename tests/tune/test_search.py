@@ -122,6 +122,10 @@ def test_the_search_stops_once_patience_runs_out(tmp_path: Path) -> None:
     # the default, then two batches of 4 that found nothing 1% faster
     assert patient.measured == 1 + 8
     assert patient.best == space.default()
+    # a second run counts the first's records: its patience is used up already
+    again = tune_kernel(space, _session(tmp_path / "a"),
+                        TuneSettings(trials=40, batch=4, use_model=False, patience=8))
+    assert again.measured == 0 and again.best == space.default()
     unlimited = tune_kernel(space, _session(tmp_path / "b"),
                             TuneSettings(trials=40, batch=4, use_model=False))
     assert unlimited.measured == 40

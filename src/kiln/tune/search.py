@@ -29,7 +29,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -178,7 +178,7 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
     if _key(space.default()) not in known:
         measure([space.default()])
     _update(result, known, space)
-    stale = 0  # (the default is where the search starts, not a candidate that failed it)
+    stale = _stale(known.values())  # (earlier runs' records count: a resumed run goes on)
     while (result.measured < trials
            and time.perf_counter() - start < settings.time_budget_s
            and not (settings.patience and stale >= settings.patience)):
@@ -194,6 +194,20 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
 
 
 CONFIRMED = 4  # the default and the fastest candidates, timed again together at the end
+
+
+def _stale(records: Iterable[TuningRecord]) -> int:
+    """How many records (oldest first) came after the last one `IMPROVES` faster than all
+    before it: the patience a run has used up. The first record (the default, in a run that
+    started the workload) is where the search starts, not a candidate that failed it."""
+    best, stale = math.inf, 0
+    for record in records:
+        if record.median_s < best * IMPROVES or best == math.inf:
+            stale = 0
+        else:
+            stale += 1
+        best = min(best, record.median_s)
+    return stale
 
 
 def _confirm(space: Space, session: Session, workload: str,
