@@ -77,7 +77,9 @@ def _entries(cache: Path) -> list[Path]:
 def populated(tmp_path_factory: pytest.TempPathFactory, options: Options) -> tuple[Path, list]:
     """A fresh cache that 8 processes compiled the model into at once, and their results."""
     cache = tmp_path_factory.mktemp("shared") / "cache"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # no GPU seen: with one, torch.export initializes CUDA in the warming compile, and the
+    # forked workers' exports then fail (torch cannot re-initialize CUDA after a fork)
+    env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
     done = subprocess.run([sys.executable, "-c", _CONCURRENT, MODEL, str(cache),
                            str(PROCESSES)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
