@@ -149,10 +149,8 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
     feature_cache: dict[str, tuple[float, ...]] = {}
     result = TuneResult(workload, math.inf, math.inf, space.default(), 0, 0)
     start = time.perf_counter()
-    stale = 0  # candidates measured since the best last improved
 
     def measure(points: list[Decisions]) -> None:
-        nonlocal stale
         errors = session.builder.build(space, points)
         for point, error in zip(points, errors):
             outcome = MeasureResult(point, error=error) if error else \
@@ -167,9 +165,7 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
                 known[_key(point)] = record
             result.measured += 1
             result.failed += not record.ok
-            before = result.best_s
             _update(result, known, space)
-            stale = 0 if result.best_s < before * IMPROVES else stale + 1
             if progress is not None:
                 progress(result)
 
@@ -179,10 +175,10 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
     if _key(space.default()) not in known:
         measure([space.default()])
     _update(result, known, space)
-    stale = _stale(known.values())  # (earlier runs' records count: a resumed run goes on)
+    # (the patience counts earlier runs' records too: a resumed run goes on where it was)
     while (result.measured < trials
            and time.perf_counter() - start < settings.time_budget_s
-           and not (settings.patience and stale >= settings.patience)):
+           and not (settings.patience and _stale(known.values()) >= settings.patience)):
         picks = _next_batch(space, session, settings, known, tried, feature_cache, rng)
         if not picks:  # every point drawn was measured already: a small space, exhausted
             break
