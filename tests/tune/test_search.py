@@ -78,6 +78,9 @@ class FormulaBuilder:
     def build(self, space: AddSpace, points: list[dict[str, Any]]) -> list[str]:
         return ["" for _ in points]
 
+    def close(self) -> None:
+        pass
+
 
 class FormulaRunner:
     def run_one(self, space: AddSpace, point: dict[str, Any]) -> MeasureResult:

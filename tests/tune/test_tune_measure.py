@@ -49,6 +49,26 @@ def test_candidates_build_in_parallel_and_are_checked_and_timed(options: Options
         assert all(t > 0 for t in result.run_times) and "kiln_" in result.source
 
 
+def _worker_pids(builder: Builder) -> set[int]:
+    return set(builder._pool._processes) if builder._pool is not None else set()
+
+
+def test_the_builders_processes_serve_every_batch_and_a_crash_replaces_them(
+        options: Options) -> None:
+    space = GemmSpace.for_shape(16, 32, 8)
+    points = [space.default(), *list(neighbours(space, space.default()))[:3]]
+    with Builder(options, jobs=2) as builder:
+        assert builder.build(space, points[:2]) == ["", ""]
+        first = _worker_pids(builder)
+        assert builder.build(space, points[2:]) == ["", ""]
+        assert _worker_pids(builder) == first and len(first) == 2  # not spawned again
+        crashed = builder.build(Misbehaving("crash"), [{}, {}])
+        assert all(e.startswith("build: BrokenProcessPool") for e in crashed), crashed
+        assert builder.build(space, points[:2]) == ["", ""]  # a new pool
+        assert _worker_pids(builder).isdisjoint(first)
+    assert builder._pool is None
+
+
 def test_built_candidates_are_timed_again_side_by_side(options: Options) -> None:
     space = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
     points = [space.default(), *list(neighbours(space, space.default()))[:2]]

@@ -109,6 +109,8 @@ class Session:
 
     def close(self) -> None:
         self.runner._stop()
+        if self.builder is not self.runner:  # (a RayRunner is both)
+            self.builder.close()
 
     def retrain(self) -> None:
         on_target = [r for r in self.db.on_target(self.target) if r.features]
