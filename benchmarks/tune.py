@@ -5,6 +5,7 @@ and the library.
     python benchmarks/tune.py --models bert,hf_llama --trials 16 --out runs --json tune.json
     python benchmarks/tune.py --models bert --trials 16 --out runs --transfer-to hf_bert
     python benchmarks/tune.py --models bert --trials 16 --out runs --rejudge   # time again
+    python benchmarks/tune.py --models bert,gpt2 --from-db tuning.sqlite     # no tuning
 
 The comparison tunes each model's kernels (`kiln.tune.workloads`, the first ``--kernels`` of
 each, or all) twice, as ``kiln tune`` would: one arm with the cost model, one with random picks
@@ -24,6 +25,12 @@ With ``--transfer-to MODEL``, both arms use the cost model on MODEL's kernels; o
 from the comparison's records (other models' kernels, those MODEL shares left out), the
 other from nothing.
 
+With ``--from-db PATH`` nothing is tuned: for each kernel of each model, the default, the best
+record of ``PATH`` on this machine (what a compile with that database picks) and the
+library's call are timed together, and the summary gives per model the geomean of the default
+over the tuned kernel (all kernels, and the row and elementwise ones) and of the library over
+the tuned kernel.
+
 Run it on a quiet machine: every trial is a timing.
 """
 
@@ -41,19 +48,9 @@ import torch
 
 import kiln
 from kiln import models
-from kiln.tune.db import TuningDB
-from kiln.tune.search import Session, TuneResult, TuneSettings, tune_kernel
+from kiln.tune.db import Target, TuningDB
+from kiln.tune.search import Session, TuneSettings, tune_kernel
 from kiln.tune.workloads import model_workloads
-
-
-def run(space, db_path: Path, options: kiln.Options, settings: TuneSettings) -> TuneResult:
-    """One search, resumed from the database at ``db_path``."""
-    session = Session.open(db_path, options, jobs=2)
-    try:
-        return tune_kernel(space, session, settings)
-    finally:
-        session.close()
-
 
 ARMS = {"model": True, "random": False}  # arm -> whether the cost model guides it
 # the cost model with other models' records first, against one that starts from nothing
@@ -151,24 +148,71 @@ def duel(names: list[str], arms: dict[str, bool], kernels: int | None, trials: i
     arm's trials are read off those times."""
     options = kiln.Options()
     order = list(arms.items())
+    # one session per arm for the whole duel: its builder's and runner's processes serve
+    # every turn (a session opened per turn spawned them again each batch of 8)
+    sessions = {mode: Session.open(out / f"{mode}.sqlite", options, jobs=2) for mode in arms}
     rows = []
     turn = 0
+    try:
+        for name in names:
+            model, inputs = models.build(name)
+            for w in model_workloads(model, inputs, options)[:kernels]:
+                seconds = {mode: 0.0 for mode in arms}
+                for step in range(math.ceil(trials / BATCH) if tune else 0):
+                    for mode, use_model in (order if turn % 2 == 0 else order[::-1]):
+                        start = time.perf_counter()
+                        tune_kernel(w.space, sessions[mode],
+                                    TuneSettings(trials=min(BATCH, trials - step * BATCH),
+                                                 batch=BATCH, use_model=use_model, seed=step))
+                        seconds[mode] += time.perf_counter() - start
+                    turn += 1
+                if TuningDB.open(out / f"{order[0][0]}.sqlite").records(w.space.workload()):
+                    rows.append(head_to_head(w, name, list(arms), out, options, seconds))
+                    print(json.dumps(rows[-1]), flush=True)  # (--rejudge: not in that run)
+    finally:
+        for session in sessions.values():
+            session.close()
+    return rows
+
+
+def against_library(names: list[str], db_path: Path) -> list[dict]:
+    """Per kernel: the default, the database's best on this machine and the library's call,
+    timed together (`remeasure`)."""
+    options = kiln.Options()
+    db = TuningDB.open(db_path)
+    target = Target.here(options)
+    rows = []
     for name in names:
         model, inputs = models.build(name)
-        for w in model_workloads(model, inputs, options)[:kernels]:
-            seconds = {mode: 0.0 for mode in arms}
-            for step in range(math.ceil(trials / BATCH) if tune else 0):
-                for mode, use_model in (order if turn % 2 == 0 else order[::-1]):
-                    start = time.perf_counter()
-                    run(w.space, out / f"{mode}.sqlite", options,
-                        TuneSettings(trials=min(BATCH, trials - step * BATCH), batch=BATCH,
-                                     use_model=use_model, seed=step))
-                    seconds[mode] += time.perf_counter() - start
-                turn += 1
-            if TuningDB.open(out / f"{order[0][0]}.sqlite").records(w.space.workload()):
-                rows.append(head_to_head(w, name, list(arms), out, options, seconds))
-                print(json.dumps(rows[-1]), flush=True)  # (--rejudge: not in that run)
+        for w in model_workloads(model, inputs, options):
+            default = w.space.default()
+            best = db.best(w.space.workload(), target)
+            tuned = dict(best.decisions) if best is not None else default
+            points = [default] if _point_key(tuned) == _point_key(default) else [default, tuned]
+            *times, library_s = remeasure(w.space, points, options)
+            rows.append({"model": name, "kernel": w.label, "kind": w.space.kind,
+                         "uses": len(w.nodes), "tuned": best is not None,
+                         "default_us": times[0] * 1e6, "tuned_us": times[-1] * 1e6,
+                         "library_us": library_s * 1e6})
+            print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def library_summary(rows: list[dict]) -> dict:
+    """Per model: geomeans of the default over the tuned kernel (all, and the row and
+    elementwise kernels) and of the library over the tuned kernel, and the kernels tuned."""
+    out = {}
+    for name in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == name and math.isfinite(r["tuned_us"])]
+        out[name] = {
+            "kernels": len(mine), "tuned": sum(r["tuned"] for r in mine),
+            "default_over_tuned": _geomean([r["default_us"] / r["tuned_us"] for r in mine]),
+            "default_over_tuned_rows_and_elementwise": _geomean(
+                [r["default_us"] / r["tuned_us"] for r in mine if r["kind"] in ("rows", "loops")]),
+            "library_over_tuned": _geomean([r["library_us"] / r["tuned_us"] for r in mine
+                                            if math.isfinite(r["library_us"])]),
+            "slower_than_default": sum(r["tuned_us"] > r["default_us"] for r in mine)}
+    return out
 
 
 def head_to_head(w, name: str, arms: list[str], out: Path, options: kiln.Options,
@@ -286,8 +330,22 @@ def main(argv: list[str] | None = None) -> int:
                    help="only the transfer, from the databases of an earlier run in --out")
     p.add_argument("--rejudge", action="store_true",
                    help="no tuning: time again the points of an earlier run's databases in --out")
+    p.add_argument("--from-db", metavar="PATH",
+                   help="no tuning: time each kernel's default, PATH's best and the library")
     p.add_argument("--json", help="write the rows to this file")
     args = p.parse_args(argv)
+    if args.from_db:
+        names = [n.strip() for n in args.models.split(",") if n.strip()]
+        rows = against_library(names, Path(args.from_db))
+        for r in rows:
+            print(f"{r['model']:<16} {r['kernel']:<48} default {r['default_us']:9.1f} us  "
+                  f"tuned {r['tuned_us']:9.1f} us  library {r['library_us']:9.1f} us")
+        document = {"threads": torch.get_num_threads(), "rows": rows,
+                    "summary": library_summary(rows)}
+        print(json.dumps(document["summary"], indent=1))
+        if args.json:
+            Path(args.json).write_text(json.dumps(document, indent=1, default=_plain))
+        return 0
     if args.ranking_db:
         rows = ranking(args.ranking_db)
         def label(r: dict) -> str:
