@@ -69,6 +69,17 @@ def test_the_builders_processes_serve_every_batch_and_a_crash_replaces_them(
     assert builder._pool is None
 
 
+def test_the_builders_processes_extract_the_same_features_as_this_one(options: Options) -> None:
+    from kiln.tune.features import features
+
+    space = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
+    points = [space.default(), *list(neighbours(space, space.default()))[:4]]
+    here = [tuple(features(space.plan(p).build())) for p in points]
+    with Builder(options, jobs=2) as builder:
+        assert builder.features(space, points) == here
+        assert len(_worker_pids(builder)) == 2
+
+
 def test_built_candidates_are_timed_again_side_by_side(options: Options) -> None:
     space = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
     points = [space.default(), *list(neighbours(space, space.default()))[:2]]

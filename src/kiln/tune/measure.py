@@ -28,8 +28,8 @@ import torch
 
 from kiln.options import Options
 
-__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "kernel_call", "laid_out_operands",
-           "time_one", "time_together"]
+__all__ = ["Builder", "MeasureResult", "Runner", "build_one", "features_of", "kernel_call",
+           "laid_out_operands", "time_one", "time_together"]
 
 CHECK_RTOL = 1e-4
 
@@ -60,6 +60,13 @@ def build_one(space: Any, decisions: Mapping[str, Any], options: Options) -> tup
     if not hasattr(kernel, "source"):
         return "", f"build: no C compiler ({kernel.reason})"
     return kernel.source, ""
+
+
+def features_of(space: Any, points: Sequence[Mapping[str, Any]]) -> list[tuple[float, ...]]:
+    """The cost model's features of each point's program (`kiln.tune.features`)."""
+    from kiln.tune.features import features
+
+    return [tuple(features(space.plan(dict(p)).build())) for p in points]
 
 
 def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads: int,
@@ -167,10 +174,8 @@ class Builder:
         """The build error of each point, "" where it built."""
         if self.jobs == 1 or len(points) == 1:
             return [build_one(space, p, self.options)[1] for p in points]
-        if self._pool is None:
-            ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
-            self._pool = futures.ProcessPoolExecutor(self.jobs, mp_context=ctx)
-        jobs = [self._pool.submit(build_one, space, dict(p), self.options) for p in points]
+        pool = self._workers()
+        jobs = [pool.submit(build_one, space, dict(p), self.options) for p in points]
         errors = []
         for job in jobs:
             try:
@@ -180,6 +185,31 @@ class Builder:
         if any(e.startswith("build: BrokenProcessPool") for e in errors):
             self.close()  # a new pool for the next batch
         return errors
+
+    def features(self, space: Any, points: Sequence[Mapping[str, Any]]
+                 ) -> list[tuple[float, ...]]:
+        """The cost model's features of each point's program, extracted in the worker
+        processes, a share of the points each."""
+        shares = [list(points[i::self.jobs]) for i in range(self.jobs)]
+        if self.jobs == 1 or len(points) < 2:
+            return features_of(space, list(points))
+        pool = self._workers()
+        jobs = [pool.submit(features_of, space, share) for share in shares if share]
+        try:
+            done = [job.result() for job in jobs]
+        except Exception:  # noqa: BLE001 - a worker died: here, then, in this process
+            self.close()
+            return features_of(space, list(points))
+        out: list[tuple[float, ...]] = [()] * len(points)
+        for i, share in enumerate(done):
+            out[i::self.jobs] = share
+        return out
+
+    def _workers(self) -> futures.ProcessPoolExecutor:
+        if self._pool is None:
+            ctx = multiprocessing.get_context("spawn")  # no forked torch thread pools
+            self._pool = futures.ProcessPoolExecutor(self.jobs, mp_context=ctx)
+        return self._pool
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

@@ -257,12 +257,12 @@ def _next_batch(space: Space, session: Session, settings: TuneSettings,
                       settings.batch)
     population = _seeds(space, session, known, settings, rng)
     for _ in range(settings.generations):
-        scores = _scores(space, session.model, population, cache)
+        scores = _scores(space, session, population, cache)
         ranked = [p for _, p in sorted(zip(scores, range(len(population))), reverse=True)]
         parents = [population[i] for i in ranked[: max(len(population) // 2, 1)]]
         children = [_mutate(space, rng.choice(parents), rng) for _ in range(len(parents))]
         population = _unique(parents + children)
-    scores = _scores(space, session.model, population, cache)
+    scores = _scores(space, session, population, cache)
     ranked = [population[i] for _, i in sorted(zip(scores, range(len(population))),
                                                reverse=True)]
     picks: list[Decisions] = []
@@ -294,9 +294,17 @@ def _mutate(space: Space, point: Decisions, rng: random.Random) -> Decisions:
     return rng.choice(options) if options else dict(point)
 
 
-def _scores(space: Space, model: CostModel, points: list[Decisions],
+def _scores(space: Space, session: Session, points: list[Decisions],
             cache: dict[str, tuple[float, ...]]) -> list[float]:
-    return model.predict([_features(space, p, cache) for p in points])
+    """The cost model's scores; the features not cached yet are extracted by the builder's
+    processes where it has them (`Builder.features`: each needs the point's program built,
+    which took half of a ResNet-50 run in this process alone)."""
+    extract = getattr(session.builder, "features", None)
+    missing = list({_key(p): p for p in points if _key(p) not in cache}.values())
+    if extract is not None and len(missing) > 1:
+        for point, feats in zip(missing, extract(space, missing)):
+            cache[_key(point)] = feats
+    return session.model.predict([_features(space, p, cache) for p in points])
 
 
 def _features(space: Space, point: Decisions, cache: dict[str, tuple[float, ...]]
