@@ -48,7 +48,8 @@ import torch
 
 import kiln
 from kiln import models
-from kiln.tune.db import Target, TuningDB
+from kiln.tune.apply import tuned_schedule
+from kiln.tune.db import TuningDB
 from kiln.tune.search import Session, TuneSettings, tune_kernel
 from kiln.tune.workloads import model_workloads
 
@@ -176,18 +177,18 @@ def duel(names: list[str], arms: dict[str, bool], kernels: int | None, trials: i
 
 
 def against_library(names: list[str], db_path: Path) -> list[dict]:
-    """Per kernel: the default, the database's best on this machine and the library's call,
-    timed together (`remeasure`)."""
+    """Per kernel: the default, the schedule a compile with the database picks (its best on
+    this machine, where it beats the default's record by `apply.MARGIN`) and the library's
+    call, timed together (`remeasure`)."""
     options = kiln.Options()
-    db = TuningDB.open(db_path)
-    target = Target.here(options)
+    with_db = kiln.Options(tuning_db=str(db_path))
     rows = []
     for name in names:
         model, inputs = models.build(name)
         for w in model_workloads(model, inputs, options):
             default = w.space.default()
-            best = db.best(w.space.workload(), target)
-            tuned = dict(best.decisions) if best is not None else default
+            best = tuned_schedule(w.space, with_db)  # as a compile chooses
+            tuned = best[0] if best is not None else default
             points = [default] if _point_key(tuned) == _point_key(default) else [default, tuned]
             *times, library_s = remeasure(w.space, points, options)
             rows.append({"model": name, "kernel": w.label, "kind": w.space.kind,

@@ -41,6 +41,28 @@ def test_a_compile_uses_the_recorded_schedule(tmp_path: Path, options: kiln.Opti
     assert all("tuned" not in k.decision for k in others)  # no record: the heuristic
 
 
+@pytest.mark.parametrize("faster, tuned", [(0.99, False), (0.96, True)])
+def test_a_record_replaces_the_default_only_where_it_is_clearly_faster(
+        tmp_path: Path, options: kiln.Options, faster: float, tuned: bool) -> None:
+    from kiln.tune.apply import MARGIN, tuned_schedule
+
+    assert 1 - faster != MARGIN
+    model, inputs = models.build("mlp", quick=True)
+    space = model_workloads(model, inputs, options)[0].space
+    point = list(neighbours(space, space.default()))[-1]
+    target = Target.here(options, torch.get_num_threads())
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
+                                 space.default(), [100e-6]))
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm",
+                                 space.plan(point).trace.to_json(), point, [faster * 100e-6]))
+    chosen = tuned_schedule(space, kiln.Options(**{**options.__dict__,
+                                                   "tuning_db": str(tmp_path / "t.sqlite")}))
+    assert (chosen is not None) is tuned
+    if tuned:
+        assert chosen == (point, pytest.approx(faster * 100e-6))
+
+
 def test_a_damaged_database_is_one_warning_and_the_default_schedules(
         tmp_path: Path, options: kiln.Options) -> None:
     path = tmp_path / "t.sqlite"

@@ -288,6 +288,15 @@ class TuningDB:
                                (min(medians)[1],)).fetchone()
         return self._record(row)
 
+    def record(self, workload: str, target: Target | str, decisions: Mapping[str, Any]
+               ) -> TuningRecord | None:
+        """The record of one point of a workload on a target, or None."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM records WHERE workload = ? AND target = ? AND "
+                               "decisions = ?", (workload, _target_key(target),
+                                                 _canonical(dict(decisions)))).fetchone()
+        return None if row is None else self._record(row)
+
     def on_target(self, target: Target | str) -> list[TuningRecord]:
         """Every record measured on ``target``: what the cost model learns from."""
         with self._connect() as conn:

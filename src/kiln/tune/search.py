@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from kiln.options import Options
+from kiln.tune.apply import beats_default
 from kiln.tune.db import Target, TuningDB, TuningRecord
 from kiln.tune.features import features
 from kiln.tune.measure import Builder, MeasureResult, Runner
@@ -239,12 +240,15 @@ def _confirm(space: Space, session: Session, workload: str,
 
 
 def _update(result: TuneResult, known: Mapping[str, TuningRecord], space: Space) -> None:
+    """The default's time, and the best: what a compile would choose (`apply.beats_default`:
+    the default, unless a record is `apply.MARGIN` faster)."""
     default = known.get(_key(space.default()))
     if default is not None:
         result.default_s = default.median_s
     best = min(known.values(), key=lambda r: r.median_s, default=None)
     if best is not None and best.ok:
-        result.best_s, result.best = best.median_s, dict(best.decisions)
+        chosen = best if beats_default(best, default) else default
+        result.best_s, result.best = chosen.median_s, dict(chosen.decisions)
     result.history.append((result.measured, result.best_s))
 
 
