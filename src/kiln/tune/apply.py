@@ -55,8 +55,8 @@ def tuned_schedule(space: Space, options: Options) -> Tuned | None:
 
 
 def beats_default(best: TuningRecord, default: TuningRecord | None) -> bool:
-    """Whether ``best`` replaces the default schedule: it is the default's record itself no
-    more, and `MARGIN` faster than it (where the default has a record that ran)."""
+    """Whether ``best`` replaces the default schedule: it is not the default's own record,
+    and it is `MARGIN` faster than that record (where the default has one that ran)."""
     if default is not None and best.decisions == default.decisions:
         return False
     return default is None or not default.ok or best.median_s < default.median_s * (1 - MARGIN)

@@ -16,7 +16,7 @@ model has learned from `MIN_KIND_RECORDS` records of the space's kind (GEMMs, ro
 
 At the end, the default and the fastest candidates are timed again side by side in one
 process, and those times replace theirs in the database (`_confirm`), so the record a compile
-picks won against the default on one yardstick.
+picks won against the default on one yardstick, by `apply.MARGIN` at least.
 
 A run can stop at any point and start again: what was measured is in the database, and a new
 run skips every point already there.
