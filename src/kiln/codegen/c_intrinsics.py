@@ -27,7 +27,11 @@ there (6 x 16 conv tiles measured 0-1.6% slower pinned); so are depthwise tiles 
 14x14x512 161 us pinned, 150 not).
 
 ``acc += a * b`` contracts to one fused multiply-add under gcc's default -ffp-contract=fast,
-as the loop it replaces did, so each accumulator sees the same operations in the same order.
+as the loop it replaces did, so each accumulator sees the same operations in the same order;
+except in a short tile (fewer than `FMA_CHAINS` accumulators: the last M % MR rows of a GEMM,
+see `kiln.tir.tails.shrink_tail_tiles`), whose steps go round-robin into several sets of
+accumulators that are added after the loop, as a reassociated sum (ATen's GEMMs sum in an
+order of their own too). The extra sets start at -0.0, so a sum of -0.0 stays -0.0.
 The unaligned vector type reads and writes any float address (a packed panel's row, an
 accumulator tile in a stack array).
 """
@@ -37,12 +41,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from kiln.codegen.isa import Isa
-from kiln.tir.nodes import Binary, BinOp, Const, Expr, Load, Stmt
+from kiln.tir.arith import simplify
+from kiln.tir.nodes import INDEX, Binary, BinOp, Const, Expr, Load, Stmt, Var, const
 from kiln.tir.tensorize import FmaTile, WriteBack, load_at, loop_points
+from kiln.tir.visit import substitute, substitute_stmt
 
 __all__ = ["fma_tile_lines"]
 
 INDENT = "  "
+# independent FMA chains that keep both FMA pipes busy: 4 cycles of latency x 2 pipes
+# (Zen 3, Zen 4, Skylake-X); a 1 x 16 AVX2 tile, 2 chains, waits on each step
+FMA_CHAINS = 8
 
 
 def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
@@ -72,36 +81,68 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
     for r in range(rows):
         for v in range(vectors):
             lines.append(f"{INDENT}{vec} {acc[r][v]} = *(const {unaligned}*)&{homes[r][v]};")
-    body = [line for hint in tile.hints for line in stmt(hint)]
+    sets = _accumulator_sets(tile, rows, vectors, lanes)
+    inner = tile.k[-1]
     pin = (not tile.a_is_vector and rows <= 4
-           and _registers(lanes) >= rows * vectors + vectors + 1)
-    for v in range(vectors):
-        row = access(load_at(tile.b, {j: v * lanes}))
-        if pin:  # (the tile, its b vectors and a broadcast fit the registers: keep them there)
-            body.append(f"{vec} {b[v]} = *(const {unaligned}*)&{row}; "
-                        f"KILN_IN_REGISTER_{size}({b[v]});")
-        else:
-            body.append(f"const {vec} {b[v]} = *(const {unaligned}*)&{row};")
-    for r in range(rows):
-        if tile.a_is_vector:  # one vector of a per accumulator
+           and _registers(lanes) >= sets * rows * vectors + vectors + 1)
+    # the extra sets start at -0.0, which adds nothing to any value (-0.0 included)
+    zero = "{" + ", ".join(["-0.0f"] * lanes) + "}"
+    for step in range(1, sets):
+        for r in range(rows):
             for v in range(vectors):
-                row = access(load_at(tile.a, {**points[r], j: v * lanes}))
-                body.append(f"{acc[r][v]} += *(const {unaligned}*)&{row} * {b[v]};")
-            continue
-        fmas = " ".join(f"{acc[r][v]} += {a} * {b[v]};" for v in range(vectors))
-        body.append(f"{{ const float {a} = {expr(load_at(tile.a, points[r]))}; {fmas} }}")
+                lines.append(f"{INDENT}{vec} {acc[r][v]}_{step} = {zero};")
+
+    def step_lines(step: int) -> list[str]:
+        """One step of the innermost loop, ``step`` iterations on, into set ``step``."""
+        at = {inner.var: inner.var + const(step, INDEX)} if step else {}
+        suffix = f"_{step}" if step else ""
+        out = [line for hint in tile.hints for line in stmt(substitute_stmt(hint, at))]
+        for v in range(vectors):
+            row = access(_shifted(load_at(tile.b, {j: v * lanes}), at))
+            if pin:  # (the tile, its b vectors and a broadcast fit the registers: keep them)
+                out.append(f"{vec} {b[v]} = *(const {unaligned}*)&{row}; "
+                           f"KILN_IN_REGISTER_{size}({b[v]});")
+            else:
+                out.append(f"const {vec} {b[v]} = *(const {unaligned}*)&{row};")
+        for r in range(rows):
+            if tile.a_is_vector:  # one vector of a per accumulator
+                for v in range(vectors):
+                    row = access(_shifted(load_at(tile.a, {**points[r], j: v * lanes}), at))
+                    out.append(f"{acc[r][v]}{suffix} += *(const {unaligned}*)&{row} * {b[v]};")
+                continue
+            fmas = " ".join(f"{acc[r][v]}{suffix} += {a} * {b[v]};" for v in range(vectors))
+            out.append(f"{{ const float {a} = {expr(_shifted(load_at(tile.a, points[r]), at))};"
+                       f" {fmas} }}")
+        return out if sets == 1 else ["{ " + " ".join(out) + " }"]
+
     for depth, loop in enumerate(tile.k, start=1):
         k = name(loop.var.name)
         # (a loop: gcc's complete unrolling of a short one interleaved its steps and spilled
         # the accumulators: ResNet's 7x7 stem, 3 input channels a tap, 3.09 ms against 1.40
         # kept a loop; MobileNetV2's 3x3 depthwise over 112x112x32 133 us against 111;
         # ConvNeXt's 7x7 depthwise over 14x14x512 197 against 152; GEMMs within 1%)
-        lines.append(f"{INDENT * depth}#pragma GCC unroll 1")
-        lines.append(f"{INDENT * depth}for (int64_t {k} = 0; {k} < {loop.extent}; ++{k}) {{")
-    lines += [INDENT * (len(tile.k) + 1) + line for line in body]
-    lines += [f"{INDENT * depth}}}" for depth in range(len(tile.k), 0, -1)]
+        if loop is inner and sets > 1:  # (the pragma goes right before its loop)
+            lines.append(f"{INDENT * depth}int64_t {k} = 0;")
+            lines.append(f"{INDENT * depth}#pragma GCC unroll 1")
+            lines.append(f"{INDENT * depth}for (; {k} + {sets} <= {loop.extent}; "
+                         f"{k} += {sets}) {{")
+        else:
+            lines.append(f"{INDENT * depth}#pragma GCC unroll 1")
+            lines.append(f"{INDENT * depth}for (int64_t {k} = 0; {k} < {loop.extent}; "
+                         f"++{k}) {{")
+    depth = len(tile.k)
+    lines += [INDENT * (depth + 1) + line for step in range(sets) for line in step_lines(step)]
+    if sets > 1 and inner.extent % sets:  # the last steps, into the first set
+        k = name(inner.var.name)
+        lines.append(f"{INDENT * depth}}}")
+        lines.append(f"{INDENT * depth}for (; {k} < {inner.extent}; ++{k}) {{")
+        lines += [INDENT * (depth + 1) + line for line in step_lines(0)]
+    lines += [f"{INDENT * d}}}" for d in range(depth, 0, -1)]
     for r in range(rows):
         for v in range(vectors):
+            total = " + ".join(f"{acc[r][v]}_{step}" for step in range(1, sets))
+            if total:
+                lines.append(f"{INDENT}{acc[r][v]} += {total};")
             lines.append(f"{INDENT}*({unaligned}*)&{homes[r][v]} = {acc[r][v]};")
     if write_back is not None:
         lines += _write_back_lines(write_back, acc, lanes, access, expr, name, prefix)
@@ -111,6 +152,26 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
     lines.append(f'{INDENT}__asm__ volatile("" ::: "memory");')
     lines.append("}")
     return lines
+
+
+def _accumulator_sets(tile: FmaTile, rows: int, vectors: int, lanes: int) -> int:
+    """How many sets of accumulators the tile's innermost loop spreads its steps over: a
+    short tile (a GEMM's last rows, M % MR of them) has too few accumulators to hide the
+    FMA's latency, each step waiting on the one before; ``s`` sets take ``s`` steps at once
+    into independent accumulators, added together after the loop. Enough for `FMA_CHAINS`
+    chains, as far as the registers hold them beside the b vectors and a broadcast."""
+    chains = rows * vectors
+    if tile.a_is_vector or chains >= FMA_CHAINS:
+        return 1
+    fit = (_registers(lanes) - vectors - 1) // chains
+    sets = min(-(-FMA_CHAINS // chains), fit)
+    return sets if sets > 1 and tile.k[-1].extent >= 2 * sets else 1
+
+
+def _shifted(load: Load, at: dict[Var, Expr]) -> Load:
+    if not at:
+        return load
+    return Load(load.buffer, tuple(simplify(substitute(i, at)) for i in load.indices))
 
 
 def _registers(lanes: int) -> int:

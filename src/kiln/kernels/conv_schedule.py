@@ -60,6 +60,7 @@ from kiln.kernels.plan import (
     PostPass,
     Recipe,
     Serial,
+    ShrinkTails,
     SimplifyIndices,
     Tensorize,
     VersionTails,
@@ -457,7 +458,7 @@ def conv_plan(shape: ConvShape, config: ConvConfig, name: str = "conv",
     program = conv_func(shape, config.nr, name, config.pad_copy, config.split_at(shape.out[1]))
     sch, tails, taps = schedule_conv(program, config)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
-                                  DropDeadGuards())
+                                  ShrinkTails(), DropDeadGuards())
     if epilogue is not None:
         post += (epilogue,)
     # (a first layer's taps over 3 channels too, now that the tile's reduction stays a loop;

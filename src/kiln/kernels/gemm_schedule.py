@@ -70,6 +70,7 @@ from kiln.kernels.plan import (
     PostPass,
     PrefetchPanels,
     Recipe,
+    ShrinkTails,
     SimplifyIndices,
     Tensorize,
     VersionTails,
@@ -473,7 +474,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
                           bias_matrix, batch, a_strides, b_strides, bias_row)
     sch, tails = schedule_gemm(program, cfg, b_transposed)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
-                                  DropDeadGuards())
+                                  ShrinkTails(), DropDeadGuards())
     if b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
         post += (PrefetchPanels(tails[-1]),)  # (the K loop of the micro-kernel)
     if epilogue is not None:

@@ -4,7 +4,7 @@ exact program that is compiled and shipped, so a saved plan rebuilds the kernel,
 autotuner can search plans by changing their decisions.
 
     plan = KernelPlan(Recipe.GEMM, program, trace, (Compact(), SimplifyIndices(),
-                      VersionTails(("k0_0", ...)), DropDeadGuards()))
+                      VersionTails(("k0_0", ...)), ShrinkTails(), DropDeadGuards()))
     func = plan.build()            # trace.apply(program), then each post-pass in order
     print(plan.as_python())        # the schedule as Python, then one line per post-pass
 
@@ -48,14 +48,14 @@ from kiln.tir.nodes import (
     const,
     seq,
 )
-from kiln.tir.tails import drop_dead_guards, version_tails
+from kiln.tir.tails import drop_dead_guards, shrink_tail_tiles, version_tails
 from kiln.tir.tensorize import fuse_write_backs, tensorize_fma_tiles
 from kiln.tir.trace import Trace
 from kiln.tir.visit import all_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["DYNAMIC_MIN_INTENSITY", "GRAIN", "BoolsAsBytes", "Compact", "DropDeadGuards",
            "Epilogue", "InlineRowPrologue", "KernelPlan", "PostPass", "PrefetchPanels", "Recipe",
-           "RenameParams", "Serial", "SimplifyIndices", "Tensorize", "VersionTails",
+           "RenameParams", "Serial", "ShrinkTails", "SimplifyIndices", "Tensorize", "VersionTails",
            "shares_dynamically"]
 
 
@@ -181,6 +181,18 @@ class VersionTails:
 
     def as_python(self) -> str:
         return f"version_tails({list(self.loops)!r})"
+
+
+@dataclass(frozen=True)
+class ShrinkTails:
+    """A tail copy's loops run only the iterations that hold anything (the last tile of rows
+    is M % MR rows tall, not MR)."""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return shrink_tail_tiles(func)
+
+    def as_python(self) -> str:
+        return "shrink_tail_tiles()"
 
 
 @dataclass(frozen=True)

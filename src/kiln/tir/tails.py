@@ -19,11 +19,14 @@ condition is one test per iteration of the loop. A guard with no var inside the 
 for all of it at once: when every block under the loop has one, there is no slow copy (a K
 tail's check becomes one test per K step).
 
-`drop_dead_guards` lets a register tile compute over its padding (see its docstring).
+`shrink_tail_tiles` cuts a loop of such a slow copy down to the iterations that do anything
+(the last tile of rows holds M % MR rows); `drop_dead_guards` lets a register tile compute
+over its padding (see their docstrings).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from kiln.tir.arith import bounds, linear
@@ -37,6 +40,7 @@ from kiln.tir.nodes import (
     Const,
     Expr,
     For,
+    ForKind,
     IfThenElse,
     IterKind,
     IterVar,
@@ -58,7 +62,7 @@ from kiln.tir.visit import (
     vars_of,
 )
 
-__all__ = ["drop_dead_guards", "version_tails"]
+__all__ = ["drop_dead_guards", "shrink_tail_tiles", "version_tails"]
 
 Affine = dict[str, int]  # var name -> coefficient; "" -> constant
 
@@ -190,6 +194,159 @@ def version_tails(func: PrimFunc, loops: Sequence[str]) -> PrimFunc:
 
 def loop_names(func: PrimFunc) -> list[str]:
     return [s.var.name for s in iter_stmts(func.body) if isinstance(s, For)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Tail tiles cut to the rows they hold
+
+# the most assignments of the outer loop vars a tail's guards depend on that are enumerated
+SHRINK_MAX_POINTS = 4096
+
+
+def shrink_tail_tiles(func: PrimFunc) -> PrimFunc:
+    """Cut the extent of a serial or unrolled loop to the iterations in which some block under
+    it can run: where every block under loop ``i`` has a guard ``e + c*i < bound`` (``c > 0``,
+    ``e`` affine in the loops around), and on every path to the loop (the ``if``s of
+    `version_tails` above it, taken or not) the outer values give ``i < t`` for some ``t``
+    below the extent, the loop runs ``t`` times. Iterations past ``t`` had every block's
+    guard false, so this is the same program. It matters in the slow copy of a versioned
+    tile loop: the last register tile of a GEMM with M = 49 and MR = 6 starts at row 48, so
+    its micro-kernel computes 1 row where it computed 6, padding included
+    (`drop_dead_guards`), and the tensorized tile is 1 row tall::
+
+        else:  # not (i0_1 * 6 + 5 < 49)                    else:
+          for i0_2 in unrolled(6):                 ->          for i0_2 in unrolled(1):
+            block C(...) where i0_1 * 6 + i0_2 < 49              block C(...) where ...
+
+    The outer vars a guard uses are enumerated over their loops' ranges (at most
+    `SHRINK_MAX_POINTS` points) and kept where every path condition that depends on them
+    alone holds; conditions that depend on other vars are left out, which can only keep
+    more points, so ``t`` is never too small. A guard that then holds for every iteration
+    below ``t`` at every point kept is dropped (the tail tile of a GEMM that reads A in
+    place keeps no check on its rows, and tensorizes). Vectorized and parallel loops are
+    left alone (a tensorized tile's columns must stay whole vectors)."""
+
+    def walk(s: Stmt, loops: dict[str, int], facts: list[Affine]) -> Stmt:
+        if isinstance(s, For):
+            body = walk(s.body, {**loops, s.var.name: s.extent}, facts)
+            if s.kind not in (ForKind.SERIAL, ForKind.UNROLLED):
+                return For(s.var, s.extent, body, s.kind)
+            extent, implied = _live_iterations(s, body, loops, facts)
+            if implied:
+                body = map_stmt(body, lambda b: _without(b, implied))
+            return For(s.var, extent, body, s.kind)
+        if isinstance(s, IfThenElse):
+            conds = [_less_than_zero(c) for c in conjuncts(s.cond)]
+            then_facts = facts + [c for c in conds if c is not None]
+            negated = _negated(conds[0]) if len(conds) == 1 and conds[0] is not None else None
+            else_facts = facts + ([negated] if negated is not None else [])
+            return IfThenElse(s.cond, walk(s.then_body, loops, then_facts),
+                              None if s.else_body is None else
+                              walk(s.else_body, loops, else_facts))
+        if isinstance(s, Allocate):
+            return Allocate(s.buffer, walk(s.body, loops, facts))
+        if isinstance(s, SeqStmt):
+            return SeqStmt(tuple(walk(x, loops, facts) for x in s.stmts))
+        return s
+
+    return func.with_body(walk(func.body, {}, []))
+
+
+def _less_than_zero(c: Expr) -> Affine | None:
+    """An integer comparison as ``sum coef*var + constant < 0``, or None."""
+    if not isinstance(c, Compare):
+        return None
+    a, b = _affine(c.a), _affine(c.b)
+    if a is None or b is None:
+        return None
+
+    def minus(x: Affine, y: Affine, shift: int) -> Affine:
+        out = dict(x)
+        for k, v in y.items():
+            out[k] = out.get(k, 0) - v
+        out[""] = out.get("", 0) + shift
+        return out
+
+    forms = {CmpOp.LT: lambda: minus(a, b, 0), CmpOp.LE: lambda: minus(a, b, -1),
+             CmpOp.GT: lambda: minus(b, a, 0), CmpOp.GE: lambda: minus(b, a, -1)}
+    return forms[c.op]() if c.op in forms else None
+
+
+def _negated(form: Affine) -> Affine:
+    """not (f < 0), that is -f - 1 < 0 over the integers."""
+    out = {k: -v for k, v in form.items()}
+    out[""] = out.get("", 0) - 1
+    return out
+
+
+def _live_iterations(loop: For, body: Stmt, outer: dict[str, int],
+                     facts: list[Affine]) -> tuple[int, set[Expr]]:
+    """How many leading iterations of ``loop`` (its body ``body``) can run a block, at most
+    its extent, and the guards that hold for all of those iterations wherever the loop runs
+    (see `shrink_tail_tiles`)."""
+    name = loop.var.name
+    unchanged: tuple[int, set[Expr]] = (loop.extent, set())
+    blocks = [b for b in iter_stmts(body) if isinstance(b, Block)]
+    inner = {f.var.name: f.extent for f in iter_stmts(body) if isinstance(f, For)}
+    if not blocks:
+        return unchanged
+    # per block: (the guard, its outer terms and constant, i's coefficient, no inner var)
+    guards: list[list[tuple[Expr, Affine, int, bool]]] = []
+    for block in blocks:
+        usable = []
+        for conj in conjuncts(block.predicate):
+            form = _less_than_zero(conj)
+            if form is None or form.get(name, 0) <= 0 or any(
+                    k not in outer and k not in inner for k in form if k not in ("", name)):
+                continue
+            rest = {"": form.get("", 0)}
+            for k, v in form.items():
+                if k in inner:  # the inner loops at the values that make the sum least
+                    rest[""] += min(v, 0) * (inner[k] - 1)
+                elif k not in ("", name):
+                    rest[k] = v
+            usable.append((conj, rest, form[name], not any(k in inner for k in form)))
+        if not usable:
+            return unchanged
+        guards.append(usable)
+    names = sorted({k for usable in guards for _, rest, _, _ in usable for k in rest if k})
+    points = 1
+    for k in names:
+        points *= max(outer[k], 0)
+    if not 0 < points <= SHRINK_MAX_POINTS:
+        return unchanged
+    known = [f for f in facts if set(f) - {""} and set(f) - {""} <= set(names)]
+    live = 0
+    least: dict[Expr, int] = {}  # each guard's fewest iterations that pass it, over the points
+    for values in itertools.product(*(range(outer[k]) for k in names)):
+        at = dict(zip(names, values))
+        if any(_value(f, at) >= 0 for f in known):
+            continue
+        for usable in guards:
+            # the iterations i with rest + c*i < 0 for every guard: i < ceil(-rest / c)
+            runs = [max(-_value(rest, at) + c - 1, 0) // c for _, rest, c, _ in usable]
+            live = max(live, min(runs))
+            for (conj, *_), n in zip(usable, runs):
+                least[conj] = min(least.get(conj, n), n)
+        if live >= loop.extent:
+            return unchanged
+    if live <= 0:
+        return unchanged
+    implied = {conj for usable in guards for conj, _, _, exact in usable
+               if exact and least[conj] >= live}
+    return live, implied
+
+
+def _without(s: Stmt, implied: set[Expr]) -> Stmt:
+    """A block with the guards in ``implied`` taken out of its predicate."""
+    if not isinstance(s, Block) or not implied & set(conjuncts(s.predicate)):
+        return s
+    kept = [c for c in conjuncts(s.predicate) if c not in implied]
+    return Block(s.name, s.iter_vars, s.bindings, s.body, s.init, conjoin(*kept))
+
+
+def _value(form: Affine, at: dict[str, int]) -> int:
+    return sum(v * at[k] for k, v in form.items() if k) + form.get("", 0)
 
 
 # ---------------------------------------------------------------------------------------------

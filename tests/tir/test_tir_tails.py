@@ -1,0 +1,144 @@
+"""kiln.tir.tails: a tail copy's loops cut to the iterations that hold anything, the same
+program in the interpreter and in C, and short tiles that spread their steps over several
+sets of accumulators (`kiln.codegen.c_intrinsics`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kiln.codegen.build import CompilerUnavailable, toolchain
+from kiln.codegen.c import render_c
+from kiln.codegen.c_intrinsics import FMA_CHAINS
+from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
+from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan, pack_b
+from kiln.kernels.plan import Compact, ShrinkTails, SimplifyIndices, VersionTails
+from kiln.options import Options
+from kiln.tir import interp
+from kiln.tir.nodes import For, PrimFunc, Tensorized
+from kiln.tir.tails import shrink_tail_tiles
+from kiln.tir.tensorize import fma_tile, loop_points
+from kiln.tir.visit import iter_stmts
+
+AVX2 = GemmConfig(mr=6, nr=16, kc=64, mc=30, nc=32, lanes=8)
+
+
+@pytest.fixture(scope="module")
+def options(tmp_path_factory: pytest.TempPathFactory) -> Options:
+    opts = Options(kernel_cache_dir=str(tmp_path_factory.mktemp("kernels")))
+    if isinstance(toolchain(opts), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    return opts
+
+
+def _tile_rows(func: PrimFunc) -> list[int]:
+    """The rows of each tensorized register tile."""
+    rows = []
+    for s in iter_stmts(func.body):
+        if isinstance(s, Tensorized):
+            tile = fma_tile(s.loop, s.lanes)  # type: ignore[attr-defined]
+            assert tile is not None
+            rows.append(len(loop_points(tile.rows)))
+    return rows
+
+
+def _without_shrink(plan):  # noqa: ANN001, ANN202
+    return dataclasses.replace(plan, post=tuple(p for p in plan.post
+                                                if not isinstance(p, ShrinkTails)))
+
+
+@pytest.mark.parametrize("m,tail", [(49, 1), (128, 2), (197, 5), (48, 0), (3, 3)])
+def test_the_last_tile_of_rows_computes_only_the_rows_it_holds(m: int, tail: int) -> None:
+    plan = gemm_plan(m, 32, 64, AVX2, bias=True, b_prepacked=True)
+    rows = _tile_rows(plan.build())
+    assert set(rows) == ({6, tail} if tail else {6})  # (M = 3: the full copy never runs)
+    assert set(_tile_rows(_without_shrink(plan).build())) == {6}  # (padding computed)
+
+
+def test_without_the_tails_condition_no_loop_is_cut() -> None:
+    """Unversioned, the tile of rows ``i0_1`` may be any tile, the first ones full: the
+    conditions of the path are what make the last tile short."""
+    plan = gemm_plan(49, 32, 64, AVX2, bias=True, b_prepacked=True)
+    program = plan.trace.apply(plan.program).func
+    for step in (Compact(), SimplifyIndices()):
+        program = step.apply(program)
+    assert shrink_tail_tiles(program) == program
+    versioned = VersionTails(tuple(p.loops for p in plan.post if isinstance(p, VersionTails))[0]
+                             ).apply(program)
+    shrunk = shrink_tail_tiles(versioned)
+    extents = sorted({s.extent for s in iter_stmts(shrunk.body)
+                      if isinstance(s, For) and s.var.name == "i0_2"})
+    assert extents == [1, 6]
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 16, 13), (7, 16, 64), (49, 40, 70), (13, 33, 5)])
+def test_shrunk_tiles_compute_what_the_padded_ones_did(options: Options, m: int, n: int,
+                                                       k: int) -> None:
+    """The interpreter and the C kernel give the sums in the loops' order with NaN, inf and
+    zeros of either sign; a short tile's extra accumulator sets start at -0.0, so a row whose
+    products are all -0.0 over a -0.0 bias stays -0.0 as the loops have it."""
+    torch.manual_seed(m + n + k)
+    a, w, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    a[0, 1 % k] = float("nan")
+    a[-1, :] = 0.0  # products 0 * w: -0.0 where w < 0
+    w[-1, :] = -1.0
+    bias[-1] = -0.0
+    if m > 2:
+        a[1, :] = float("inf")
+    plan = gemm_plan(m, n, k, dataclasses.replace(AVX2, kc=max(k, 1)), bias=True,
+                     b_prepacked=True)
+    func = plan.build()
+    packed = pack_b(w.t(), AVX2.nr)
+    want = interp.run_torch(_without_shrink(plan).build(), [a, packed, bias])[0]
+    torch.testing.assert_close(interp.run_torch(func, [a, packed, bias])[0], want,
+                               rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(want, F.linear(a, w, bias), rtol=1e-5, atol=1e-5,
+                               equal_nan=True)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    out = torch.full((m, n), 7.0)
+    kernel(a, packed, bias, out)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert torch.signbit(out[-1, -1]) and out[-1, -1] == 0
+
+
+def test_a_short_tile_spreads_its_steps_over_accumulator_sets() -> None:
+    """1 x 16 on 8 lanes is 2 FMA chains: 4 sets make 8, added after the loop; 13 steps run
+    3 rounds of 4 and one last step into the first set. A 6-row tile has 12 chains: one."""
+    source = render_c(gemm_plan(1, 16, 13, dataclasses.replace(AVX2, kc=13), bias=True,
+                                b_prepacked=True).build())
+    tile = source[source.index("/* fma_tile: 1 x 16"):]
+    tile = tile[:tile.index('__asm__ volatile("" ::: "memory");')]
+    assert FMA_CHAINS == 8
+    assert tile.count("= {-0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f, -0.0f};") == 6
+    assert "k0 + 4 <= 13; k0 += 4)" in tile and "for (; k0 < 13; ++k0)" in tile
+    assert "fma0_acc0_0 += fma0_acc0_0_1 + fma0_acc0_0_2 + fma0_acc0_0_3;" in tile.replace(
+        "fma1", "fma0")
+    full = render_c(gemm_plan(12, 16, 13, dataclasses.replace(AVX2, kc=13), bias=True,
+                              b_prepacked=True).build())
+    assert "-0.0f" not in full
+
+
+def test_a_convolutions_last_pixels_take_a_short_tile(options: Options) -> None:
+    """A row of 10 output pixels in tiles of 4 (no tail tile of the schedule's own): the last
+    tile computes its 2 pixels, where it computed 4, and matches torch, NaN included."""
+    shape = ConvShape(n=1, ci=8, h=10, w=10, co=16, kernel=(3, 3), stride=(1, 1),
+                      padding=(1, 1), dilation=(1, 1), bias=True)
+    plan = conv_plan(shape, ConvConfig(tile=4, nr=16, pad_copy=True, lanes=8))
+    func = plan.build()
+    assert set(_tile_rows(func)) == {2, 4}
+    assert set(_tile_rows(_without_shrink(plan).build())) == {4}
+    torch.manual_seed(0)
+    x = torch.randn(1, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    x[0, 3, 0, 9] = float("nan")
+    w, b = torch.randn(16, 8, 3, 3), torch.randn(16)
+    want = F.conv2d(x, w, b, padding=1)
+    kernel = compile_kernel(func, options)
+    assert isinstance(kernel, CompiledKernel)
+    out = torch.full(want.shape, 7.0).contiguous(memory_format=torch.channels_last)
+    kernel(x, pack_conv_weight(w, 16), b, out)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4, equal_nan=True)
