@@ -316,6 +316,21 @@ def _addmm_view_act(e: Example) -> Graph:
     return e.graph(_activation(e, e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))))
 
 
+def _mm(e: Example, x: Value, n: int) -> Value:
+    k = x.type.shape[1]
+    return e.op(Op.MM, x, e.pick(lambda: _linear_weight(e, k, n), lambda: e.input((k, n))))
+
+
+def _mm_act(e: Example) -> Graph:
+    return e.graph(_activation(e, _mm(e, e.input(e.dims(2)), e.rng.randint(1, 5))))
+
+
+def _mm_view_act(e: Example) -> Graph:
+    m, n = e.rng.randint(1, 4), e.rng.randint(1, 5)
+    y = _mm(e, e.input((m * 2, e.rng.randint(1, 5))), n)
+    return e.graph(_activation(e, e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))))
+
+
 def _conv_residual(e: Example) -> Graph:
     y = _conv(e, _image(e), e.rng.randint(1, 4), e.pick(1, 3), e.rng.random() < 0.5,
               padding=1)
@@ -417,6 +432,8 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "scale-into-addmm": _scale_into_addmm,
     "addmm-act": _addmm_act,
     "addmm-view-act": _addmm_view_act,
+    "mm-act": _mm_act,
+    "mm-view-act": _mm_view_act,
     "conv-residual": _conv_residual,
     "conv-act": _conv_act,
     "conv-act-epilogue": _conv_act_epilogue,

@@ -164,3 +164,22 @@ def test_an_integer_times_a_float_zero_is_a_float_with_signed_zeros() -> None:
     assert _fires("mul-zero-int", floats, fast_math=False) == 0
     ints = floats.replace("value=0.0, dtype=bf16} : bf16[1, 3]", "value=0, dtype=i16} : i16[1, 3]")
     assert _fires("mul-zero-int", ints.replace("bf16[2, 3]", "i16[2, 3]"), fast_math=False) == 1
+
+
+def test_an_activation_stays_off_a_gemm_whose_input_feeds_another() -> None:
+    """Llama's gate and up projections read one input: they merge into one wide GEMM, which
+    an activation fused into one of them would stop; alone, the mm takes a zero bias."""
+    siblings = """graph(%x: f32[4, 8], %a: f32[8, 6], %b: f32[8, 6]) {
+  %g = mm(%x, %a) : f32[4, 6]
+  %u = mm(%x, %b) : f32[4, 6]
+  %s = relu(%g) : f32[4, 6]
+  %y = mul(%s, %u) : f32[4, 6]
+  return %y
+}"""
+    assert _fires("mm-act", siblings) == 0
+    alone = """graph(%x: f32[4, 8], %a: f32[8, 6]) {
+  %g = mm(%x, %a) : f32[4, 6]
+  %s = relu(%g) : f32[4, 6]
+  return %s
+}"""
+    assert _fires("mm-act", alone, fast_math=False) == 1

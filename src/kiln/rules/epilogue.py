@@ -2,25 +2,30 @@
 
     act(addmm(b, x, W))        -> addmm_act(b, x, W){act}
     act(view(addmm(b, x, W)))  -> view(addmm_act(b, x, W){act})
+    act(mm(x, W))              -> addmm_act(0.0, x, W){act}       (and through a view)
     conv(x, W, B) + r          -> conv_act(x, W, B, r){none}
     act(conv(x, W, B))         -> conv_act(x, W, B){act}
     act(conv_act(...){none})   -> conv_act(...){act}
 
 The fused ops run the same ATen kernels, with the epilogue in place on the contraction's
-output (see kiln.ir.fused), so every row is exact.
+output (see kiln.ir.fused), so every row is exact. A GEMM without a bias gets a bias of +0.0,
+the value ATen's mm starts its sums from (so a sum of -0.0 products is +0.0 either way), so
+that its activation runs in the GEMM's write-back too (T5's feed-forward relu(x @ Wi) took
+90 us a layer as its own pass); not where another GEMM reads the same input, which
+`kiln.rules.merge` joins into one.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kiln.ir.attrs import AddmmActAttrs, ConvActAttrs
+from kiln.ir.attrs import AddmmActAttrs, ConvActAttrs, FullAttrs
 from kiln.ir.fused import ACTIVATIONS, activation_args
 from kiln.ir.graph import Node, Value
 from kiln.ir.ops import Op
-from kiln.rewrite.law import A, App, C, CondKind, L, Law, PVar, Term
+from kiln.rewrite.law import A, App, AttrFnKind, C, CondKind, F, L, Law, PVar, Term
 from kiln.rewrite.pattern import On, Var
-from kiln.rewrite.rule import EXACT, Match, Rule
+from kiln.rewrite.rule import EXACT, IEEE, Match, Rule
 from kiln.rules.laws_common import CONV_ATTRS, B, R, W, X, act_args
 from kiln.rules.laws_common import activation as act_term
 from kiln.rules.laws_common import conv as conv_term
@@ -35,6 +40,40 @@ def _addmm_act(m: Match) -> Value:
 def _addmm_view_act(m: Match) -> Value:
     view = m["view"]
     return m.op(Op.VIEW, _addmm_act(m), attrs=view.attrs, name=view.name)
+
+
+def _mm_act(m: Match) -> Value:
+    mm = m["mm"]
+    out = mm.outputs[0].type
+    bias = m.op(Op.FULL, attrs=FullAttrs((out.shape[1],), 0.0, out.dtype))
+    attrs = AddmmActAttrs(m.root.op, activation_args(m.root), 1, 1)
+    return m.op(Op.ADDMM_ACT, bias, *mm.inputs, attrs=attrs, name=mm.name)
+
+
+def _mm_view_act(m: Match) -> Value:
+    view = m["view"]
+    return m.op(Op.VIEW, _mm_act(m), attrs=view.attrs, name=view.name)
+
+
+def _no_sibling_gemm(m: Match) -> str | None:
+    """The mm's input feeds no other GEMM: siblings are merged into one wide GEMM instead
+    (Llama's gate and up projections), which an activation on one of them would stop."""
+    x = m["x"].node
+    others = [u for u in m.ctx.users.get(x, []) if u is not m["mm"]
+              and u.op in (Op.MM, Op.ADDMM, Op.ADDMM_ACT)]
+    if others:
+        return f"{others[0].name} reads the same input (the GEMMs merge instead)"
+    return None
+
+
+def _float_product(m: Match) -> str | None:
+    if not m["mm"].outputs[0].type.dtype.is_floating:
+        return "an integer product (ATen's addmm_act is for floats)"
+    return None
+
+
+def _plain_mm(m: Match) -> str | None:
+    return _float_product(m) or _no_sibling_gemm(m)
 
 
 def _conv_act_attrs(conv: Node, activation: Op | None, args: tuple[Any, ...],
@@ -79,6 +118,7 @@ def _no_activation(attrs) -> bool:
 
 
 addmm = On(Op.ADDMM, Var("b"), Var("x"), Var("w"), name="mm")
+mm = On(Op.MM, Var("x"), Var("w"), name="mm")
 conv = On(Op.CONVOLUTION, Var("x"), Var("w"), exact_arity=False, name="conv",
           where=_plain_2d_conv, describe="a 2-d convolution, not transposed")
 
@@ -94,6 +134,22 @@ def _addmm_act_law(act: Op, through_view: bool) -> Law:
         return L(f"addmm-view-act.{act.text}", act_term(act, A(Op.VIEW, inner, **shape)),
                  A(Op.VIEW, fused, **shape), EXACT)
     return L(f"addmm-act.{act.text}", act_term(act, inner), fused, EXACT)
+
+
+# the bias of a GEMM that has none: a vector of zeros, one per output column
+ZERO_BIAS = A(Op.FULL, shape=(F(AttrFnKind.SIZE, W, 1),), value=0.0,
+                  dtype=F(AttrFnKind.DTYPE_OF, X))
+
+
+def _mm_act_law(act: Op, through_view: bool) -> Law:
+    fused = A(Op.ADDMM_ACT, ZERO_BIAS, X, W, activation=act, act_args=act_args(act),
+              beta=1, alpha=1)
+    guard = C(CondKind.GUARD, "plain-mm")
+    if through_view:
+        shape = {"shape": PVar("shape")}
+        return L(f"mm-view-act.{act.text}", act_term(act, A(Op.VIEW, A(Op.MM, X, W), **shape)),
+                 A(Op.VIEW, fused, **shape), IEEE, guard)
+    return L(f"mm-act.{act.text}", act_term(act, A(Op.MM, X, W)), fused, IEEE, guard)
 
 
 def _conv_act_term(*operands: Term, bias: bool, residual: bool, act: Op | None) -> App:
@@ -127,6 +183,12 @@ RULES = (
     Rule("addmm-view-act", On(ACTIVATIONS, On(Op.VIEW, addmm, name="view")),
          _addmm_view_act, EXACT, laws=tuple(_addmm_act_law(act, True) for act in _ACTS)),
     # act(view(addmm)) -> view(addmm_act)
+    Rule("mm-act", On(ACTIVATIONS, mm), _mm_act, IEEE, guard=_plain_mm,
+         laws=tuple(_mm_act_law(act, False) for act in _ACTS)),
+    # act(mm) -> addmm_act(0, ...)
+    Rule("mm-view-act", On(ACTIVATIONS, On(Op.VIEW, mm, name="view")), _mm_view_act, IEEE,
+         guard=_plain_mm, laws=tuple(_mm_act_law(act, True) for act in _ACTS)),
+    # act(view(mm)) -> view(addmm_act(0, ...))
     Rule("conv-residual", On(Op.ADD, conv, Var("r")), _conv_residual, EXACT,
          guard=_same_shape_residual, laws=CONV_RESIDUAL_LAWS),
     # conv(x, W, B) + r -> conv_act(x, W, B, r)
