@@ -9,6 +9,7 @@ import torch
 from kiln.ir import parse_graph, verify
 from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
+from kiln.options import Options
 from kiln.passes import layout
 from kiln.passes.fold import fold_constants
 from kiln.passes.pointwise import pointwise_as_gemm
@@ -41,9 +42,12 @@ def _block(act: str = "op('relu')", stride: int = 1):
     return parse_graph(BLOCK.format(act=act, s=stride, h=h, w=w), weights)
 
 
-def _rewritten(graph):
+def _rewritten(graph, options: Options | None = None):
     nhwc = layout.to_channels_last(graph, decide=True)
-    return fold_constants(pointwise_as_gemm(nhwc))
+    return fold_constants(pointwise_as_gemm(nhwc, options))
+
+
+LIBRARY_ONLY = Options(generated_kernels=False)
 
 
 def _ops(graph) -> list[Op]:
@@ -53,7 +57,7 @@ def _ops(graph) -> list[Op]:
 @pytest.mark.parametrize("act,stride", [("op('relu')", 1), ("None", 1), ("op('relu')", 2)])
 def test_the_1x1_convolutions_become_gemms_with_the_same_values(act, stride):
     graph = _block(act, stride)
-    gemm = _rewritten(graph)
+    gemm = _rewritten(graph, LIBRARY_ONLY)
     verify(gemm)
     ops = _ops(gemm)
     # the 3x3 stays; the three 1x1s are an addmm_act, an addmm(_act) on the residual, an mm
@@ -88,6 +92,16 @@ def test_the_pixel_view_is_free_on_nhwc_data_and_a_copy_otherwise():
         (a,) = run_call(lower_node(pixels), [rows], data.device)
         assert (a.data_ptr() == data.data_ptr()) is shared
         torch.testing.assert_close(a, y.permute(0, 2, 3, 1).reshape(60, 8))
+
+
+def test_a_strided_1x1_stays_a_convolution_for_the_generated_kernel():
+    """With generated kernels the direct convolution reads every other pixel in place; the
+    stride-1 ones still become GEMMs."""
+    graph = _block(stride=2)
+    ops = _ops(_rewritten(graph))
+    assert Op.SLICE not in ops and ops.count(Op.CONVOLUTION) == 1
+    assert ops.count(Op.ADDMM_ACT) == 2
+    assert Op.CONVOLUTION not in _ops(_rewritten(graph, LIBRARY_ONLY))
 
 
 def test_what_stays_a_convolution():

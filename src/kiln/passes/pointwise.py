@@ -19,9 +19,12 @@ Measured on Zen 4, 2 threads (MobileNetV2 and ResNet-50 layers, the library's NH
 convolution against kiln's GEMM on the same data): 1.0-1.4x on MobileNetV2's 1x1 layers,
 up to 2.7-4x on ResNet-50's 7x7-pixel ones, where oneDNN's convolution is slow.
 
-A strided 1x1 convolution (ResNet's downsampling shortcuts) reads every s-th pixel: two
-``slice`` views pick them, and the ``view`` into GEMM rows copies them (a quarter of the
-input at stride 2), which measured far cheaper than oneDNN's strided 1x1 convolution.
+A strided 1x1 convolution (ResNet's downsampling shortcuts) reads every s-th pixel. Where
+generated kernels are on it stays a convolution: kiln's direct convolution reads those pixels
+in place (ResNet-50's three, Zen 3, 2 threads, in the model: 1237, 1206 and 1302 us, where
+the slices' copy and the GEMM took 1304, 1293 and 1422). Without them, two ``slice`` views
+pick the pixels and the ``view`` into GEMM rows copies them (a quarter of the input at
+stride 2), which measured far cheaper than oneDNN's strided 1x1 convolution.
 
 Only where the value is NHWC at run time as far as the IR tells
 (`kiln.passes.layout.channels_last_values`): the views are then free. If it is not, the
@@ -58,12 +61,17 @@ from kiln.passes.layout import channels_last_values
 __all__ = ["pointwise_as_gemm", "takes"]
 
 
+
 def pointwise_as_gemm(graph: Graph, options: Options | None = None) -> Graph:
-    """Rewrite every 1x1 convolution `takes` accepts as views around a GEMM."""
+    """Rewrite every 1x1 convolution `takes` accepts as views around a GEMM. A strided one
+    stays a convolution where kiln's direct convolution may run it (generated kernels on):
+    that kernel reads every s-th pixel in place, where the GEMM reads a copy of them."""
     if graph.device.type != "cpu":
         return graph
+    options = options or Options()
+    direct = options.generated_kernels and options.generated_gemm
     nhwc = channels_last_values(graph)
-    chosen = {n for n in graph.nodes if takes(n, nhwc)}
+    chosen = {n for n in graph.nodes if takes(n, nhwc, strided=not direct)}
     if not chosen:
         return graph
 
@@ -74,10 +82,10 @@ def pointwise_as_gemm(graph: Graph, options: Options | None = None) -> Graph:
     return transform(graph, rewrite)
 
 
-def takes(node: Node, nhwc: set[Value]) -> bool:
+def takes(node: Node, nhwc: set[Value], strided: bool = True) -> bool:
     """A 1x1, unpadded, ungrouped fp32 convolution of an NHWC value (with a bias or a
-    residual where it has an activation). A strided one reads every s-th pixel: the GEMM
-    then reads a copy of them (ResNet's downsampling shortcuts: a quarter of the input)."""
+    residual where it has an activation); a strided one only with ``strided`` (see
+    `pointwise_as_gemm`)."""
     if node.op not in (Op.CONVOLUTION, Op.CONV_ACT) or len(node.type.shape) != 4:
         return False
     a = node.attrs
@@ -91,6 +99,7 @@ def takes(node: Node, nhwc: set[Value]) -> bool:
         return False
     return (tuple(w.type.shape[2:]) == (1, 1) and a.groups == 1  # type: ignore[attr-defined]
             and tuple(a.padding) == (0, 0)  # type: ignore[attr-defined]
+            and (strided or tuple(a.stride) == (1, 1))  # type: ignore[attr-defined]
             and 0 not in x.type.shape and 0 not in w.type.shape)
 
 
