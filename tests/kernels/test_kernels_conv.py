@@ -19,7 +19,7 @@ from kiln.ir import parse_graph, verify
 from kiln.ir.fused import apply_activation
 from kiln.ir.ops import Op
 from kiln.kernels.contractions import build_contraction_kernels, contraction_groups
-from kiln.kernels.conv import MAX_REDUCTION, NCHW_MAX_CI, conv_groups, refusal
+from kiln.kernels.conv import MAX_REDUCTION, NCHW_MAX_CI, conv_groups, refusal, source_strides
 from kiln.kernels.conv_schedule import (
     PAD_COPY_BYTES,
     SMALL_COPY_BYTES,
@@ -553,3 +553,61 @@ def test_a_basic_blocks_residual_convolution_runs_generated(
     assert sum("residual" in (k.source or "") for k in convs) == 2
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+BRANCHES = """\
+graph(%x: f32[90, 8]) {{
+  %w1 = constant {{name='w1'}} : f32[8, 24]
+  %w = constant {{name='w'}} : f32[16, {ci}, 3, 3]
+  %b = constant {{name='b'}} : f32[16]
+  %m = mm(%x, %w1) : f32[90, 24]
+  %g = view(%m) {{shape=(1, 9, 10, 24)}} : f32[1, 9, 10, 24]
+  %p = permute(%g) {{dims=(0, 3, 1, 2)}} : f32[1, 24, 9, 10]
+  %parts = split(%p) {{sizes=({ci}, {rest}), dim=1}} : (f32[1, {ci}, 9, 10], f32[1, {rest}, 9, 10])
+  %al = to_layout(%parts#0) {{channels_last=True}} : f32[1, {ci}, 9, 10]
+  %y = conv_act(%al, %w, %b) {{stride=(1, 1), padding=(1, 1), dilation=(1, 1), groups=1, \
+has_bias=True, has_residual=False, activation=op('relu'), act_args=()}} : f32[1, 16, 9, 10]
+  %z = clone(%y) : f32[1, 16, 9, 10]
+  %r = clone(%parts#1) : f32[1, {rest}, 9, 10]
+  return %z, %r
+}}"""
+
+
+def test_a_channel_slice_of_channels_last_data_is_read_in_place(kernel_options: Options
+                                                                ) -> None:
+    """Inception's branches: a merged 1x1 convolution's output (channels-last pixels of a
+    GEMM) split by channels; the convolution reads its slice in place, a longer step between
+    pixels, where the copy to channels-last ran before it."""
+    torch.manual_seed(0)
+    w1, w, b = torch.randn(8, 24), torch.randn(16, 8, 3, 3), torch.randn(16)
+    graph = parse_graph(BRANCHES.format(ci=8, rest=16), {"w1": w1, "w": w, "b": b})
+    verify(graph)
+    (group,) = conv_groups(graph)
+    assert [n.name for n in group.nodes] == ["al", "y"]
+    assert source_strides(graph, group.nodes[0]) == (9 * 10 * 24, 1, 10 * 24, 24)
+    built = build_contraction_kernels(graph, contraction_groups(graph), kernel_options,
+                                      Decisions(None, False))
+    (kernel,) = [k for k in built.kernels if k.group is group or k.group.last is group.last]
+    assert kernel.generated and kernel.inputs[0].node.op is Op.SPLIT
+    moved = gather(graph, [kernel.group])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    x = torch.randn(90, 8)
+    x[3, 2] = float("nan")
+    grid = (x @ w1).view(1, 9, 10, 24).permute(0, 3, 1, 2)
+    want = torch.nn.functional.conv2d(grid[:, :8], w, b, 1, 1).relu()
+    z, r = run([x])
+    torch.testing.assert_close(z, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+    torch.testing.assert_close(r, grid[:, 8:], equal_nan=True)
+
+
+def test_a_slice_whose_channels_are_not_adjacent_keeps_its_copy() -> None:
+    """A channel slice of NCHW data (each channel a plane) is copied channels-last first."""
+    text = BRANCHES.format(ci=8, rest=16).replace(
+        "%g = view(%m) {shape=(1, 9, 10, 24)} : f32[1, 9, 10, 24]",
+        "%g = view(%m) {shape=(1, 24, 9, 10)} : f32[1, 24, 9, 10]").replace(
+        "%p = permute(%g) {dims=(0, 3, 1, 2)} : f32[1, 24, 9, 10]",
+        "%p = clone(%g) : f32[1, 24, 9, 10]")
+    graph = parse_graph(text, {"w1": torch.randn(8, 24), "w": torch.randn(16, 8, 3, 3),
+                               "b": torch.randn(16)})
+    (group,) = conv_groups(graph)
+    assert [n.name for n in group.nodes] == ["y"]

@@ -88,7 +88,7 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
             found.setdefault(gemm.workload(), (gemm, []))[1].append(group.last.name)
     window_spaces: tuple[tuple[Callable, Callable[[KernelGroup], WindowSpace]], ...] = (
         (depthwise_groups, lambda g: depthwise_space(g.last, options)),
-        (conv_groups, lambda g: group_space(g, options)),
+        (conv_groups, lambda g: group_space(graph, g, options)),
         (pool_groups, lambda g: pool_space(g.last, options)))
     for groups, space_of in window_spaces:
         for group in groups(graph):
