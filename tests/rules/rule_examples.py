@@ -306,29 +306,21 @@ def _scale_into_addmm(e: Example) -> Graph:
     return e.graph(e.op(Op.MUL, _addmm(e, x, e.rng.randint(1, 5)), e.number(e.pick(0.25, 0.3))))
 
 
-def _addmm_act(e: Example) -> Graph:
-    return e.graph(_activation(e, _addmm(e, e.input(e.dims(2)), e.rng.randint(1, 5))))
-
-
-def _addmm_view_act(e: Example) -> Graph:
-    m, n = e.rng.randint(1, 4), e.rng.randint(1, 5)
-    y = _addmm(e, e.input((m * 2, e.rng.randint(1, 5))), n)
-    return e.graph(_activation(e, e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))))
-
-
 def _mm(e: Example, x: Value, n: int) -> Value:
     k = x.type.shape[1]
     return e.op(Op.MM, x, e.pick(lambda: _linear_weight(e, k, n), lambda: e.input((k, n))))
 
 
-def _mm_act(e: Example) -> Graph:
-    return e.graph(_activation(e, _mm(e, e.input(e.dims(2)), e.rng.randint(1, 5))))
-
-
-def _mm_view_act(e: Example) -> Graph:
-    m, n = e.rng.randint(1, 4), e.rng.randint(1, 5)
-    y = _mm(e, e.input((m * 2, e.rng.randint(1, 5))), n)
-    return e.graph(_activation(e, e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))))
+def _gemm_act(gemm: Callable[[Example, Value, int], Value], through_view: bool
+              ) -> Callable[[Example], Graph]:
+    """act(gemm(x)), or act(view(gemm(x))) to [2, m, n]."""
+    def make(e: Example) -> Graph:
+        if not through_view:
+            return e.graph(_activation(e, gemm(e, e.input(e.dims(2)), e.rng.randint(1, 5))))
+        m, n = e.rng.randint(1, 4), e.rng.randint(1, 5)
+        y = gemm(e, e.input((m * 2, e.rng.randint(1, 5))), n)
+        return e.graph(_activation(e, e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))))
+    return make
 
 
 def _conv_residual(e: Example) -> Graph:
@@ -430,10 +422,10 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "scale-sink": _scale_sink,
     "scale-into-matmul": _scale_into_matmul,
     "scale-into-addmm": _scale_into_addmm,
-    "addmm-act": _addmm_act,
-    "addmm-view-act": _addmm_view_act,
-    "mm-act": _mm_act,
-    "mm-view-act": _mm_view_act,
+    "addmm-act": _gemm_act(_addmm, False),
+    "addmm-view-act": _gemm_act(_addmm, True),
+    "mm-act": _gemm_act(_mm, False),
+    "mm-view-act": _gemm_act(_mm, True),
     "conv-residual": _conv_residual,
     "conv-act": _conv_act,
     "conv-act-epilogue": _conv_act_epilogue,

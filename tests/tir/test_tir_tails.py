@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.codegen.c import render_c
 from kiln.codegen.c_intrinsics import FMA_CHAINS
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
@@ -25,14 +24,6 @@ from kiln.tir.tensorize import fma_tile, loop_points
 from kiln.tir.visit import iter_stmts
 
 AVX2 = GemmConfig(mr=6, nr=16, kc=64, mc=30, nc=32, lanes=8)
-
-
-@pytest.fixture(scope="module")
-def options(tmp_path_factory: pytest.TempPathFactory) -> Options:
-    opts = Options(kernel_cache_dir=str(tmp_path_factory.mktemp("kernels")))
-    if isinstance(toolchain(opts), CompilerUnavailable):
-        pytest.skip("no C compiler")
-    return opts
 
 
 def _tile_rows(func: PrimFunc) -> list[int]:

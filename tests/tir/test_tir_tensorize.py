@@ -10,7 +10,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.codegen.c import render_c
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
 from kiln.ir.ops import Op
@@ -41,14 +40,6 @@ from kiln.tir.tensorize import fma_tile, tensorize_fma_tiles, write_back
 from kiln.tir.visit import iter_stmts
 
 F32 = DType.F32
-
-
-@pytest.fixture(scope="module")
-def options(tmp_path_factory: pytest.TempPathFactory) -> Options:
-    opts = Options(kernel_cache_dir=str(tmp_path_factory.mktemp("kernels")))
-    if isinstance(toolchain(opts), CompilerUnavailable):
-        pytest.skip("no C compiler")
-    return opts
 
 
 def _tiles(func: PrimFunc) -> list[Tensorized]:
