@@ -9,10 +9,10 @@
 
 The fused ops run the same ATen kernels, with the epilogue in place on the contraction's
 output (see kiln.ir.fused), so every row is exact. A GEMM without a bias gets a bias of +0.0,
-the value ATen's mm starts its sums from (so a sum of -0.0 products is +0.0 either way), so
-that its activation runs in the GEMM's write-back too (T5's feed-forward relu(x @ Wi) took
-90 us a layer as its own pass); not where another GEMM reads the same input, which
-`kiln.rules.merge` joins into one.
+the value ATen's mm starts its sums from (so a sum of -0.0 products is +0.0 either way; the
+law checker refuted a -0.0 bias with such a sum), so that its activation runs in the GEMM's
+write-back too (T5's feed-forward relu(x @ Wi) took 80-117 us a layer as its own pass); not
+where another GEMM reads the same input, which `kiln.rules.merge` joins into one.
 """
 
 from __future__ import annotations
@@ -138,7 +138,7 @@ def _addmm_act_law(act: Op, through_view: bool) -> Law:
 
 # the bias of a GEMM that has none: a vector of zeros, one per output column
 ZERO_BIAS = A(Op.FULL, shape=(F(AttrFnKind.SIZE, W, 1),), value=0.0,
-                  dtype=F(AttrFnKind.DTYPE_OF, X))
+              dtype=F(AttrFnKind.DTYPE_OF, X))
 
 
 def _mm_act_law(act: Op, through_view: bool) -> Law:
