@@ -24,7 +24,7 @@ from kiln.report.details import GraphDetails, planned_buffers, steps_of
 from kiln.report.on_compile import write_after_compile
 from kiln.report.profile import profile_graph
 from kiln.rewrite.passes import RulePass
-from kiln.runtime.executor import build_executor
+from kiln.runtime.executor import Fallbacks, build_executor
 from kiln.runtime.memory import FusedCall, MemoryPlan, plan_memory
 
 GENERATED_KERNELS_LEVEL = 2  # below it every op is a library call, whatever the Options say
@@ -81,12 +81,15 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         optimized = gather(optimized, [k.group for k in kernels])
     plan = plan_memory(optimized, [fused_call(k) for k in kernels]) \
         if options.memory_plan else None
-    run, source = build_executor(optimized, plan, input_positions, kernels)
+    fallbacks = Fallbacks()
+    run, source = build_executor(optimized, plan, input_positions, kernels,
+                                 fallbacks=fallbacks)
     step_of_node = steps_of(optimized, [k.group.nodes for k in kernels])
     details = GraphDetails(
         graph, optimized, step_of_node, planned_buffers(optimized, plan, step_of_node),
         plan.arena_bytes if plan else 0, functools.partial(profile_graph, optimized, plan,
-                                                           tuple(kernels)))
+                                                           tuple(kernels)),
+        fallbacks=fallbacks.counts)
     report = GraphReport(
         nodes_before=graph.num_ops(), nodes_after=optimized.num_ops(), passes=tuple(records),
         ops=optimized.op_counts(), opaque_ops=tuple(opaque_ops),

@@ -47,6 +47,8 @@ def _check_report(report: CompileReport, name: str) -> None:
     # opaque calls are folded at compile time; what is left is kiln's fused attention
     calls = [n.attrs.target for n in graph.details.optimized.nodes if n.op is Op.CALL]
     assert all(t is fused.attention._opoverload for t in calls)
+    # every generated kernel ran on the operands as they came, none by its library ops
+    assert graph.details.fallbacks == {}
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -4,14 +4,16 @@ the executor does not run (the next kernel reads the source's pointer, unchecked
 from __future__ import annotations
 
 import re
+import warnings
 
+import pytest
 import torch
 
 from kiln.engine import fused_call
 from kiln.ir import parse_graph
 from kiln.kernels.build import build_kernels
 from kiln.passes.partition import gather, partition
-from kiln.runtime.executor import build_executor
+from kiln.runtime.executor import Fallbacks, KernelFallbackWarning, build_executor
 from kiln.runtime.layouts import known_strides, views_read_in_place
 from kiln.runtime.memory import plan_memory
 
@@ -63,6 +65,27 @@ def test_a_transpose_between_two_kernels_is_read_through_its_source(kernel_optio
         torch.testing.assert_close(t, torch.tanh(torch.exp(r.t())), equal_nan=True)
         torch.testing.assert_close(c, r.reshape(4, 80) @ w, equal_nan=True)
 
+
+def test_a_kernel_given_a_strided_operand_runs_its_library_ops_counted_and_warned_once(
+        kernel_options) -> None:  # noqa: ANN001
+    """A graph input that comes strided (a transposed tensor) fails the first kernel's layout
+    check: its group's library ops give the result, the call is counted per kernel, and the
+    first such call warns (naming the node and its ops); a contiguous input runs the kernel."""
+    graph, plan, kernels = _compiled(kernel_options)
+    fallbacks = Fallbacks()
+    run, _ = build_executor(graph, plan, range(3), kernels, fallbacks=fallbacks)
+    x, y, w = torch.randn(40, 8).t(), torch.randn(8, 40), torch.randn(80, 3)
+    r = torch.relu(x + y)
+    with pytest.warns(KernelFallbackWarning, match=r"node 'r' \(add\+relu\)"):
+        t, c = run([x, y, w])
+    torch.testing.assert_close(t, torch.tanh(torch.exp(r.t())))
+    torch.testing.assert_close(c, r.reshape(4, 80) @ w)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        run([x, y, w])  # (counted, not warned again)
+        assert fallbacks.counts == {"r": 2}
+        run([x.contiguous(), y, w])
+    assert fallbacks.counts == {"r": 2}
 
 
 def test_a_row_kernels_matrix_makes_its_value_row_major(kernel_options) -> None:  # noqa: ANN001

@@ -111,18 +111,17 @@ def layout_prologue(graph: Graph, node: Node, users: dict[Node, list[Node]]) -> 
     if copy.op is not Op.TO_LAYOUT or not getattr(copy.attrs, "channels_last", False) \
             or users.get(copy) != [node] or copy.out() in graph.outputs:
         return None
-    return copy if source_strides(graph, copy) is not None else None
+    return copy if source_strides(graph, copy.inputs[0]) is not None else None
 
 
-def source_strides(graph: Graph, copy: Node) -> tuple[int, ...] | None:
-    """The strides a convolution reads the source of its channels-last ``copy`` with, in
-    place; None where it does not. A contiguous NCHW source of at most `NCHW_MAX_CI`
+def source_strides(graph: Graph, source: Value) -> tuple[int, ...] | None:
+    """The strides a convolution reads ``source``, the value its channels-last copy is made
+    of, with, in place; None where it does not. A contiguous NCHW source of at most `NCHW_MAX_CI`
     channels (a network's image input), whose rows of each channel the taps read in order
     (MobileNetV2: 68 us of 5 ms; Inception v3: 173 us). Or a view whose channels are
     adjacent in memory (a channel split of a channels-last value: Inception's branches
     after their merged 1x1 convolutions, 24-81 us a copy, 20 of them), which the tiles read
     as they read channels-last data, only with a longer step between pixels."""
-    source = copy.inputs[0]
     strides = runtime_strides(graph, source)
     if strides is None:
         nchw = source.type.shape
@@ -182,11 +181,11 @@ def plan_conv(graph: Graph, group: KernelGroup, options: Options) -> ConvPlanned
 
 def group_space(graph: Graph, group: KernelGroup, options: Options) -> WindowSpace:
     """`conv_space` of the group's convolution, reading its input as the group gets it:
-    where the group starts with the copy `layout_prologue` finds, that copy's source, with
-    its strides (`source_strides`)."""
+    where the group holds the copy `layout_prologue` finds, what the group reads (that copy's
+    source, or the source of the pad before it), with its strides (`source_strides`)."""
     pad = group.nodes[0] if group.nodes[0].op is Op.PAD else None
-    copy = next((n for n in group.nodes if n.op is Op.TO_LAYOUT), None)
-    strides = source_strides(graph, copy) if copy is not None else None
+    copied = any(n.op is Op.TO_LAYOUT for n in group.nodes)
+    strides = source_strides(graph, group.nodes[0].inputs[0]) if copied else None
     return conv_space(group.last, options, strides, pad)
 
 

@@ -7,8 +7,8 @@ buffers with their lifetimes, and a way to time one run of the compiled graph.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
@@ -57,6 +57,9 @@ class GraphDetails:
     arena_bytes: int
     # times one run on random inputs (seconds of device time): called when the page is drawn
     profiler: Callable[[], Profile] | None = None
+    # per generated kernel (its group's last node): the calls so far that ran its library ops
+    # instead, its operands laid out otherwise than it reads them (`kiln.runtime.executor`)
+    fallbacks: Mapping[str, int] = field(default_factory=dict)
 
     def group_of_step(self) -> dict[int, list[Node]]:
         """The nodes each step computes, in graph order."""

@@ -16,6 +16,8 @@ arena, and other intermediates are released right after their last use, as eager
 from __future__ import annotations
 
 import threading
+import warnings
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
@@ -71,6 +73,28 @@ class StepTimer(Protocol):
     def stop(self, step: int) -> None: ...
 
 
+class KernelFallbackWarning(UserWarning):
+    """A generated kernel's operand came laid out otherwise than the kernel reads it, so its
+    group's library ops ran instead: the right result, more slowly."""
+
+
+class Fallbacks:
+    """Counts, per generated kernel (named by its group's last node), the calls whose operand
+    layout check failed, so that the group's library ops ran; warns on a kernel's first."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, node: str, ops: str) -> None:
+        self.counts[node] += 1
+        if self.counts[node] == 1:
+            warnings.warn(
+                f"kiln: the generated kernel for node {node!r} ({ops}) got an operand laid "
+                f"out otherwise than compiled for (strided or not contiguous); its library "
+                f"ops ran instead, which is slower. Pass contiguous inputs, or compile with "
+                f"inputs laid out as they will come.", KernelFallbackWarning, stacklevel=2)
+
+
 class ThreadSync:
     """Keeps the generated kernels' thread count equal to torch.get_num_threads(), checked
     once per graph call (a changed count is passed on to every kernel)."""
@@ -88,7 +112,8 @@ class ThreadSync:
 
 
 def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Sequence[int],
-                   kernels: Sequence[Built] = (), step_timer: StepTimer | None = None
+                   kernels: Sequence[Built] = (), step_timer: StepTimer | None = None,
+                   fallbacks: Fallbacks | None = None
                    ) -> tuple[Callable[[list[Any]], list[Any]], str]:
     """A function of the boxed call arguments returning the graph outputs, and its source.
 
@@ -96,11 +121,13 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     `kiln.passes.partition.gather`) with one call at the group's last node. With a
     ``step_timer``, each step (a library call or a kernel call, numbered in run order) runs
     between ``step_timer.start()`` and ``step_timer.stop(step)``: the report's profile.
+    A kernel whose operand layout check fails runs its group's library ops instead and
+    tells ``fallbacks`` (a new `Fallbacks` where None).
     """
     # v<position>_<label>: the position keeps names distinct whatever the labels are
     names = {node: f"v{i}_{''.join(c if c.isalnum() else '_' for c in node.name)}"
              for i, node in enumerate(graph.all_nodes())}
-    env: dict[str, Any] = {}
+    env: dict[str, Any] = {"FELL_BACK": fallbacks if fallbacks is not None else Fallbacks()}
     planned = list(plan.offsets) if plan else []
     slot = {v: i for i, v in enumerate(planned)}
     slot_strides: dict[int, tuple[int, ...]] = {}  # planned values written strided
@@ -278,7 +305,9 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
     if not checks:
         return copies + [f"    {a}" for a in allocs] + [f"    {call}"]
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
-    fallback = [library_line(n, False) for n in gk.group.nodes]
+    ops = "+".join(n.op.text for n in gk.group.nodes)
+    fallback = [f"FELL_BACK({gk.group.last.name!r}, {ops!r})"]
+    fallback += [library_line(n, False) for n in gk.group.nodes]
     fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs
                  if v not in strided_outputs(gk)]  # (those may have any layout after it)
     named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
