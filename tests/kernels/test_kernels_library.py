@@ -187,3 +187,29 @@ def test_weights_are_reordered_on_first_use_only() -> None:
     torch.testing.assert_close(got, torch.addmm(b, x, w))
     assert pack.cache_info().currsize == 1 and built.kernel.packed_bytes > 0  # type: ignore
     assert pack.cache_info().misses == 1
+
+
+@pytest.mark.parametrize(("variant_us", "kind"), [(75.0, "generated"), (60.0, "prepacked")])
+def test_a_library_variant_must_beat_the_generated_kernel_by_its_larger_margin(
+        kernel_options: Options, monkeypatch: pytest.MonkeyPatch, variant_us: float,
+        kind: str) -> None:
+    """ATen's call 100 us, the generated GEMM 80 (within its 0.95), the prepacked variant
+    75: the variant is faster but not by its margin's worth (75 / 0.85 > 80 / 0.95), so
+    the generated GEMM runs; at 60 the variant does."""
+    from kiln.kernels import decide
+    from kiln.kernels.gemm import gemm_candidate
+    from kiln.kernels.library import library_candidates
+    from kiln.kernels.outcome import Built, Measured
+    from kiln.kernels.plan import Recipe
+
+    graph = _linear_graph(30, 64, 100, None)
+    (group,) = library_groups(graph)
+    generated = gemm_candidate(graph, group, kernel_options)
+    (variant,) = library_candidates(graph, group)
+    assert isinstance(generated, Built) and isinstance(variant, Built)
+    times = {Recipe.GEMM: 80e-6, Recipe.LIBRARY: variant_us * 1e-6}
+    monkeypatch.setattr(decide, "measure", lambda graph, candidates, cold=False: (
+        [Measured(100e-6, times[c.recipe]) for c in candidates], True))
+    chosen = decide.fastest(graph, [generated, variant], Decisions(None))
+    assert isinstance(chosen, Built)
+    assert ("generated" if chosen.generated else "prepacked") == kind
