@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import warnings
 
 import pytest
 import torch
@@ -29,7 +30,7 @@ from kiln.kernels.depthwise_schedule import (
 from kiln.kernels.plan import Epilogue, Recipe
 from kiln.options import Options
 from kiln.passes.partition import gather
-from kiln.runtime.executor import build_executor
+from kiln.runtime.executor import KernelFallbackWarning, build_executor
 from kiln.runtime.memory import plan_memory
 
 CL = torch.channels_last
@@ -264,7 +265,11 @@ def test_depthwise_input_not_channels_last_at_run_time(kernel_options: Options,
     for layout in (torch.contiguous_format, CL):
         x = torch.randn(1, 24, 10, 9).contiguous(memory_format=layout)
         want = torch.nn.functional.conv2d(x.relu(), w, b, 2, 1, 1, 24).clamp(0.0, 6.0)
-        (got,) = run([x])
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            (got,) = run([x])
+        fell_back = [c for c in caught if c.category is KernelFallbackWarning]
+        assert len(fell_back) == (layout is torch.contiguous_format)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         # the kernel writes NHWC; ATen's call on an NCHW input gives NCHW
         assert got.is_contiguous(memory_format=layout)

@@ -171,6 +171,20 @@ def _permute_permute(e: Example) -> Graph:
     return e.graph(e.op(Op.PERMUTE, p, attrs=PermuteAttrs(_permutation(e, rank))))
 
 
+def _permute_sink(e: Example) -> Graph:
+    """op(permute(x, p), permute(y, p)), y sometimes a weight; x with NaN and inf where
+    drawn (the interpreter's random inputs), the permuted views also read elsewhere."""
+    rank = e.rng.randint(2, 4)
+    shape = e.dims(rank, lo=2)
+    dims = _permutation(e, rank)
+    x = e.input(shape)
+    y = e.pick(lambda: e.input(shape), lambda: e.weight(shape))
+    px = e.op(Op.PERMUTE, x, attrs=PermuteAttrs(dims))
+    py = e.op(Op.PERMUTE, y, attrs=PermuteAttrs(dims))
+    out = e.op(e.pick(Op.ADD, Op.MUL), px, py)
+    return e.graph(out, px) if e.rng.random() < 0.3 else e.graph(out)
+
+
 def _identity_move(e: Example) -> Graph:
     x = e.input(e.dims())
     shape = x.type.shape
@@ -388,6 +402,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
                                                attrs=PermuteAttrs((0, 1, 2)))),
     "view-identity": _identity_move,
     "permute-permute": _permute_permute,
+    "permute-sink": _permute_sink,
     "reshape-chain": _reshape_chain,
     "expand-expand": lambda e: e.graph(e.op(
         Op.EXPAND, e.op(Op.EXPAND, e.input((1, 3)), attrs=ShapeAttrs((2, 3))),

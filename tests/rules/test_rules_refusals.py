@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kiln.ir import parse_graph
@@ -32,6 +33,30 @@ def test_multiplying_by_ones_that_broadcast_is_not_neutral() -> None:
   return %y
 }"""
     assert _fires("mul-one", text, {"ones": torch.ones(3, 4)}) == 0
+
+
+PERMUTED_OTHERWISE = """graph(%x: f32[2, 3, 4], %y: f32[4, 2, 3]) {
+  %px = permute(%x) {dims=(0, 2, 1)} : f32[2, 4, 3]
+  %py = permute(%y) {dims=(1, 0, 2)} : f32[2, 4, 3]
+  %s = add(%px, %py) : f32[2, 4, 3]
+  return %s
+}"""
+PERMUTED_BROADCAST = """graph(%x: f32[4, 3], %y: f32[1, 3]) {
+  %px = permute(%x) {dims=(1, 0)} : f32[3, 4]
+  %py = permute(%y) {dims=(1, 0)} : f32[3, 1]
+  %s = mul(%px, %py) : f32[3, 4]
+  return %s
+}"""
+
+
+@pytest.mark.parametrize("text", [PERMUTED_OTHERWISE, PERMUTED_BROADCAST])
+def test_a_permute_stays_above_operands_permuted_otherwise_or_broadcast(text: str) -> None:
+    """permute(x) + permute(y) becomes permute(x + y) only where both are permuted alike and
+    have one type; the same graph with y permuted alike and of x's type does change."""
+    assert _fires("permute-sink", text) == 0
+    alike = PERMUTED_OTHERWISE.replace("f32[4, 2, 3]", "f32[2, 3, 4]").replace(
+        "{dims=(1, 0, 2)}", "{dims=(0, 2, 1)}")
+    assert _fires("permute-sink", alike) == 1
 
 
 def test_integer_times_float_one_changes_dtype() -> None:

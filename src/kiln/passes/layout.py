@@ -36,6 +36,7 @@ from kiln.ir.infer import META
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
 from kiln.options import Options
+from kiln.rules.movement import dense_result
 
 CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
 # ops whose result takes the layout of their (4-d) operands at run time (ATen 2.13's
@@ -175,7 +176,7 @@ def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
     nhwc: set[Value] = set()
     for node in graph.nodes:
         four_d = len(node.types) >= 1 and len(node.types[0].shape) == 4
-        if node in convs:
+        if node in convs or _nhwc_view(node, graph):
             nhwc.add(node.out())
         elif four_d and (node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
                          or node.op.is_a(OpGroup.POOLING)) \
@@ -187,12 +188,12 @@ def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
 def channels_last_values(graph: Graph) -> set[Value]:
     """The 4-d values of a graph this pass rewrote that are NHWC at run time (as far as the
     IR tells: what a ``to_layout {channels_last}`` makes, a GEMM's result seen as NCHW
-    pixels (`_pixels_back`), and what convolutions,
+    pixels or any NCHW view of NHWC memory (`_nhwc_view`), and what convolutions,
     elementwise ops and pooling make of it, up to the contiguous copies). A kernel that
     reads such a value channels-last still checks its strides when it runs."""
     seeds = {n for n in graph.nodes
              if (n.op is Op.TO_LAYOUT and getattr(n.attrs, "channels_last", False))
-             or _pixels_back(n)}
+             or _nhwc_view(n, graph)}
     nhwc = {n.out() for n in seeds if len(n.out().type.shape) == 4}
     for node in graph.nodes:
         four_d = len(node.types) >= 1 and len(node.types[0].shape) == 4
@@ -203,13 +204,14 @@ def channels_last_values(graph: Graph) -> set[Value]:
     return nhwc
 
 
-def _pixels_back(node: Node) -> bool:
-    """``permute(view(c) {(N, H, W, C)}) {(0, 3, 1, 2)}`` of a 2-d value ``c``: the NCHW
-    view of an [N*H*W, C] matrix (`kiln.passes.pointwise`'s GEMM result), NHWC in memory."""
+def _nhwc_view(node: Node, graph: Graph) -> bool:
+    """``permute(x) {(0, 3, 1, 2)}`` of an [N, H, W, C] value ``x`` that ATen makes
+    contiguous: the NCHW view of NHWC memory. `kiln.passes.pointwise`'s GEMM result seen as
+    an image (``x`` a view of the [N*H*W, C] matrix); ConvNeXt's blocks, which normalize
+    and project their channels as the last dim, then permute back to NCHW."""
     if node.op is not Op.PERMUTE or tuple(node.attrs.dims) != (0, 3, 1, 2):  # type: ignore
         return False
-    grid = node.inputs[0].node
-    return grid.op is Op.VIEW and len(grid.inputs[0].type.shape) == 2
+    return dense_result(node.inputs[0], graph)
 
 
 def _needs_standard_layout(node: Node, index: int) -> bool:

@@ -33,7 +33,7 @@ _FRESH = frozenset({Op.MM, Op.BMM, Op.ADDMM, Op.ADDMM_ACT, Op.EMBEDDING, Op.LAYE
                     Op.CLONE})
 
 
-def _dense(value, graph, depth: int = 6) -> bool:  # noqa: ANN001
+def dense_result(value, graph, depth: int = 6) -> bool:  # noqa: ANN001
     """Whether ATen gives ``value`` contiguous strides: a fresh result, a contiguous weight,
     a reshape of a dense value, or an elementwise result (or softmax) of dense operands."""
     node = value.node
@@ -44,9 +44,10 @@ def _dense(value, graph, depth: int = 6) -> bool:  # noqa: ANN001
     if depth == 0:
         return False
     if node.op in RESHAPES:
-        return _dense(node.inputs[0], graph, depth - 1)
+        return dense_result(node.inputs[0], graph, depth - 1)
     if node.op.is_a(OpGroup.ELEMENTWISE) or node.op is Op.SOFTMAX:
-        return all(_dense(v, graph, depth - 1) for v in node.inputs if v.node.op is not Op.SCALAR)
+        return all(dense_result(v, graph, depth - 1) for v in node.inputs
+                   if v.node.op is not Op.SCALAR)
     return False
 
 
@@ -58,7 +59,7 @@ def _redundant_copy(m: Match) -> str | None:
         return private
     if m.root.out() in m.ctx.graph.outputs:
         return "it is a graph output (the caller gets a tensor of its own)"
-    if not _dense(m["x"], m.ctx.graph):
+    if not dense_result(m["x"], m.ctx.graph):
         return "its source may not be contiguous (the copy lays it out)"
     return None
 
@@ -84,8 +85,23 @@ def _one_expand(m: Match):
     return m.op(Op.EXPAND, m["x"], attrs=ShapeAttrs(m.root.type.shape))
 
 
+def _permuted_alike(m: Match) -> str | None:
+    if tuple(m["p"].attrs.dims) != tuple(m["q"].attrs.dims):
+        return "the operands are permuted differently"
+    if m["x"].type != m["y"].type:
+        return "the operands differ in shape or dtype (a broadcast or a promotion)"
+    return None
+
+
+def _sink_permute(m: Match):
+    inner = m.op(m.root.op, m["x"], m["y"])
+    return m.op(Op.PERMUTE, inner, attrs=m["p"].attrs)
+
+
 x = Var("x")
 X, P, Q, S1, S2 = PVar("x"), PVar("p"), PVar("q"), PVar("s1"), PVar("s2")
+Y = PVar("y")
+SINKS_PERMUTE = (Op.ADD, Op.MUL)  # (the ops with a permute axiom in kiln.synth)
 SHAPE_OF_X = F(AttrFnKind.SHAPE_OF, X)
 IDENTITY_PERMUTES = tuple(L(f"permute-identity.{rank}", A(Op.PERMUTE, X, dims=tuple(range(rank))),
                             X, EXACT) for rank in range(1, 5))
@@ -129,4 +145,14 @@ RULES = (
          lambda m: m["inner"].out(), EXACT,
          laws=(L("clone-clone", A(Op.CLONE, A(Op.CLONE, X)), A(Op.CLONE, X), EXACT),)),
     # clone(clone(x)) -> clone(x)
+    Rule("permute-sink", On(frozenset(SINKS_PERMUTE), On(Op.PERMUTE, x, name="p", shared=True),
+                            On(Op.PERMUTE, Var("y"), name="q", shared=True)),
+         _sink_permute, EXACT, guard=_permuted_alike,
+         laws=tuple(L(f"permute-sink.{op.text}",
+                      A(op, A(Op.PERMUTE, X, dims=P), A(Op.PERMUTE, Y, dims=P)),
+                      A(Op.PERMUTE, A(op, X, Y), dims=P), EXACT, C(CondKind.SAME_TYPE, X, Y))
+                    for op in SINKS_PERMUTE)),
+    # permute(x, p) + permute(y, p) -> permute(x + y, p): one op on the values as they lie
+    # (ConvNeXt's residual adds of NCHW views of NHWC blocks: the add then runs on dense
+    # operands and can join the layer scale's multiply in one kernel)
 )
