@@ -185,3 +185,37 @@ def test_an_nchw_view_of_nhwc_memory_enters_the_chain_without_a_copy() -> None:
     run, _ = build_executor(nhwc, plan_memory(nhwc), [0])
     torch.testing.assert_close(run([x])[0], interpret(graph, [x])[0], rtol=1e-5, atol=1e-5,
                                equal_nan=True)
+
+
+STAGE_START = """graph(%x: f32[1, 4, 6, 6], %y: f32[1, 3, 3, 8]) {
+  %w = constant {name='w'} : f32[8, 4, 2, 2]
+  %w2 = constant {name='w2'} : f32[8, 1, 3, 3]
+  %c = convolution(%x, %w) {stride=(2, 2), padding=(0, 0), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[1, 8, 3, 3]
+  %cl = permute(%c) {dims=(0, 2, 3, 1)} : f32[1, 3, 3, 8]
+  %m = clone(%y) : f32[1, 3, 3, 8]
+  %s = add(%cl, %m) : f32[1, 3, 3, 8]
+  %v = permute(%s) {dims=(0, 3, 1, 2)} : f32[1, 8, 3, 3]
+  %d = convolution(%v, %w2) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=8} : f32[1, 8, 3, 3]
+  return %d
+}"""  # noqa: E501
+
+
+def test_an_add_read_through_a_permute_of_nhwc_memory_stays_dense() -> None:
+    """A ConvNeXt stage's first residual add, as rule permute-hoist leaves it: the
+    downsampling convolution's NHWC output read as [N, H, W, C] is dense, so is the add, and
+    its NCHW view enters the next convolution without a copy."""
+    gen = torch.Generator().manual_seed(0)
+    weights = {"w": torch.randn(8, 4, 2, 2, generator=gen),
+               "w2": torch.randn(8, 1, 3, 3, generator=gen)}
+    graph = parse_graph(STAGE_START, weights)
+    nhwc = layout.to_channels_last(graph, decide=True)
+    verify(nhwc)
+    text = print_graph(nhwc)
+    assert "to_layout(%x)" in text and "to_layout(%v)" not in text and "to_layout(%s)" \
+        not in text
+    by_name = {n.name: n.out() for n in nhwc.nodes}
+    assert {by_name["c"], by_name["v"]} <= layout.channels_last_values(nhwc)
+    x, y = torch.randn(1, 4, 6, 6, generator=gen), torch.randn(1, 3, 3, 8, generator=gen)
+    run, _ = build_executor(nhwc, plan_memory(nhwc), [0, 1])
+    torch.testing.assert_close(run([x, y])[0], interpret(graph, [x, y])[0], rtol=1e-5,
+                               atol=1e-5)

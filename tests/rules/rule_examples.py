@@ -185,6 +185,18 @@ def _permute_sink(e: Example) -> Graph:
     return e.graph(out, px) if e.rng.random() < 0.3 else e.graph(out)
 
 
+def _permute_hoist(e: Example) -> Graph:
+    """x op permute(y) {(0, 3, 1, 2)} with y a dense [N, H, W, C] value (a clone's result,
+    or a relu of it), in either operand order."""
+    n, h, w, c = e.dims(4, lo=1, hi=4)
+    y = e.op(Op.CLONE, e.input((n, h, w, c)))
+    y = e.op(Op.RELU, y) if e.rng.random() < 0.5 else y
+    py = e.op(Op.PERMUTE, y, attrs=PermuteAttrs((0, 3, 1, 2)))
+    x = e.input((n, c, h, w))
+    op = e.pick(Op.ADD, Op.MUL)
+    return e.graph(e.op(op, x, py) if e.rng.random() < 0.5 else e.op(op, py, x))
+
+
 def _identity_move(e: Example) -> Graph:
     x = e.input(e.dims())
     shape = x.type.shape
@@ -403,6 +415,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "view-identity": _identity_move,
     "permute-permute": _permute_permute,
     "permute-sink": _permute_sink,
+    "permute-hoist": _permute_hoist,
     "reshape-chain": _reshape_chain,
     "expand-expand": lambda e: e.graph(e.op(
         Op.EXPAND, e.op(Op.EXPAND, e.input((1, 3)), attrs=ShapeAttrs((2, 3))),

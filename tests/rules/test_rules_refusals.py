@@ -59,6 +59,28 @@ def test_a_permute_stays_above_operands_permuted_otherwise_or_broadcast(text: st
     assert _fires("permute-sink", alike) == 1
 
 
+NHWC_RESIDUAL = """graph(%x: f32[1, 4, 3, 5], %z: f32[1, 3, 5, 4]) {{
+  %y = {y} : f32[1, 3, 5, 4]
+  %p = permute(%y) {{dims={dims}}} : f32[1, 4, 3, 5]
+  %s = add(%x, %p) : f32[1, 4, 3, 5]
+  return %s
+}}"""
+
+
+@pytest.mark.parametrize(("y", "dims", "fires"), [
+    ("clone(%z)", "(0, 3, 1, 2)", 1),  # a dense [N, H, W, C] value: the add runs on it
+    ("relu(%z)", "(0, 3, 1, 2)", 0),  # y may be strided (the caller's z may be)
+    ("clone(%z)", "(0, 3, 2, 1)", 0),  # not NHWC -> NCHW
+])
+def test_a_residual_add_runs_on_nhwc_values_only_where_they_are_dense(
+        y: str, dims: str, fires: int) -> None:
+    text = NHWC_RESIDUAL.format(y=y, dims=dims)
+    if dims == "(0, 3, 2, 1)":
+        text = text.replace("%x: f32[1, 4, 3, 5]", "%x: f32[1, 4, 5, 3]").replace(
+            ": f32[1, 4, 3, 5]", ": f32[1, 4, 5, 3]")
+    assert _fires("permute-hoist", text) == fires
+
+
 def test_integer_times_float_one_changes_dtype() -> None:
     text = """graph(%x: i64[4]) {
   %c = scalar {value=1.0} : f64[]

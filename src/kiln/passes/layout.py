@@ -173,16 +173,7 @@ def _plain_dilation(node: Node) -> Attrs:
 
 def _channels_last_values(graph: Graph, convs: set[Node]) -> set[Value]:
     """Values that may be NHWC at run time once the convolutions are."""
-    nhwc: set[Value] = set()
-    for node in graph.nodes:
-        four_d = len(node.types) >= 1 and len(node.types[0].shape) == 4
-        if node in convs or _nhwc_view(node, graph):
-            nhwc.add(node.out())
-        elif four_d and (node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
-                         or node.op.is_a(OpGroup.POOLING)) \
-                and any(v in nhwc for v in node.inputs):
-            nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
-    return nhwc
+    return _nhwc_values(graph, convs)
 
 
 def channels_last_values(graph: Graph) -> set[Value]:
@@ -191,27 +182,48 @@ def channels_last_values(graph: Graph) -> set[Value]:
     pixels or any NCHW view of NHWC memory (`_nhwc_view`), and what convolutions,
     elementwise ops and pooling make of it, up to the contiguous copies). A kernel that
     reads such a value channels-last still checks its strides when it runs."""
-    seeds = {n for n in graph.nodes
-             if (n.op is Op.TO_LAYOUT and getattr(n.attrs, "channels_last", False))
-             or _nhwc_view(n, graph)}
-    nhwc = {n.out() for n in seeds if len(n.out().type.shape) == 4}
+    return _nhwc_values(graph, set())
+
+
+def _nhwc_values(graph: Graph, convs: set[Node]) -> set[Value]:
+    """One pass in graph order: the NHWC values (the seeds: ``convs``, channels-last copies,
+    NCHW views of dense NHWC memory; then what keeps their layout), and beside them the
+    [N, H, W, C] values that are dense at run time although ATen's rules alone do not say
+    so: ``permute(v) {(0, 2, 3, 1)}`` of an NHWC ``v``, and elementwise results of such
+    values and dense ones (a ConvNeXt stage's first residual add, reading the downsampling
+    convolution's output through that permute)."""
+    nhwc: set[Value] = set()
+    dense: set[Value] = set()
     for node in graph.nodes:
         four_d = len(node.types) >= 1 and len(node.types[0].shape) == 4
-        if four_d and node not in seeds and (
-                node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
-                or node.op.is_a(OpGroup.POOLING)) and any(v in nhwc for v in node.inputs):
+        if not four_d:
+            continue
+        seed = node in convs or _nhwc_view(node, graph, dense) or (
+            node.op is Op.TO_LAYOUT and getattr(node.attrs, "channels_last", False))
+        if seed:
+            nhwc.add(node.out())
+        elif (node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
+              or node.op.is_a(OpGroup.POOLING)) and any(v in nhwc for v in node.inputs):
             nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
+        elif node.op is Op.PERMUTE and tuple(node.attrs.dims) == (0, 2, 3, 1) \
+                and node.inputs[0] in nhwc:  # type: ignore[attr-defined]
+            dense.add(node.out())
+        elif node.op.is_a(OpGroup.ELEMENTWISE) and any(v in dense for v in node.inputs) \
+                and all(v in dense or v.node.op is Op.SCALAR or dense_result(v, graph)
+                        for v in node.inputs):
+            dense.add(node.out())
     return nhwc
 
 
-def _nhwc_view(node: Node, graph: Graph) -> bool:
-    """``permute(x) {(0, 3, 1, 2)}`` of an [N, H, W, C] value ``x`` that ATen makes
-    contiguous: the NCHW view of NHWC memory. `kiln.passes.pointwise`'s GEMM result seen as
-    an image (``x`` a view of the [N*H*W, C] matrix); ConvNeXt's blocks, which normalize
-    and project their channels as the last dim, then permute back to NCHW."""
+def _nhwc_view(node: Node, graph: Graph, dense: set[Value]) -> bool:
+    """``permute(x) {(0, 3, 1, 2)}`` of an [N, H, W, C] value ``x`` that is contiguous at
+    run time (ATen makes it so, or it is in ``dense``): the NCHW view of NHWC memory.
+    `kiln.passes.pointwise`'s GEMM result seen as an image (``x`` a view of the [N*H*W, C]
+    matrix); ConvNeXt's blocks, which normalize and project their channels as the last
+    dim, then permute back to NCHW."""
     if node.op is not Op.PERMUTE or tuple(node.attrs.dims) != (0, 3, 1, 2):  # type: ignore
         return False
-    return dense_result(node.inputs[0], graph)
+    return node.inputs[0] in dense or dense_result(node.inputs[0], graph)
 
 
 def _needs_standard_layout(node: Node, index: int) -> bool:

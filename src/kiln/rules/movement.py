@@ -98,6 +98,29 @@ def _sink_permute(m: Match):
     return m.op(Op.PERMUTE, inner, attrs=m["p"].attrs)
 
 
+TO_NCHW, TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)
+
+
+def _nhwc_residual(m: Match) -> str | None:
+    """x op permute(y) {TO_NCHW} where y is a dense [N, H, W, C] value: the op can run on y
+    as it lies, x read through the inverse permute (views both)."""
+    if tuple(m["p"].attrs.dims) != TO_NCHW:
+        return "the permute is not NHWC -> NCHW"
+    if m["x"].node.op is Op.PERMUTE:
+        return "x is a permute too (permute-sink's case)"
+    if m["x"].type != m["p"].out().type:
+        return "the operands differ in shape or dtype (a broadcast or a promotion)"
+    if not dense_result(m["y"], m.ctx.graph):
+        return "y may not be contiguous"
+    return None
+
+
+def _hoist_permute(m: Match):
+    nhwc = m.op(Op.PERMUTE, m["x"], attrs=PermuteAttrs(TO_NHWC))
+    inner = m.op(m.root.op, nhwc, m["y"])
+    return m.op(Op.PERMUTE, inner, attrs=PermuteAttrs(TO_NCHW))
+
+
 x = Var("x")
 X, P, Q, S1, S2 = PVar("x"), PVar("p"), PVar("q"), PVar("s1"), PVar("s2")
 Y = PVar("y")
@@ -155,4 +178,17 @@ RULES = (
     # permute(x, p) + permute(y, p) -> permute(x + y, p): one op on the values as they lie
     # (ConvNeXt's residual adds of NCHW views of NHWC blocks: the add then runs on dense
     # operands and can join the layer scale's multiply in one kernel)
+    Rule("permute-hoist", On(frozenset(SINKS_PERMUTE), x,
+                             On(Op.PERMUTE, Var("y"), name="p", shared=True)),
+         _hoist_permute, EXACT, guard=_nhwc_residual,
+         laws=tuple(L(f"permute-hoist.{op.text}",
+                      A(op, X, A(Op.PERMUTE, A(Op.CLONE, Y), dims=TO_NCHW)),
+                      A(Op.PERMUTE, A(op, A(Op.PERMUTE, X, dims=TO_NHWC), A(Op.CLONE, Y)),
+                        dims=TO_NCHW),
+                      EXACT, C(CondKind.GUARD, "nhwc-residual"))  # (a clone: a dense y)
+                    for op in SINKS_PERMUTE)),
+    # x + permute(y) {NHWC -> NCHW} -> permute(permute(x) {NCHW -> NHWC} + y) {NHWC -> NCHW}
+    # for a dense y: the first residual add of each ConvNeXt stage, whose x is the
+    # downsampling convolution's output (NHWC in memory); the blocks after it then add
+    # their permuted values alike (permute-sink)
 )
