@@ -89,7 +89,7 @@ graph(%x: f32[8]) {
   %w = constant {name='w'} : f32[6]
   %s = split(%w) {sizes=(2, 4), dim=0} : (f32[2], f32[4])
   %f = full {shape=(8,), value=0.5, dtype=f32} : f32[8]
-  %big = full {shape=(64, 1024), value=0.5, dtype=f32} : f32[64, 1024]
+  %big = full {shape=(2048, 1024), value=0.5, dtype=f32} : f32[2048, 1024]
   %i = arange {start=0, end=8, step=1, dtype=i64} : i64[8]
   %y = add(%x, %f) : f32[8]
   %z = add(%y, %i) : f32[8]
@@ -101,7 +101,7 @@ graph(%x: f32[8]) {
   %s = constant {name='fold.s.0'} : f32[2]
   %s_1 = constant {name='fold.s.1'} : f32[4]
   %f = constant {name='fold.f'} : f32[8]
-  %big = full {shape=(64, 1024), value=0.5, dtype=f32} : f32[64, 1024]
+  %big = full {shape=(2048, 1024), value=0.5, dtype=f32} : f32[2048, 1024]
   %i = constant {name='fold.i'} : i64[8]
   %y = add(%x, %f) : f32[8]
   %z = add(%y, %i) : f32[8]
@@ -140,6 +140,32 @@ graph(%x: f32[4, 1024]) {
 }
 """
     support.check_pass(fold_constants, before, expected, _weights())
+
+
+def test_a_computed_result_larger_than_its_sources_still_folds() -> None:
+    """T5's relative positions: a broadcast subtraction of two position vectors (2 KB) into
+    a [128, 128] matrix (128 KB) and what follows it are computed on every call unless they
+    fold; they do, up to `_MAX_COMPUTED_BYTES`, where a view (an expand) would not."""
+    positions = {"q": torch.arange(128).view(128, 1), "k": torch.arange(128).view(1, 128)}
+    before = """\
+graph(%x: f32[128, 128]) {
+  %q = constant {name='q'} : i64[128, 1]
+  %k = constant {name='k'} : i64[1, 128]
+  %zero = scalar {value=0} : i64[]
+  %d = sub(%k, %q) : i64[128, 128]
+  %g = gt(%d, %zero) : bool[128, 128]
+  %y = add(%x, %g) : f32[128, 128]
+  return %y
+}"""
+    expected = """\
+graph(%x: f32[128, 128]) {
+  %g = constant {name='fold.g'} : bool[128, 128]
+  %y = add(%x, %g) : f32[128, 128]
+  return %y
+}
+"""
+    support.check_pass(lambda g: eliminate_dead_code(fold_constants(g)), before, expected,
+                       positions)
 
 
 def test_random_and_mutating_ops_are_not_folded() -> None:
