@@ -33,6 +33,7 @@ from kiln.kernels.strides import runtime_strides
 from kiln.passes.layout import channels_last_values
 from kiln.runtime.layouts import known_strides, laid_out_as, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
+from kiln.runtime.views import FixedViews
 from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
 
@@ -43,7 +44,8 @@ class Arena:
     """Per-thread planned buffers: concurrent calls from two threads never share memory."""
 
     def __init__(self, graph: Graph, plan: MemoryPlan, order: Sequence[Value],
-                 strides: Mapping[int, tuple[int, ...]] | None = None) -> None:
+                 strides: Mapping[int, tuple[int, ...]] | None = None,
+                 views: FixedViews | None = None) -> None:
         self._layout = [(plan.offsets[v], v.type) for v in order]
         # buffers written with other strides (channels-last), as views made once, not on
         # each call (19 as_strided calls a call cost mobilenet_v2 30 us of its 5 ms)
@@ -51,6 +53,7 @@ class Arena:
         self._bytes = plan.arena_bytes
         self._device = graph.device
         self._local = threading.local()
+        self._views = views  # views of the slots, made once a thread (`kiln.runtime.views`)
 
     def buffers(self) -> tuple[torch.Tensor, ...]:
         bufs = getattr(self._local, "bufs", None)
@@ -58,6 +61,8 @@ class Arena:
             storage = torch.empty(self._bytes, dtype=torch.uint8, device=self._device)
             bufs = tuple(self._view(storage[off:off + t.nbytes].view(t.dtype.torch), i, t)
                          for i, (off, t) in enumerate(self._layout))
+            if self._views is not None and self._views.recipes:
+                bufs = self._views.made(bufs)
             self._local.bufs = bufs
         return bufs
 
@@ -143,6 +148,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         lines.append("    sync_threads()")
     if plan and planned:  # (the arena is made once its strides are known: at the end)
         lines.append("    buf = buffers()")
+    fixed = FixedViews(first_index=len(planned))  # the slots and views bound every call alike
 
     def ref(value: Value) -> str:
         node = value.node
@@ -185,6 +191,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
         if out is not None and node.out() in nhwc_slots:
             slot_strides[slot[node.out()]] = channels_last_strides(tuple(node.out().type.shape))
+        if out is not None:
+            fixed.fix_slot(node.out(), slot[node.out()], slot_strides.get(slot[node.out()]))
         unpack = len(node.types) > 1 or (call.returns_list and call.select is None)
         return (f"{targets}{',' if unpack else ''} = "
                 f"{_call_text(env, node, call, ref, out, graph.device)}")
@@ -210,14 +218,18 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         gk = member_of.get(node)
         if gk is None and node.outputs and node.out() in in_place:
             lines += timed([])  # (a step still, so the profile's steps stay the report's)
-        elif gk is None:
-            lines += timed([f"    {library_line(node)}"])
+        elif gk is None:  # (a view of a slot: made once, `kiln.runtime.views`)
+            made = fixed.derive(node, outputs)
+            targets = ", ".join(ref(v) for v in node.outputs)
+            line = library_line(node) if made is None else \
+                f"{targets} = {', '.join(f'buf[{k}]' for k in made)}"
+            lines += timed([f"    {line}"])
         else:
             pending += dies_at.pop(i, [])
             if node is not gk.group.last:
                 continue
             lines += timed(_kernel_lines(env, gk, graph, ref, slot, library_line, known,
-                                         in_place, dense, slot_strides))
+                                         in_place, dense, slot_strides, fixed))
             dies_at[i] = pending + dies_at.get(i, [])
             pending = []
         if dies_at.get(i):  # (with the dense copies of views that die)
@@ -230,7 +242,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
                         for v in graph.outputs)
     lines.append(f"    return [{results}]")
     if plan and planned:
-        env["buffers"] = Arena(graph, plan, planned, slot_strides).buffers
+        env["buffers"] = Arena(graph, plan, planned, slot_strides, fixed).buffers
     source = "\n".join(lines) + "\n"
     code = compile(source, "<kiln graph>", "exec")
     exec(code, env)  # noqa: S102 - source generated above from the IR, nothing user-given
@@ -242,7 +254,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   library_line: Callable[[Node, bool], str],
                   known: Mapping[Value, tuple[int, ...]],
                   in_place: Mapping[Value, Value], dense: dict[str, str],
-                  slot_strides: dict[int, tuple[int, ...]]) -> list[str]:
+                  slot_strides: dict[int, tuple[int, ...]], fixed: FixedViews) -> list[str]:
     """The kernel call, behind a layout check of the operands whose strides are not
     ``known`` to be the kernel's (`kiln.runtime.layouts`); if the check fails (rare: a
     strided graph input), the group's library calls run instead; an operand that the IR
@@ -302,7 +314,10 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         elif strides is not None:  # any other strides: the kernel's own test of them
             checks.append(f"{_bind(env, 'LAYOUT_OK', layout_check(buffer))}({ref(v)})")
     call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
-    if not checks:
+    if not checks:  # (its outputs' slots then hold them on every call)
+        for v, buffer in zip(gk.outputs, params.outputs):
+            if v in slot:
+                fixed.fix_slot(v, slot[v], slot_strides.get(slot[v], _strides(buffer)))
         return copies + [f"    {a}" for a in allocs] + [f"    {call}"]
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
     ops = "+".join(n.op.text for n in gk.group.nodes)
