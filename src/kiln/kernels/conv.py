@@ -115,10 +115,10 @@ def layout_prologue(graph: Graph, node: Node, users: dict[Node, list[Node]]) -> 
 
 
 def source_strides(graph: Graph, source: Value) -> tuple[int, ...] | None:
-    """The strides a convolution reads ``source``, the value its channels-last copy is made
-    of, with, in place; None where it does not. A contiguous NCHW source of at most `NCHW_MAX_CI`
-    channels (a network's image input), whose rows of each channel the taps read in order
-    (MobileNetV2: 68 us of 5 ms; Inception v3: 173 us). Or a view whose channels are
+    """The strides with which a convolution reads ``source`` (the value its channels-last
+    copy is made of) in place; None where it cannot. A contiguous NCHW source of at most
+    `NCHW_MAX_CI` channels (a network's image input), whose rows of each channel the taps
+    read in order (MobileNetV2: 68 us of 5 ms; Inception v3: 173 us). Or a view whose channels are
     adjacent in memory (a channel split of a channels-last value: Inception's branches
     after their merged 1x1 convolutions, 24-81 us a copy, 20 of them), which the tiles read
     as they read channels-last data, only with a longer step between pixels."""
