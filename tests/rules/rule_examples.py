@@ -398,6 +398,23 @@ def _parallel_conv(e: Example) -> Graph:
     return e.graph(*outs)
 
 
+def _grouped_conv(e: Example) -> Graph:
+    """2 to 8 narrow groups (2-8 channels each), as a convolution or a fused conv_act with a
+    bias and a residual."""
+    groups, width, rows = e.pick(2, 4, 8), e.rng.randint(2, 8), e.rng.randint(1, 3)
+    x = e.input((1, groups * width, e.rng.randint(3, 6), e.rng.randint(3, 6)))
+    kernel, stride = e.pick(1, 3), e.pick(1, 2)
+    w = e.weight((groups * rows, width, kernel, kernel))
+    geometry = ((stride, stride), (kernel // 2, kernel // 2), (1, 1))
+    if e.rng.random() < 0.5:
+        return e.graph(e.op(Op.CONVOLUTION, x, w,
+                            attrs=ConvAttrs(*geometry, False, (0, 0), groups)))
+    out = ((x.type.shape[2] - 1) // stride + 1, (x.type.shape[3] - 1) // stride + 1)
+    residual = e.input((1, groups * rows, *out))
+    return e.graph(e.op(Op.CONV_ACT, x, w, e.weight((groups * rows,)), residual,
+                        attrs=ConvActAttrs(*geometry, groups, True, True, Op.RELU)))
+
+
 EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "mul-one": _binary_example(Op.MUL, 1.0),
     "div-one": _binary_example(Op.DIV, 1.0, swap=False),
@@ -460,4 +477,5 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "merge-parallel-addmm": _parallel_addmm,
     "merge-parallel-mm": _parallel_mm,
     "merge-parallel-conv": _parallel_conv,
+    "conv-regroup": _grouped_conv,
 }

@@ -50,20 +50,26 @@ class MeasuredCost:
     path: Path | None = None  # None: keep measurements in memory only
     budget_s: float = 5.0  # measuring time this model may spend; then estimates only
     name: str = "measured"
+    # which nodes to time; the others get the analytic estimate (None: every node)
+    measures: Callable[[Node], bool] | None = None
     spent_s: float = 0.0
     sources: dict[str, int] = field(default_factory=lambda: {"measured": 0, "cached": 0,
                                                              "estimated": 0})
     _memory: dict[tuple, float] = field(default_factory=dict, repr=False)
 
     @staticmethod
-    def open(options: Options, analytic: AnalyticCost, budget_s: float = 5.0) -> MeasuredCost:
+    def open(options: Options, analytic: AnalyticCost, budget_s: float = 5.0,
+             measures: Callable[[Node], bool] | None = None) -> MeasuredCost:
         from kiln.codegen.build import cache_dir  # the cache folder, not code generation
 
-        return MeasuredCost(analytic, cache_dir(options) / "op_times.sqlite", budget_s)
+        return MeasuredCost(analytic, cache_dir(options) / "op_times.sqlite", budget_s,
+                            measures=measures)
 
     def node_seconds(self, node: Node, graph: Graph | None = None) -> float:
         if node.op in (Op.INPUT, Op.CONSTANT, Op.SCALAR):
             return 0.0
+        if self.measures is not None and not self.measures(node):
+            return self.analytic.node_seconds(node)
         sig = signature(node)
         found = self._memory.get(sig)
         if found is not None:

@@ -51,6 +51,7 @@ _BUILTIN_SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("mlp", mlp.DESCRIPTION, mlp.build),
     ModelSpec("resnet18", resnet.DESCRIPTION_18, resnet.build_resnet18),
     ModelSpec("resnet50", resnet.DESCRIPTION_50, resnet.build_resnet50),
+    ModelSpec("resnext50", resnet.DESCRIPTION_X50, resnet.build_resnext50),
     ModelSpec("mobilenet_v2", mobilenet.DESCRIPTION, mobilenet.build),
     ModelSpec("bert", transformer.DESCRIPTION_BERT, transformer.build_bert),
     ModelSpec("gpt2", transformer.DESCRIPTION_GPT2, transformer.build_gpt2),

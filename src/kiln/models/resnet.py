@@ -1,4 +1,10 @@
-"""ResNet-18 / ResNet-50 in the torchvision layout (conv-bn-relu, residual adds, in-place ReLU)."""
+"""ResNet-18 / ResNet-50 / ResNeXt-50 in the torchvision layout (conv-bn-relu, residual adds,
+in-place ReLU).
+
+ResNeXt (Xie et al., CVPR'17) is ResNet-50 with a grouped 3x3 convolution in each bottleneck:
+32 groups of 4 channels in the first stage, up to 32 of 32 in the last. TASO evaluated its
+graph search on it; narrow groups are what a CPU runs worst (few channels per vector).
+"""
 
 from __future__ import annotations
 
@@ -11,10 +17,11 @@ from ._common import init_cnn_
 
 DESCRIPTION_18 = "ResNet-18, 3x224x224, batch 1"
 DESCRIPTION_50 = "ResNet-50 (bottleneck blocks), 3x224x224, batch 1"
+DESCRIPTION_X50 = "ResNeXt-50 32x4d (grouped 3x3 convolutions), 3x224x224, batch 1"
 
 
-def conv3x3(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
-    return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False)
+def conv3x3(cin: int, cout: int, stride: int = 1, groups: int = 1) -> nn.Conv2d:
+    return nn.Conv2d(cin, cout, 3, stride=stride, padding=1, groups=groups, bias=False)
 
 
 def conv1x1(cin: int, cout: int, stride: int = 1) -> nn.Conv2d:
@@ -47,17 +54,21 @@ class BasicBlock(nn.Module):
 
 
 class Bottleneck(nn.Module):
-    """1x1 reduce -> 3x3 (strided) -> 1x1 expand (x4); used by ResNet-50/101/152."""
+    """1x1 reduce -> 3x3 (strided, grouped for ResNeXt) -> 1x1 expand (x4); used by
+    ResNet-50/101/152 and ResNeXt, whose 3x3 is ``width = planes * width_per_group / 64 *
+    groups`` channels wide, as torchvision's."""
 
     expansion = 4
 
-    def __init__(self, cin: int, planes: int, stride: int, downsample: nn.Module | None) -> None:
+    def __init__(self, cin: int, planes: int, stride: int, downsample: nn.Module | None,
+                 groups: int = 1, width_per_group: int = 64) -> None:
         super().__init__()
-        self.conv1 = conv1x1(cin, planes)
-        self.bn1 = nn.BatchNorm2d(planes)
-        self.conv2 = conv3x3(planes, planes, stride)
-        self.bn2 = nn.BatchNorm2d(planes)
-        self.conv3 = conv1x1(planes, planes * self.expansion)
+        width = planes * width_per_group // 64 * groups
+        self.conv1 = conv1x1(cin, width)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = conv3x3(width, width, stride, groups)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = conv1x1(width, planes * self.expansion)
         self.bn3 = nn.BatchNorm2d(planes * self.expansion)
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
@@ -80,8 +91,13 @@ class ResNet(nn.Module):
         layers: Sequence[int],
         widths: Sequence[int] = (64, 128, 256, 512),
         num_classes: int = 1000,
+        groups: int = 1,
+        width_per_group: int = 64,
     ) -> None:
         super().__init__()
+        # ResNeXt's grouping, passed to every Bottleneck (BasicBlock has none)
+        self.grouping = {} if groups == 1 else {"groups": groups,
+                                                "width_per_group": width_per_group}
         self.inplanes = widths[0]
         self.conv1 = nn.Conv2d(3, self.inplanes, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(self.inplanes)
@@ -103,9 +119,10 @@ class ResNet(nn.Module):
                 conv1x1(self.inplanes, planes * block.expansion, stride),
                 nn.BatchNorm2d(planes * block.expansion),
             )
-        layers = [block(self.inplanes, planes, stride, downsample)]
+        layers = [block(self.inplanes, planes, stride, downsample, **self.grouping)]
         self.inplanes = planes * block.expansion
-        layers += [block(self.inplanes, planes, 1, None) for _ in range(1, blocks)]
+        layers += [block(self.inplanes, planes, 1, None, **self.grouping)
+                   for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -120,13 +137,16 @@ def _build(
     layers: Sequence[int],
     quick_layers: Sequence[int],
     quick: bool,
+    groups: int = 1,
+    width_per_group: int = 64,
 ) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     if quick:
         # Same stem/blocks, narrow and shallow; 32x32 still reaches 1x1 at layer4.
-        model = ResNet(block, quick_layers, widths=(8, 16, 32, 64), num_classes=10)
+        model = ResNet(block, quick_layers, widths=(8, 16, 32, 64), num_classes=10,
+                       groups=groups, width_per_group=width_per_group)
         size, calib_batch = 32, 8
     else:
-        model = ResNet(block, layers)
+        model = ResNet(block, layers, groups=groups, width_per_group=width_per_group)
         size, calib_batch = 224, 2
     init_cnn_(model, torch.randn(calib_batch, 3, size, size))
     x = torch.randn(1, 3, size, size)
@@ -141,3 +161,10 @@ def build_resnet18(quick: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
 def build_resnet50(quick: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     # Quick: two blocks in layer2 so an identity-shortcut bottleneck is present too.
     return _build(Bottleneck, (3, 4, 6, 3), (1, 2, 1, 1), quick)
+
+
+def build_resnext50(quick: bool) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    # 32x4d; quick: 4 groups of 2 to 16 channels (widths 8 to 64, as ResNet-50's quick)
+    if quick:
+        return _build(Bottleneck, (), (1, 2, 1, 1), quick, groups=4, width_per_group=32)
+    return _build(Bottleneck, (3, 4, 6, 3), (), quick, groups=32, width_per_group=4)

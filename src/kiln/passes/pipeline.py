@@ -44,7 +44,8 @@ PIPELINE: tuple[Pass | RulePass | PetPass, ...] = (
     Pass("pointwise", pointwise_as_gemm, 2, "1x1 NHWC convolutions as GEMMs over the pixels "
          "(views around an addmm), so kiln's GEMM on packed weights competes for them"),
     RulePass("simplify.views", rules.MOVEMENT, 2, "a pointwise GEMM's result viewed back to "
-             "NCHW, then to the next one's pixels, is the same matrix: the views cancel"),
+             "NCHW, then to the next one's pixels, is the same matrix: the views cancel",
+             searched=False),
     Pass("fold.rewritten", fold_constants, 1, "compute the weights the rules built"),
     Pass("cse.final", eliminate_common_subexpressions, 1, "rewrites can make equal nodes"),
     Pass("dce.final", eliminate_dead_code, 0, "drop the sources folding left behind"),

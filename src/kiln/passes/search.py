@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kiln.cost.analytic import AnalyticCost, Roofline
+from kiln.cost.analytic import AnalyticCost, Roofline, narrow_groups
 from kiln.cost.graph import GraphCost
 from kiln.cost.measured import MeasuredCost
 from kiln.ir.graph import Graph
@@ -101,7 +101,10 @@ class SearchPass:
         rules = search_rules([r for p in active for r in p.rules],
                              generated=options.opt_level >= 2, fast_math=options.fast_math)
         roof = Roofline.of_machine(options)
-        model = AnalyticCost(roof)
+        analytic = AnalyticCost(roof)
+        model: AnalyticCost | MeasuredCost = analytic
+        if options.measure_kernels:  # the convolutions the roofline misjudges are timed
+            model = MeasuredCost.open(options, analytic, measures=narrow_groups)
         scorer = GraphCost(model)
         cost_greedy = scorer.seconds(greedy)
         extra: dict = {}
@@ -138,7 +141,7 @@ class SearchPass:
             chosen = "input"
         measured = None
         if chosen != "greedy" and options.measure_kernels:
-            timer = GraphCost(MeasuredCost.open(options, model))
+            timer = GraphCost(MeasuredCost.open(options, analytic))
             measured = (timer.seconds(greedy), timer.seconds(outcome.graph))
             if measured[1] >= MARGIN * measured[0]:
                 chosen, graph_out, path, seed = "greedy", greedy, (), "greedy"
@@ -157,14 +160,15 @@ class SearchPass:
 
 
 def with_search(passes: tuple, options: Options) -> tuple:
-    """``passes`` with their rule passes replaced by one `SearchPass` where the first stood;
-    unchanged for the greedy strategy."""
+    """``passes`` with their searched rule passes replaced by one `SearchPass` where the first
+    stood; unchanged for the greedy strategy. A rule pass that cleans up after later passes
+    (``searched=False``: the views around the pointwise GEMMs) still runs where it stands."""
     if options.search == "greedy":
         return passes
-    rule_passes = tuple(p for p in passes if isinstance(p, RulePass))
+    rule_passes = tuple(p for p in passes if isinstance(p, RulePass) and p.searched)
     out: list = []
     for p in passes:
-        if not isinstance(p, RulePass):
+        if not isinstance(p, RulePass) or not p.searched:
             out.append(p)
         elif p is rule_passes[0]:
             out.append(SearchPass(rule_passes, min_level=min(r.min_level for r in rule_passes)))

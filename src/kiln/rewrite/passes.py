@@ -17,6 +17,9 @@ class RulePass:
     rules: tuple[Rule, ...]
     min_level: int = 1
     why: str = ""
+    # a cost-based search (kiln.passes.search) takes this pass's rules; False for a pass that
+    # cleans up after later non-rule passes, which must still run where it stands
+    searched: bool = True
 
     def __call__(self, graph: Graph, options: Options) -> Graph:
         return self.rewrite(graph, options).graph

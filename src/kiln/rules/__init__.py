@@ -14,6 +14,7 @@ from kiln.rules import (
     merge,
     movement,
     neutral,
+    regroup,
 )
 
 # local algebra: each rewrite is cheaper or equal, and the set has no cycles
@@ -26,8 +27,11 @@ MERGE: tuple[Rule, ...] = merge.RULES
 # chains of views and permutes alone: the late passes' (layout, pointwise) leave some
 MOVEMENT: tuple[Rule, ...] = movement.RULES
 
+# rewrites that pay only at some shapes: the cost-based search tries them, no greedy pass
+SEARCH_ONLY: tuple[Rule, ...] = regroup.RULES
+
 ALL_RULES: tuple[Rule, ...] = tuple({r.name: r for r in SIMPLIFY + FOLD_INTO_WEIGHTS + EPILOGUE
-                                     + MERGE}.values())
+                                     + MERGE + SEARCH_ONLY}.values())
 
 
 def rule_named(name: str) -> Rule:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kiln.rewrite.rule import EXACT, Rule
+from kiln.rules import SEARCH_ONLY
 from kiln.synth.as_rule import runnable_rules
 from kiln.synth.text import parse_rules
 
@@ -24,10 +25,14 @@ GENERATED = Path(__file__).resolve().parent.parent / "synth" / "generated"
 
 def search_rules(hand: Sequence[Rule], generated: bool, fast_math: bool = False
                  ) -> tuple[Rule, ...]:
-    """``hand`` (first occurrence of each name kept) and, if ``generated``, the shipped
+    """``hand`` (first occurrence of each name kept), the hand rules only a search runs
+    (`kiln.rules.SEARCH_ONLY`, those ``fast_math`` enables) and, if ``generated``, the shipped
     generated rules: the exact ones, or all with ``fast_math`` (module docstring); a
     generated rule named like a hand rule is left out."""
     rules = {r.name: r for r in hand}
+    for rule in SEARCH_ONLY:
+        if rule.enabled(fast_math):
+            rules.setdefault(rule.name, rule)
     if generated:
         for rule in shipped_generated_rules():
             if fast_math or rule.safety is EXACT:
