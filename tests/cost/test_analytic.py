@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.cost.analytic import AnalyticCost, Roofline, node_bytes, node_flops
+from kiln.cost.analytic import AnalyticCost, Roofline, narrow_groups, node_bytes, node_flops
 from kiln.cost.graph import GraphCost
 from kiln.ir import parse_graph
 from kiln.options import Options
@@ -101,3 +101,20 @@ def test_the_roofline_is_measured_once_and_kept_on_disk(tmp_path) -> None:
     assert Roofline.of_machine(options) == first  # read back, not measured again
     (tmp_path / "roofline.json").write_text("{not json")
     assert Roofline.of_machine(options).measured  # a corrupt cache costs a measurement
+
+
+def test_narrow_groups_are_the_grouped_convolutions_a_vector_is_wider_than() -> None:
+    _, n = _nodes("""graph(%i: f32[1, 32, 10, 10], %dense: f32[8, 32, 3, 3], \
+%g4: f32[32, 4, 3, 3], %g16: f32[32, 16, 1, 1], %g32: f32[32, 32, 1, 1], %dw: f32[32, 1, 3, 3]) {
+  %dense_conv = convolution(%i, %dense) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=1} : f32[1, 8, 10, 10]
+  %narrow = convolution(%i, %g4) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=8} : f32[1, 32, 10, 10]
+  %two = convolution(%i, %g16) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=2} : f32[1, 32, 10, 10]
+  %depthwise = convolution(%i, %dw) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups=32} : f32[1, 32, 10, 10]
+  return %dense_conv, %narrow, %two, %depthwise
+}""")
+    assert narrow_groups(n["narrow"]) and narrow_groups(n["two"])
+    assert not narrow_groups(n["dense_conv"]) and not narrow_groups(n["depthwise"])

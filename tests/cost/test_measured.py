@@ -67,3 +67,14 @@ def test_an_op_that_runs_on_its_operands_is_timed_with_valid_indices(tmp_path) -
     model = _model(tmp_path)
     assert model.node_seconds(NODES["e"]) > 0  # embedding with zero indices runs
     assert model.sources["measured"] == 1
+
+
+def test_a_model_told_what_to_time_estimates_the_rest(tmp_path, monkeypatch) -> None:
+    timed = []
+    monkeypatch.setattr(measured, "_time_node",
+                        lambda node, graph: (timed.append(node.name), (1.0, True))[1])
+    model = MeasuredCost.open(Options(kernel_cache_dir=str(tmp_path)),
+                              AnalyticCost(Roofline()), measures=lambda n: n.name == "mm")
+    assert model.node_seconds(NODES["mm"]) == 1.0
+    assert model.node_seconds(NODES["add"]) == model.analytic.node_seconds(NODES["add"]) < 1.0
+    assert timed == ["mm"]
