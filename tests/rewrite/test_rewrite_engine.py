@@ -161,3 +161,21 @@ def test_substitute_follows_replacements_and_drops_the_dead() -> None:
     assert torch.equal(interpret(result, [x])[0], torch.exp(-x))
     with pytest.raises(ValueError, match="refers back"):
         substitute(graph, {b.out(): a.out(), a.out(): b.out()})
+
+
+def test_a_search_remembering_what_never_matches_finds_the_same_rewrites() -> None:
+    import kiln_test_support as support
+    from kiln.rewrite.engine import rules_by_root, single_rewrites
+    from kiln.rules import ALL_RULES
+    from kiln.search.rules import shipped_generated_rules
+
+    graph = support.capture("inception").graph
+    options = Options(fast_math=True)
+    by_root = rules_by_root(ALL_RULES + shipped_generated_rules(), options)
+    never: set = set()
+    plain = [(m.rule, m.node) for m in single_rewrites(graph, by_root)]
+    remembered = [(m.rule, m.node) for m in single_rewrites(graph, by_root, never)]
+    assert remembered == plain and len(plain) > 10
+    assert never  # generated rules whose ops are not there were remembered
+    # and the second expansion of a graph sharing those nodes skips them, same moves
+    assert [(m.rule, m.node) for m in single_rewrites(graph, by_root, never)] == plain

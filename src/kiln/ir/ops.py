@@ -122,9 +122,12 @@ class Op(enum.Enum):
     def __init__(self, text: str, groups: OpGroup) -> None:
         self.text = text
         self.groups = groups
+        self._bits = groups._value_
 
     def is_a(self, group: OpGroup) -> bool:
-        return bool(self.groups & group)
+        # on the flags' integers: a Flag's `&` builds a new member, and a search asks this
+        # of every node it tries a rule at (400,000 times in 8 s on ResNeXt-50)
+        return bool(self._bits & group._value_)
 
     @staticmethod
     def parse(text: str) -> Op:

@@ -73,11 +73,21 @@ class Move:
     graph: Graph  # the graph after the rewrite
 
 
-def single_rewrites(graph: Graph, by_root: dict[Op, list[Rule]]) -> Iterator[Move]:
-    """Every way to rewrite ``graph`` with one rule at one node (same checks as a sweep)."""
+def single_rewrites(graph: Graph, by_root: dict[Op, list[Rule]],
+                    never: set[tuple[str, Node]] | None = None) -> Iterator[Move]:
+    """Every way to rewrite ``graph`` with one rule at one node (same checks as a sweep).
+    ``never``: (rule, node) pairs whose pattern cannot match the node's subgraph
+    (`Pattern.never_matches`); a search passes one set for all the graphs it expands, which
+    share most of their (immutable) nodes, and each pair is tested once."""
     ctx = MatchContext(graph)
     for node in graph.nodes:
         for rule in by_root.get(node.op, ()):
+            if never is not None:
+                if (rule.name, node) in never:
+                    continue
+                if rule.pattern.never_matches(node.out(getattr(rule.pattern, "output", 0))):
+                    never.add((rule.name, node))
+                    continue
             outcome = _try(rule, node, ctx, set())
             if isinstance(outcome, str) or outcome is None:
                 continue

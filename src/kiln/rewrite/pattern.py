@@ -99,6 +99,12 @@ class Pattern:
         """Ops a root node must have for this pattern to match (None: any)."""
         return None
 
+    def never_matches(self, value: Value) -> bool:
+        """True where the pattern cannot match ``value`` whatever the graph around it: a
+        test of the value's own subgraph (immutable), so a search may remember it (False:
+        no such test)."""
+        return False
+
 
 # --- constraints on a bound value --------------------------------------------------------
 

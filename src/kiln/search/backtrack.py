@@ -90,6 +90,7 @@ def backtrack(graph: Graph, rules: Sequence[Rule], options: Options, model: Cost
     order = itertools.count()
     queue: list[tuple[float, int, Graph, tuple[Step, ...], str]] = []
     seen: set[int] = set()
+    never: set[tuple[str, Node]] = set()  # (rule, node) pairs that cannot match, ever
     cost_before = scorer.seconds(graph)
     best = (cost_before, graph, (), "input")
     for name, g in [("input", graph), *seeds]:
@@ -112,7 +113,7 @@ def backtrack(graph: Graph, rules: Sequence[Rule], options: Options, model: Cost
         _, _, current, path, seed = heapq.heappop(queue)
         expanded += 1
         extra = moves(current) if moves is not None else ()
-        for move in itertools.chain(single_rewrites(current, by_root), extra):
+        for move in itertools.chain(single_rewrites(current, by_root, never), extra):
             key = keys.key(move.graph)
             if key in seen:
                 continue

@@ -58,7 +58,30 @@ class LawPattern(Pattern):
         return frozenset({self.term.op})
 
     def match(self, value: Value, ctx: MatchContext, b: dict[str, Any]) -> str | None:
+        if not _ops_fit(self.term, value):  # most tries end here: no bindings made, no text
+            return f"the ops at {value.node.name} are not the source term's"
         return _match(self.term, value, ctx, b)
+
+    def never_matches(self, value: Value) -> bool:
+        return not _ops_fit(self.term, value)
+
+
+def _ops_fit(term: Term, value: Value) -> bool:
+    """Whether the graph has the term's ops, output indices and operand counts (either order
+    of a commutative binary op): a necessary condition of `_match`, tested without its
+    bindings. A search tries every generated rule at every node of every graph it expands
+    (ResNeXt-50: 150,000 tries in 21 expansions, 4.5 of the search's 8 s in `_match`)."""
+    if not isinstance(term, App):
+        return True
+    node = value.node
+    args = term.args
+    if node.op is not term.op or value.index != term.output or len(node.inputs) != len(args):
+        return False
+    inputs = node.inputs
+    if all(_ops_fit(arg, v) for arg, v in zip(args, inputs)):
+        return True
+    return (len(args) == 2 and node.op.is_a(OpGroup.COMMUTATIVE)
+            and _ops_fit(args[0], inputs[1]) and _ops_fit(args[1], inputs[0]))
 
 
 def _match(term: Term, value: Value, ctx: MatchContext, b: dict[str, Any]) -> str | None:
