@@ -1,7 +1,8 @@
-"""Generated dense direct convolutions: a ``convolution`` / ``conv_act`` node with groups = 1,
-whose input is channels-last at run time (the `layout` pass made it so), becomes the kernel
-of `kiln.kernels.conv_schedule`: one more candidate of `kiln.kernels.contractions`, used only
-where it measures fastest against the node's ATen call and oneDNN on a weight reordered once.
+"""Generated direct convolutions: a ``convolution`` / ``conv_act`` node, dense or grouped with
+whole register panels a group (`grouped_refusal`), whose input is channels-last at run time
+(the `layout` pass made it so), becomes the kernel of `kiln.kernels.conv_schedule`: one more
+candidate of `kiln.kernels.contractions`, used only where it measures fastest against the
+node's ATen call and oneDNN on a weight reordered once.
 
     %y = conv_act(%x_nhwc, %w, %b) {stride=(2, 2), padding=(1, 1), groups=1, clamp(0, 6)}
       -> kiln_conv_3x224x224_32_k3x3_s2 (x NHWC, w packed once into [1, 3, 3, 3, 32],
@@ -90,7 +91,7 @@ def conv_groups(graph: Graph) -> list[KernelGroup]:
     users = graph.users()
     returned = set(graph.outputs)
     groups = []
-    for group in singles(graph, lambda node: _is_dense(node)
+    for group in singles(graph, lambda node: _is_direct(node)
                          and refusal(graph, node, nhwc) is None):
         copy = layout_prologue(graph, group.last, users)
         first = copy or group.last
@@ -132,16 +133,38 @@ def source_strides(graph: Graph, source: Value) -> tuple[int, ...] | None:
     return None
 
 
-def _is_dense(node: Node) -> bool:
-    return (node.op in (Op.CONVOLUTION, Op.CONV_ACT) and len(node.inputs[0].type.shape) == 4
-            and node.attrs.groups == 1)  # type: ignore[attr-defined]
+def _is_direct(node: Node) -> bool:
+    """A 2-d convolution that is not depthwise (whose kernel is `kiln.kernels.depthwise`)."""
+    if node.op not in (Op.CONVOLUTION, Op.CONV_ACT) or len(node.inputs[0].type.shape) != 4:
+        return False
+    groups = node.attrs.groups  # type: ignore[attr-defined]
+    return groups == 1 or node.inputs[0].type.shape[1] // groups > 1
 
 
-def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | None:
+def grouped_refusal(node: Node, lanes: int) -> str | None:
+    """Why a grouped convolution's groups do not suit the kernel: each group's output
+    channels must fill whole vectors (`kiln.kernels.conv_schedule.panel_within_group`).
+    ResNeXt-50's 3x3 layers have 4, 8, 16 and 32 output channels a group: with 8 lanes
+    (AVX2) the last three qualify; its first stage keeps the library's kernel."""
+    groups = node.attrs.groups  # type: ignore[attr-defined]
+    per_group = node.type.shape[1] // groups
+    if groups > 1 and per_group % lanes:
+        return (f"{groups} groups of {per_group} output channels: not whole vectors of "
+                f"{lanes}")
+    return None
+
+
+def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None,
+            options: Options | None = None) -> str | None:
     """Why the generated kernel does not take this convolution; None where it does."""
-    if not _is_dense(node):
-        return "not a dense 2-d convolution (groups = 1)"
-    ci = node.inputs[0].type.shape[1]
+    if not _is_direct(node):
+        return "not a dense or grouped 2-d convolution (a depthwise one has its own kernel)"
+    groups = node.attrs.groups  # type: ignore[attr-defined]
+    if groups > 1:
+        why = grouped_refusal(node, max(target_isa(options or Options()).f32_lanes, 4))
+        if why:
+            return why
+    ci = node.inputs[0].type.shape[1] // groups
     kh, kw = node.inputs[1].type.shape[2:]
     if ci * kh * kw > MAX_REDUCTION:
         return (f"a reduction of {ci * kh * kw} per output (> {MAX_REDUCTION}): oneDNN's "
@@ -159,14 +182,15 @@ def conv_shape(node: Node, pad: Node | None = None) -> ConvShape:
                      depthwise.kernel, depthwise.stride, depthwise.padding,
                      tuple(a.dilation), conv_bias(node) is not None,  # type: ignore
                      residual=conv_residual(node) is not None,
-                     padding_after=depthwise.padding_after)
+                     padding_after=depthwise.padding_after,
+                     groups=a.groups)  # type: ignore[attr-defined]
 
 
 def plan_conv(graph: Graph, group: KernelGroup, options: Options) -> ConvPlanned | Skipped:
     """The plan of the generated kernel for a one-node dense convolution group, its inputs
     (x, the weight, the bias, the residual), and the weight packed for it."""
     node = group.last
-    why = refusal(graph, node)
+    why = refusal(graph, node, options=options)
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
     x = group.nodes[0].inputs[0]  # (the copy's source, where the group starts with it)
@@ -201,6 +225,7 @@ def conv_space(node: Node, options: Options, x_strides: tuple[int, ...] | None =
         "_p" + "x".join(str(p) for p in (*shape.padding, *shape.padding_after))
     return WindowSpace("conv", shape, target_isa(options), torch.get_num_threads(),
                        epilogue_of(node), f"kiln_conv_{shape.ci}x{shape.h}x{shape.w}_{shape.co}"
+                       f"{f'_g{shape.groups}' if shape.groups > 1 else ''}"
                        f"_k{kh}x{kw}_s{sh}x{sw}{padded}{'_r' if shape.residual else ''}")
 
 

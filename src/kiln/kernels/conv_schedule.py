@@ -86,7 +86,8 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.visit import conjoin
 
 __all__ = ["PAD_COPY_BYTES", "SMALL_COPY_BYTES", "ConvConfig", "ConvShape", "conv_func",
-           "conv_plan", "conv_shares_dynamically", "pack_conv_weight", "schedule_conv"]
+           "conv_plan", "conv_shares_dynamically", "pack_conv_weight", "panel_within_group",
+           "schedule_conv"]
 
 F32 = DType.F32
 # the largest padded copy of the input a kernel makes: the copy is a workspace each calling
@@ -111,8 +112,10 @@ SMALL_COPY_BYTES_STRIDE1_16_REGISTERS = 640 * 1024
 
 @dataclass(frozen=True)
 class ConvShape:
-    """A dense (groups = 1) convolution's sizes: input [N, CI, H, W], CO output channels,
-    kernel KH x KW, stride, padding, dilation (per spatial dim), and whether it adds a bias.
+    """A convolution's sizes: input [N, CI, H, W], CO output channels, kernel KH x KW,
+    stride, padding, dilation (per spatial dim), and whether it adds a bias. ``groups``:
+    dense (1), or CO / groups output channels over CI / groups input channels each, a
+    multiple of the register tile's ``nr`` (`panel_within_group`).
     ``x_strides``: the input's strides where it is not channels-last (a network's NCHW
     input, `kiln.kernels.conv.layout_prologue`). ``residual``: it adds a channels-last
     tensor of the output's shape (a ResNet basic block's shortcut), before the activation.
@@ -133,6 +136,7 @@ class ConvShape:
     # the padding after each spatial dim where it differs from ``padding`` (a zero ``pad``
     # folded in: TensorFlow's "same" padding of a strided convolution)
     padding_after: tuple[int, int] | None = None
+    groups: int = 1
 
     @property
     def out(self) -> tuple[int, int]:
@@ -140,9 +144,23 @@ class ConvShape:
         return output_size(self)
 
     @property
+    def group_ci(self) -> int:
+        """Input channels an output channel reads."""
+        return self.ci // self.groups
+
+    @property
     def macs(self) -> int:
         oh, ow = self.out
-        return self.n * self.co * oh * ow * self.ci * self.kernel[0] * self.kernel[1]
+        return self.n * self.co * oh * ow * self.group_ci * self.kernel[0] * self.kernel[1]
+
+
+def panel_within_group(shape: ConvShape, nr: int) -> bool:
+    """Whether every panel of ``nr`` output channels lies in one group, so that its taps read
+    that group's input channels alone. A panel over two groups would need zeros in its
+    weights where the other group's channels meet it, and 0 x inf is NaN: an infinite input
+    channel would reach the other group's outputs, which ATen's grouped convolution never
+    does. (ResNeXt-50's first stage, 4 output channels a group, stays with the library.)"""
+    return shape.groups == 1 or (shape.co // shape.groups) % nr == 0
 
 
 @dataclass(frozen=True)
@@ -191,11 +209,14 @@ class ConvConfig:
         `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles."""
         lanes = max(lanes, 4)
         vectors = 2 if shape.co > lanes else 1
+        if not panel_within_group(shape, vectors * lanes):  # (a group of one vector)
+            vectors = 1
         nr = vectors * lanes
         (ph, pw), (qh, qw), (h, w) = shape.padding, padding_after(shape), (shape.h, shape.w)
         padding = any((ph, pw, qh, qw))
         ow = shape.out[1]
-        few_channels_wide_window = shape.ci < 8 and shape.kernel[0] * shape.kernel[1] >= 25
+        few_channels_wide_window = shape.group_ci < 8 and \
+            shape.kernel[0] * shape.kernel[1] >= 25
         row = _row_tiles_16_registers(ow) if registers <= 16 and vectors == 2 and ow > 7 \
             else None
         copy_bytes = 4 * shape.n * shape.ci * (h + ph + qh) * (w + pw + qw)
@@ -217,7 +238,7 @@ class ConvConfig:
             tile, tail_tile = row
         elif 0 < ow <= largest:
             tile = ow
-        elif registers <= 16 and shape.ci < lanes:
+        elif registers <= 16 and shape.group_ci < lanes:
             # 16 registers, a first layer's few channels over one vector of output
             # channels: at most 6 pixels (ResNet's 7x7 stem, when its taps were loops: 2072
             # us over 7 pixels, 1718 over 6)
@@ -275,15 +296,16 @@ def conv_shares_dynamically(shape: ConvShape) -> bool:
     input, weights and output once (a 3x3 convolution over 64 channels: about 130 FLOPs a
     byte, dynamic; MobileNetV2's 3-channel stem: 10, static)."""
     (kh, kw), (oh, ow) = shape.kernel, shape.out
-    elements = (shape.n * shape.ci * shape.h * shape.w + shape.co * shape.ci * kh * kw
+    elements = (shape.n * shape.ci * shape.h * shape.w + shape.co * shape.group_ci * kh * kw
                 + shape.n * shape.co * oh * ow * (2 if shape.residual else 1))
     return shares_dynamically(2.0 * shape.macs, 4.0 * elements)
 
 
 def pack_conv_weight(weight: torch.Tensor, nr: int) -> torch.Tensor:
-    """A dense weight [CO, CI, KH, KW] (any strides) as the kernel reads it: panels of ``nr``
-    output channels, f32[ceil(CO / nr), KH, KW, CI, nr], contiguous, the last panel
-    zero-padded, so one row of a panel is ``nr / lanes`` vector loads."""
+    """A weight [CO, CI / groups, KH, KW] (any strides) as the kernel reads it: panels of
+    ``nr`` output channels, f32[ceil(CO / nr), KH, KW, CI / groups, nr], contiguous, the last
+    panel zero-padded, so one row of a panel is ``nr / lanes`` vector loads. (A panel lies in
+    one group, `panel_within_group`: its rows are that group's input channels.)"""
     co, ci, kh, kw = weight.shape
     panels = -(-co // nr)
     padded = torch.zeros(panels * nr, ci, kh, kw, dtype=weight.dtype)
@@ -307,10 +329,14 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
     ``store_tail``, accumulating in their own ``acc_tail``) the columns from there on, so
     that the two parts can take register tiles of different widths."""
     n, ci, h, w, co = shape.n, shape.ci, shape.h, shape.w, shape.co
+    if not panel_within_group(shape, nr):
+        raise ValueError(f"{shape.groups} groups of {co // shape.groups} output channels: "
+                         f"a panel of {nr} would span two groups")
     kh, kw = shape.kernel
     oh, ow = shape.out
+    gci, per_group = shape.group_ci, co // shape.groups
     x = TBuffer("x", (n, ci, h, w), F32, shape.x_strides or channels_last_strides((n, ci, h, w)))
-    wt = TBuffer("w", (-(-co // nr), kh, kw, ci, nr), F32)
+    wt = TBuffer("w", (-(-co // nr), kh, kw, gci, nr), F32)
     bias = TBuffer("bias", (co,), F32) if shape.bias else None
     out = TBuffer("out", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow)))
     residual = TBuffer("residual", (n, co, oh, ow), F32, channels_last_strides((n, co, oh, ow))
@@ -339,7 +365,14 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
                        const(0.0, F32))
         return BufferStore(xp, (vn, vci, vh, vw), value)
 
-    reduce = (("i", kh), ("j", kw), ("ci", ci))
+    reduce = (("i", kh), ("j", kw), ("ci", gci))
+
+    def channel(vco: Expr, vci: Expr) -> Expr:
+        """The input channel of reduction index ``vci`` for output channel ``vco``: the
+        panel's group's (the panel index over the panels a group has)."""
+        if shape.groups == 1:
+            return vci
+        return (vco // nr) // (per_group // nr) * gci + vci
 
     def part(suffix: str, start: int, stop: int) -> tuple[TBuffer, Stmt]:
         """The accumulator and the three nests over output columns [start, stop): a nest's
@@ -358,7 +391,8 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
 
         def update(vn: Var, voh: Var, vow: Var, vco: Var, vi: Var, vj: Var, vci: Var) -> Stmt:
             pos_h, pos_w = position(voh, vi, 0), position(col(vow), vj, 1)
-            value = xp[vn, vci, pos_h + ph, pos_w + pw] if padded else x[vn, vci, pos_h, pos_w]
+            c = channel(vco, vci)
+            value = xp[vn, c, pos_h + ph, pos_w + pw] if padded else x[vn, c, pos_h, pos_w]
             tap = value * wt[vco // nr, vi, vj, vci, vco % nr]
             return BufferStore(acc, (vn, voh, vow, vco), acc[vn, voh, vow, vco] + tap)
 

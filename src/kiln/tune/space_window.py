@@ -37,6 +37,7 @@ from kiln.kernels.conv_schedule import (
     conv_plan,
     conv_shares_dynamically,
     pack_conv_weight,
+    panel_within_group,
 )
 from kiln.kernels.depthwise_schedule import (
     DepthwiseConfig,
@@ -112,7 +113,10 @@ class WindowSpace:
         ow = s.out[1]
         channels = s.co if isinstance(s, ConvShape) else s.c
         if name in ("nr", "lanes"):
-            return (lanes, 2 * lanes) if channels > lanes else (lanes,)
+            widths = (lanes, 2 * lanes) if channels > lanes else (lanes,)
+            if isinstance(s, ConvShape):  # (a grouped layer's panels stay in their groups)
+                widths = tuple(nr for nr in widths if panel_within_group(s, nr)) or (lanes,)
+            return widths
         if name == "pad_copy":
             return (False, True) if any((*s.padding, *padding_after(s))) else (False,)
         if name == "split_panels":
@@ -185,7 +189,7 @@ class WindowSpace:
                              count_include_pad=s.count_include_pad,
                              divisor_override=s.divisor_override)
             return [x, out], [expected]
-        groups = 1 if isinstance(s, ConvShape) else s.c
+        groups = s.groups if isinstance(s, ConvShape) else s.c
         weight = torch.randn(out_channels, channels // groups, *s.kernel, generator=gen)
         bias = torch.randn(out_channels, generator=gen) if s.bias else None
         padded, padding = x, s.padding
