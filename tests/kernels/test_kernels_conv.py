@@ -27,6 +27,7 @@ from kiln.kernels.conv_schedule import (
     ConvShape,
     conv_plan,
     pack_conv_weight,
+    panel_within_group,
 )
 from kiln.kernels.decide import Decisions
 from kiln.kernels.plan import Epilogue, Recipe, Serial
@@ -614,3 +615,103 @@ def test_a_slice_whose_channels_are_not_adjacent_keeps_its_copy() -> None:
                                "b": torch.randn(16)})
     (group,) = conv_groups(graph)
     assert [n.name for n in group.nodes] == ["y"]
+
+
+# grouped: (n, ci, h, w, co, groups, kernel, stride, padding, bias, lanes)
+GROUPED = [
+    (1, 64, 9, 11, 64, 4, 3, 1, 1, True, 8),  # 16 output channels a group: two vectors of 8
+    (1, 96, 7, 10, 48, 6, 3, 2, 1, False, 8),  # 8 a group, strided, an odd row
+    (1, 256, 5, 5, 256, 16, 3, 1, 1, True, 16),  # ResNeXt-like: 16 of 16 channels
+]
+
+
+def _grouped(case: tuple) -> tuple[ConvShape, ConvConfig]:
+    n, ci, h, w, co, groups, k, s, p, bias, lanes = case
+    shape = ConvShape(n, ci, h, w, co, (k, k), (s, s), (p, p), bias=bias, groups=groups)
+    return shape, ConvConfig.default(shape, lanes)
+
+
+@pytest.mark.parametrize("case", GROUPED, ids=lambda c: f"{c[1]}to{c[4]}g{c[5]}s{c[7]}l{c[10]}")
+def test_a_grouped_convolution_reads_each_groups_channels_alone(kernel_options: Options,
+                                                               case: tuple) -> None:
+    """Against ATen's grouped convolution; an infinite input channel reaches its own group's
+    outputs only (a panel never spans two groups: no zero weights meet it)."""
+    shape, config = _grouped(case)
+    assert (shape.co // shape.groups) % config.nr == 0
+    plan = conv_plan(shape, config, name=f"conv_test_grouped_{'_'.join(map(str, case))}",
+                     epilogue=Epilogue(Op.RELU, ()))
+    kernel = compile_kernel(plan.build(), kernel_options)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(shape.n, shape.ci, shape.h, shape.w, generator=gen).contiguous(
+        memory_format=CL)
+    x[0, 0, shape.h // 2, shape.w // 2] = float("inf")  # group 0's first channel
+    weight = torch.randn(shape.co, shape.ci // shape.groups, *shape.kernel, generator=gen)
+    bias = torch.randn(shape.co, generator=gen)
+    out = torch.full((shape.n, shape.co, *shape.out), float("nan")).contiguous(
+        memory_format=CL)
+    kernel(x, pack_conv_weight(weight, config.nr), *([bias] if shape.bias else []), out)
+    want = torch.nn.functional.conv2d(x, weight, bias if shape.bias else None, shape.stride,
+                                      shape.padding, groups=shape.groups).relu()
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    per_group = shape.co // shape.groups
+    assert torch.isfinite(out[:, per_group:]).all()  # the other groups never read it
+    assert plan.replayed() == plan.build()
+
+
+def test_a_panel_never_spans_two_groups() -> None:
+    narrow = ConvShape(1, 128, 8, 8, 128, (3, 3), (1, 1), (1, 1), groups=32)  # 4 a group
+    assert not panel_within_group(narrow, 8)
+    with pytest.raises(ValueError, match="span two groups"):
+        conv_plan(narrow, ConvConfig(7, 8, lanes=8))
+    wide = dataclasses.replace(narrow, groups=8)  # 16 a group
+    assert panel_within_group(wide, 8) and panel_within_group(wide, 16)
+    assert ConvConfig.default(wide, 8).nr == 8  # one vector: a grouped layer's default
+    assert wide.macs == 8 * 8 * 128 * 16 * 9  # each output reads its group's 16 channels
+
+
+def test_grouped_convolutions_the_kernel_refuses_keep_the_library() -> None:
+    """Groups of fewer output channels than a vector (2 here, fewer than any ISA's 4 lanes),
+    and depthwise convolutions (their own kernel), get no dense-kernel group."""
+    for groups, cin, cout, why in ((32, 4, 64, "not whole vectors"), (16, 1, 16, "depthwise")):
+        graph = parse_graph(f"""graph(%x: f32[1, {groups * cin}, 8, 8]) {{
+  %w = constant {{name='w'}} : f32[{cout}, {cin}, 3, 3]
+  %xc = to_layout(%x) {{channels_last=True}} : f32[1, {groups * cin}, 8, 8]
+  %y = convolution(%xc, %w) {{stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+transposed=False, output_padding=(0, 0), groups={groups}}} : f32[1, {cout}, 8, 8]
+  return %y
+}}""", {"w": torch.randn(cout, cin, 3, 3)})
+        node = next(n for n in graph.nodes if n.name == "y")
+        assert why in refusal(graph, node)
+        assert conv_groups(graph) == []
+
+
+def test_a_grouped_convolution_is_a_candidate_in_the_contraction_stage(
+        kernel_options: Options) -> None:
+    """ResNeXt's second stage in small: 8 groups of 8 channels (whole vectors on AVX2 and
+    narrower ISAs), offered and run by the executor like a dense layer."""
+    lanes = max(target_isa(kernel_options).f32_lanes, 4)
+    groups, width = 4, max(lanes, 8)
+    c = groups * width
+    graph = parse_graph(f"""graph(%x: f32[1, {c}, 10, 9]) {{
+  %w = constant {{name='w'}} : f32[{c}, {width}, 3, 3]
+  %b = constant {{name='b'}} : f32[{c}]
+  %xc = to_layout(%x) {{channels_last=True}} : f32[1, {c}, 10, 9]
+  %y = conv_act(%xc, %w, %b) {{stride=(1, 1), padding=(1, 1), dilation=(1, 1), \
+groups={groups}, has_bias=True, has_residual=False, activation=op('relu'), act_args=()}} \
+: f32[1, {c}, 10, 9]
+  %z = clone(%y) : f32[1, {c}, 10, 9]
+  return %z
+}}""", {"w": torch.randn(c, width, 3, 3), "b": torch.randn(c)})
+    assert [g.last.name for g in conv_groups(graph)] == ["y"]
+    built = build_contraction_kernels(graph, contraction_groups(graph), kernel_options,
+                                      Decisions(None, False))
+    (kernel,) = [k for k in built.kernels if k.generated]
+    assert kernel.plan.recipe is Recipe.CONV  # type: ignore[union-attr]
+    moved = gather(graph, [kernel.group])
+    run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
+    x = torch.randn(1, c, 10, 9)
+    w = next(graph.constant(n) for n in graph.nodes if n.name == "w")
+    b = next(graph.constant(n) for n in graph.nodes if n.name == "b")
+    (got,) = run([x])
+    want = torch.nn.functional.conv2d(x, w, b, 1, 1, groups=groups).relu()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
