@@ -2,7 +2,9 @@
 
 The greedy pipeline runs each rule table to a fixpoint, in a fixed order, whatever a rewrite
 costs. This pass instead searches (`kiln.search.backtrack`) over the same rules, plus the
-generated rules proven for every shape, ranked by the roofline estimate of `kiln.cost`. The
+rules only a search applies (`kiln.rules.SEARCH_ONLY`) and the generated rules proven for
+every shape, ranked by the roofline estimate of `kiln.cost` (the grouped convolutions it
+misjudges, `kiln.cost.analytic.narrow_groups`, timed instead). The
 greedy result is one of the search's seeds, so the estimate never prefers a graph it ranks
 below greedy's. Where the search picks a different graph, both are timed op by op on this
 machine (`kiln.cost.measured`, cached on disk) when `Options.measure_kernels` is on, and the
