@@ -266,7 +266,6 @@ class ConvConfig:
         return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape),
                           lanes=lanes, tail_tile=tail_tile)
 
-
     @staticmethod
     def _grouped(shape: ConvShape, lanes: int, threads: int) -> ConvConfig:
         """A grouped layer's reduction is short (ResNeXt-50: 8 to 32 channels x 9 taps), so a
