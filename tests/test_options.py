@@ -33,3 +33,4 @@ def test_bool_fields_are_checked():
 def test_environment_is_read_only_here():
     o = Options.from_env({"KILN_OPT_LEVEL": "0", "KILN_DEBUG": "1", "KILN_STRICT": "false"})
     assert o.opt_level == 0 and o.debug and not o.strict
+    assert not o.fast_math and Options.from_env({"KILN_FAST_MATH": "1"}).fast_math
