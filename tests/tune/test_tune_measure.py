@@ -100,3 +100,12 @@ def test_a_crash_or_a_hang_is_a_failed_result_and_the_runner_goes_on(options: Op
     assert crashed.error is not None and crashed.error.startswith("crash")
     assert hung.error is not None and hung.error.startswith("timeout")
     assert after.ok, after.error
+
+
+def test_the_timeout_counts_the_candidate_not_the_workers_start(options: Options) -> None:
+    # a spawned worker imports torch and kiln first (seconds): a short timeout still serves
+    good = GemmSpace.for_shape(16, 32, 8)
+    assert Builder(options, jobs=1).build(good, [good.default()]) == [""]
+    with Runner(options, timeout_s=2, threads=1, budget_s=0.05) as runner:
+        result = runner.run_one(good, good.default())
+    assert result.ok, result.error

@@ -29,9 +29,12 @@ import torch
 from kiln.options import Options
 
 __all__ = ["Builder", "MeasureResult", "Runner", "build_one", "features_of", "kernel_call",
-           "laid_out_operands", "time_one", "time_together"]
+           "laid_out_operands", "ready", "time_one", "time_together"]
 
 CHECK_RTOL = 1e-4
+# A spawned worker imports torch and kiln before it can time anything: about 4 s here, much
+# more on a loaded machine. That wait is not the candidate's, so it has its own limit.
+STARTUP_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,15 @@ def time_one(space: Any, decisions: Mapping[str, Any], options: Options, threads
     if timing.error is not None or not timing.samples:
         return MeasureResult(point, error=f"run: {timing.error}", source=kernel.source)
     return MeasureResult(point, tuple(timing.samples), None, kernel.source)
+
+
+def ready() -> int:
+    """In a new worker: import what timing needs, so that no candidate's timeout counts it."""
+    import kiln.codegen.kernel  # noqa: F401
+    import kiln.cost.measure  # noqa: F401
+    import kiln.tune.space  # noqa: F401
+
+    return multiprocessing.current_process().pid or 0
 
 
 def laid_out_operands(space: Any, point: Mapping[str, Any]
@@ -240,6 +252,8 @@ class Runner:
 
     def run_one(self, space: Any, point: Mapping[str, Any]) -> MeasureResult:
         pool = self._worker()
+        if pool is None:
+            return MeasureResult(dict(point), error="runner: its worker process did not start")
         job = pool.submit(time_one, space, dict(point), self.options, self.threads,
                           self.budget_s)
         try:
@@ -255,6 +269,8 @@ class Runner:
                      ) -> list[tuple[float, ...]]:
         """`time_together` in the worker; empty tuples where it crashed or timed out."""
         pool = self._worker()
+        if pool is None:
+            return [() for _ in points]
         job = pool.submit(time_together, space, [dict(p) for p in points], self.options,
                           self.threads)
         try:
@@ -263,10 +279,16 @@ class Runner:
             self._stop(kill=True)
             return [() for _ in points]
 
-    def _worker(self) -> futures.ProcessPoolExecutor:
+    def _worker(self) -> futures.ProcessPoolExecutor | None:
+        """The worker, started and warmed up (`ready`) before a candidate's clock starts;
+        None when it does not come up within STARTUP_TIMEOUT_S."""
         if self._pool is None:
             ctx = multiprocessing.get_context("spawn")
             self._pool = futures.ProcessPoolExecutor(1, mp_context=ctx)
+            try:
+                self._pool.submit(ready).result(timeout=max(STARTUP_TIMEOUT_S, self.timeout_s))
+            except (futures.TimeoutError, futures.process.BrokenProcessPool):
+                self._stop(kill=True)
         return self._pool
 
     def _stop(self, kill: bool = False) -> None:
