@@ -209,7 +209,7 @@ class ConvConfig:
         `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles."""
         lanes = max(lanes, 4)
         if shape.groups > 1:
-            return ConvConfig._grouped(shape, lanes, threads)
+            return ConvConfig._grouped(shape, lanes, registers, threads)
         vectors = 2 if shape.co > lanes else 1
         nr = vectors * lanes
         (ph, pw), (qh, qw), (h, w) = shape.padding, padding_after(shape), (shape.h, shape.w)
@@ -267,23 +267,38 @@ class ConvConfig:
                           lanes=lanes, tail_tile=tail_tile)
 
     @staticmethod
-    def _grouped(shape: ConvShape, lanes: int, threads: int) -> ConvConfig:
+    def _grouped(shape: ConvShape, lanes: int, registers: int, threads: int) -> ConvConfig:
         """A grouped layer's reduction is short (ResNeXt-50: 8 to 32 channels x 9 taps), so a
-        tile's set-up and border guards weigh more than in a dense one: one vector of output
-        channels, the padded copy where there is padding, tiles of 7 or 8 pixels. Zen 3,
-        AVX2, 2 threads, ResNeXt-50's 3x3 layers (32 groups), two runs against the dense
-        rule (two vectors, guards, 6-pixel tiles; ATen): 14x14x512 353-376 us against
-        796-816 (520-541), 28x28x512 stride 2 637-648 against 873-897 (627-679), 14x14x1024
-        stride 2 373-458 against 513-525 (562-604), 28x28x256 446-588 against 467-1045
-        (657-709); 7x7x1024 338-351 against 304-314 (481-507)."""
+        tile's set-up and the input's padded copy weigh more than in a dense one.
+        - Where a group's output channels fill two vectors and a row is wider than one
+          tile: two vectors, in the fewest tiles as even as they go (14 pixels: 5 + 5 + 4),
+          at most 8 pixels, with guards on the border tiles and no padded copy (a pass over
+          the input that the interior tiles, free of guards, do not need).
+        - Else one vector of channels, the padded copy, tiles of 7 or 8 pixels.
+        Zen 3, AVX2, 2 threads, ResNeXt-50's 3x3 layers (32 groups), isolated, shuffled
+        rounds, two vectors with guards against one vector over the copy (ATen):
+        14x14x512 177-301 us against 251-428 (325-504), stride 2 to 14x14x512 333 against
+        670-711 (521). In the model, profiled five times in each of three processes per
+        side: 363-388 us against 382-410 a 14x14 layer, while the unchanged layers read 20%
+        slower in the new side's processes; the stride-2 layer 515 against the library's
+        911. One vector with guards instead of the copy was faster alone (28x28x256: 360
+        against 375 us) but slower in the model (681-729 against 415-474), so one vector
+        keeps the copy."""
         ow = shape.out[1]
         (ph, pw), (qh, qw) = shape.padding, padding_after(shape)
+        padding = any((ph, pw, qh, qw))
         copy_bytes = 4 * shape.n * shape.ci * (shape.h + ph + qh) * (shape.w + pw + qw)
-        pad_copy = any((ph, pw, qh, qw)) and copy_bytes <= PAD_COPY_BYTES
-        tile = next((t for t in (8, 7, 6, 5, 4) if ow % t == 0), min(8, max(ow, 1)))
-        panels = -(-shape.co // lanes)
+        two_vectors = ow > 8 and (shape.co // shape.groups) % (2 * lanes) == 0
+        if two_vectors:
+            largest = min(max((registers - 3) // 2, 1), 8)
+            tile = -(-ow // -(-ow // largest))
+        else:
+            tile = next((t for t in (8, 7, 6, 5, 4) if ow % t == 0), min(8, max(ow, 1)))
+        pad_copy = padding and not two_vectors and copy_bytes <= PAD_COPY_BYTES
+        nr = (2 if two_vectors else 1) * lanes
+        panels = -(-shape.co // nr)
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads)
-        return ConvConfig(tile, lanes, split, pad_copy, dynamic=conv_shares_dynamically(shape),
+        return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape),
                           lanes=lanes)
 
 
