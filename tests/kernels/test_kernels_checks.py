@@ -118,3 +118,27 @@ def test_a_weights_digest_follows_its_values_and_never_copies_a_transposed_one(
                         lambda self, *a, **k: pytest.fail("copied a transposed weight"))
     weight_digest(t)
     assert weight_digest(torch.empty(0, 3)) == weight_digest(torch.empty(3, 0))
+
+
+def test_a_large_weights_digest_hashes_its_pieces_in_parallel_and_follows_every_piece(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A weight over one piece is hashed piece by piece: the same values give the same digest
+    on one thread or two, and a change in any piece, the last (short) one included, gives
+    another."""
+    from kiln.kernels import checks
+
+    monkeypatch.setattr(checks, "_PIECE", 1 << 10)  # (4 KiB weights make several pieces)
+    torch.manual_seed(0)
+    w = torch.randn(3, 1000)  # 12000 bytes: 11 full pieces and one of 736 bytes
+    digest = checks.weight_digest(w)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert checks.weight_digest(w.clone()) == digest
+    finally:
+        torch.set_num_threads(threads)
+    for flat in (0, 1500, 2999):
+        changed = w.clone()
+        changed.view(-1)[flat] = -changed.view(-1)[flat]
+        assert checks.weight_digest(changed) != digest
+    assert checks.weight_digest(w.t()) != checks.weight_digest(w.t().contiguous())

@@ -307,3 +307,20 @@ def test_a_column_tail_reads_a_in_place_without_bounds_checks(options: Options,
     kernel(a, pack_b(b, 32) if prepacked else b, bias, out)
     torch.testing.assert_close(out, torch.addmm(bias, a, b), rtol=1e-4, atol=1e-4,
                                equal_nan=True)
+
+
+@pytest.mark.parametrize(("k", "n", "nr"), [(5, 7, 4), (6, 32, 16), (3, 5, 8), (0, 5, 4)])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_packed_b_holds_nr_column_panels_the_last_zero_padded(k: int, n: int, nr: int,
+                                                             transposed: bool) -> None:
+    """Panel p of pack_b(B, nr) is B[:, p*nr:(p+1)*nr], the columns past N zeros, whether B
+    is contiguous or a Linear weight's transpose."""
+    torch.manual_seed(0)
+    b = torch.randn(n, k).t() if transposed else torch.randn(k, n)
+    packed = pack_b(b, nr)
+    panels = -(-n // nr)
+    assert packed.shape == (panels, k, nr) and packed.is_contiguous()
+    for p in range(panels):
+        width = min(nr, n - p * nr)
+        assert torch.equal(packed[p, :, :width], b[:, p * nr:p * nr + width])
+        assert not packed[p, :, width:].any()

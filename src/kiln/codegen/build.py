@@ -70,6 +70,7 @@ __all__ = [
     "toolchain",
     "torch_openmp_runtime",
     "writable_cache_dir",
+    "write_atomic",
 ]
 
 _CANDIDATES = ("cc", "gcc", "clang")
@@ -270,7 +271,7 @@ def build(source: str, name: str, options: Options) -> BuiltLibrary | CompilerUn
             return BuiltLibrary(name, key, path, source_path, cdll, cache_hit=True)
     folder.mkdir(parents=True, exist_ok=True)
     source_path = folder / f"{key}.c"
-    _write_atomic(source_path, source.encode())
+    write_atomic(source_path, source.encode())
     path = _compile_entry(chain, folder, key, source_path, name)
     loaded = _load_verified(folder, key)
     if loaded is None:  # another process replaced the entry with a bad one meanwhile: load ours
@@ -291,7 +292,9 @@ def _sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary name in the same folder: a reader sees
+    the old file or the whole new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -354,7 +357,7 @@ def _compile_entry(chain: Toolchain, folder: Path, key: str, source_path: Path,
         "flags": list(chain.flags),
         "libs": list(chain.libs),
     }
-    _write_atomic(folder / f"{key}.json", json.dumps(manifest, indent=1).encode())
+    write_atomic(folder / f"{key}.json", json.dumps(manifest, indent=1).encode())
     return library
 
 
@@ -459,7 +462,7 @@ def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | Com
         Path(folder).mkdir(parents=True, exist_ok=True)
         record = {"flags": list(flags), "openmp": openmp, "libs": list(libs),
                   "openmp_runtime": linked}
-        _write_atomic(probe_file, json.dumps(record).encode())
+        write_atomic(probe_file, json.dumps(record).encode())
     except OSError:
         pass
     return chain

@@ -264,6 +264,7 @@ class CRenderer:
     # --- entry ---------------------------------------------------------------------------------
 
     def render(self, func: PrimFunc) -> str:
+        self._hoisted = itertools.count()  # names from 0 each time: the text is func's alone
         scope = _Scope()
         params = []
         for buf in func.params:

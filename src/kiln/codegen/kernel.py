@@ -27,6 +27,7 @@ from kiln.codegen.build import (
     writable_cache_dir,
 )
 from kiln.codegen.c import CRenderer, UnsupportedForC
+from kiln.codegen.rendered import rendered
 from kiln.options import Options
 from kiln.tir.nodes import Buffer, PrimFunc, contiguous_strides
 
@@ -88,14 +89,15 @@ class CompiledKernel:
 
 def compile_kernel(func: PrimFunc, options: Options | None = None,
                    renderer: CRenderer | None = None) -> CompiledKernel | CompilerUnavailable:
-    """Render, build (through the kernel cache) and load ``func``.
+    """Render (`kiln.codegen.rendered`'s cache, unless ``renderer`` is given), build
+    (through the kernel cache) and load ``func``.
 
     Returns CompilerUnavailable when there is no C compiler (the caller uses a library call);
     raises kiln.codegen.build.CompileError when the compiler rejects the generated source.
     """
     options = options if options is not None else Options.from_env()
+    source = renderer.render(func) if renderer is not None else rendered(func, options)
     renderer = renderer if renderer is not None else CRenderer()
-    source = renderer.render(func)
     chain = toolchain(options)
     if isinstance(chain, CompilerUnavailable):
         return chain
@@ -116,11 +118,10 @@ def prebuild(funcs: Sequence[PrimFunc], options: Options | None = None) -> None:
     options = options if options is not None else Options.from_env()
     if isinstance(toolchain(options), CompilerUnavailable):
         return
-    renderer = CRenderer()
     sources: dict[str, str] = {}
     for func in funcs:
         try:
-            sources.setdefault(renderer.render(func), func.name)
+            sources.setdefault(rendered(func, options), func.name)
         except UnsupportedForC:
             continue
     if len(sources) < 2:

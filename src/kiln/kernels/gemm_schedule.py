@@ -339,10 +339,15 @@ def pack_b(b: torch.Tensor, nr: int) -> torch.Tensor:
     with ``b_panels=nr``: f32[ceil(N / nr), K, nr], panel p holding columns p*nr.., the last
     panel zero-padded. Done once, at compile time, for a constant B."""
     k, n = b.shape
-    panels = _ceil_div(n, nr)
-    padded = torch.zeros(k, panels * nr, dtype=b.dtype)
-    padded[:, :n] = b
-    return padded.view(k, panels, nr).permute(1, 0, 2).contiguous()
+    full = n // nr
+    packed = torch.empty(_ceil_div(n, nr), k, nr, dtype=b.dtype)
+    # one copy of B (zeros and a copy, then a permuted copy, took 0.2 s of a warm compile
+    # of HF GPT-2)
+    packed[:full].copy_(b[:, :full * nr].reshape(k, full, nr).permute(1, 0, 2))
+    if full * nr < n:
+        packed[full].zero_()
+        packed[full, :, :n - full * nr] = b[:, full * nr:]
+    return packed
 
 
 def schedule_gemm(func: PrimFunc, config: GemmConfig,
