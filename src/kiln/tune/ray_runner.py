@@ -6,6 +6,10 @@
 
 Each task runs `kiln.tune.measure.time_one` in a Ray worker process: a candidate that
 crashes its worker or runs past the timeout is a failed result, as with the local runner.
+As there, a worker's start (Ray starts them on demand, and each imports torch and kiln: 4 s
+here) is not the candidate's: before the first task, and after a task that cost its worker,
+one warm-up task per worker slot of the cluster (`kiln.tune.measure.ready`) runs under its
+own limit, ``STARTUP_TIMEOUT_S``.
 Every result carries the target it was measured on (the worker's CPU, ISA, compiler and
 threads), and the tuner files it under that target, so times from different machines never
 mix: on a cluster of unlike machines, only the records of this machine's target guide this
@@ -20,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiln.options import Options
-from kiln.tune.measure import MeasureResult, build_one, time_one
+from kiln.tune.measure import STARTUP_TIMEOUT_S, MeasureResult, build_one, ready, time_one
 
 __all__ = ["RayRunner", "RayUnavailable"]
 
@@ -64,6 +68,8 @@ class RayRunner:
         # one CPU per task: a measurement must not share its cores with another
         self._measure = ray.remote(num_cpus=max(threads, 1), max_retries=0)(_measure_remote)
         self._build = ray.remote(num_cpus=1, max_retries=0)(_build_remote)
+        self._ready = {n: ray.remote(num_cpus=n, max_retries=0)(ready) for n in {1, threads}}
+        self._warm = False
         self.last_target: str | None = None
 
     def __enter__(self) -> RayRunner:
@@ -76,7 +82,22 @@ class RayRunner:
         if self.started_here and self.ray.is_initialized():
             self.ray.shutdown()
 
+    def _warm_up(self) -> None:
+        """Every worker slot of the cluster started, with timing's imports done; a cluster
+        that does not come up within STARTUP_TIMEOUT_S is left to the tasks' own limits."""
+        if self._warm:
+            return
+        cpus = int(self.ray.cluster_resources().get("CPU", 1))
+        refs = [self._ready[n].remote() for n in self._ready for _ in range(max(cpus // n, 1))]
+        try:
+            self.ray.get(refs, timeout=max(STARTUP_TIMEOUT_S, self.timeout_s))
+        except Exception:  # noqa: BLE001 - (a timeout, a worker that died): the tasks report
+            for ref in refs:
+                self.ray.cancel(ref, force=True)
+        self._warm = True
+
     def build(self, space: Any, points: Sequence[Mapping[str, Any]]) -> list[str]:
+        self._warm_up()
         refs = [self._build.remote(space, dict(p), self.options) for p in points]
         errors = []
         for ref in refs:
@@ -87,15 +108,18 @@ class RayRunner:
         return errors
 
     def run_one(self, space: Any, point: Mapping[str, Any]) -> MeasureResult:
+        self._warm_up()
         ref = self._measure.remote(space, dict(point), self.options, self.threads,
                                    self.budget_s)
         ready, _ = self.ray.wait([ref], timeout=self.timeout_s)
         if not ready:
             self.ray.cancel(ref, force=True)  # ends the worker running the hung kernel
+            self._warm = False  # (its replacement starts before the next candidate's clock)
             return MeasureResult(dict(point), error=f"timeout: over {self.timeout_s:g} s")
         try:
             result, target = self.ray.get(ref)
         except self.ray.exceptions.WorkerCrashedError:
+            self._warm = False
             return MeasureResult(dict(point), error="crash: the kernel killed its worker")
         except Exception as err:  # noqa: BLE001 - a task error is a failed candidate
             return MeasureResult(dict(point), error=f"run: {type(err).__name__}: "
