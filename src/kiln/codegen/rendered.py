@@ -54,7 +54,7 @@ def rendered(func: PrimFunc, options: Options) -> str:
     return source
 
 
-@functools.lru_cache(maxsize=1024)  # (a compile asks for each kernel twice: prebuild, load)
+@functools.lru_cache(maxsize=256)  # (a compile asks for each kernel twice: prebuild, load)
 def rendered_key(func: PrimFunc) -> str:
     """sha256 of the program and of the code that renders it."""
     digest = hashlib.sha256(code_version().encode())

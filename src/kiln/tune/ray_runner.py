@@ -6,10 +6,10 @@
 
 Each task runs `kiln.tune.measure.time_one` in a Ray worker process: a candidate that
 crashes its worker or runs past the timeout is a failed result, as with the local runner.
-As there, a worker's start (Ray starts them on demand, and each imports torch and kiln: 4 s
-here) is not the candidate's: before the first task, and after a task that cost its worker,
-one warm-up task per worker slot of the cluster (`kiln.tune.measure.ready`) runs under its
-own limit, ``STARTUP_TIMEOUT_S``.
+As there, a worker's start (a new worker imports torch and kiln: 2.7 s for the first task on
+a new local cluster here) is not the candidate's: before the first task, and after a task
+that cost its worker, one warm-up task per worker slot of the cluster
+(`kiln.tune.measure.ready`) runs under its own limit, ``STARTUP_TIMEOUT_S``.
 Every result carries the target it was measured on (the worker's CPU, ISA, compiler and
 threads), and the tuner files it under that target, so times from different machines never
 mix: on a cluster of unlike machines, only the records of this machine's target guide this
@@ -111,8 +111,8 @@ class RayRunner:
         self._warm_up()
         ref = self._measure.remote(space, dict(point), self.options, self.threads,
                                    self.budget_s)
-        ready, _ = self.ray.wait([ref], timeout=self.timeout_s)
-        if not ready:
+        done, _ = self.ray.wait([ref], timeout=self.timeout_s)
+        if not done:
             self.ray.cancel(ref, force=True)  # ends the worker running the hung kernel
             self._warm = False  # (its replacement starts before the next candidate's clock)
             return MeasureResult(dict(point), error=f"timeout: over {self.timeout_s:g} s")
