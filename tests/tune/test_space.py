@@ -131,3 +131,30 @@ def test_a_batched_gemm_is_measured_on_its_strided_operands(tmp_path) -> None:  
     result = time_one(dc.replace(space, name="bmm_measured"), space.default(),
                       Options(kernel_cache_dir=str(tmp_path), measure_kernels=False), 1, 0.2)
     assert result.error is None and result.run_times
+
+
+def test_a_short_n_may_take_a_register_tile_as_wide_as_n(options) -> None:  # noqa: ANN001
+    """N = 96 on AVX-512: tiles of 1 to 6 vectors (4 rows at most for 6: 24 accumulators, 6
+    vectors of B, a broadcast); AVX2 stops at 5 (two rows must fit its 16 registers); a
+    narrower N at the vectors that cover it. The widest tile on this machine computes what
+    torch does."""
+    import dataclasses as dc
+
+    from kiln.codegen.isa import target_isa
+    from kiln.tune.measure import time_one
+
+    space = GemmSpace.for_shape(200, 96, 16, b_prepacked=True, bias=True)
+    assert space.candidates("nr", space.default()) == (16, 32, 48, 64, 80, 96)
+    assert space.candidates("mr", {"nr": 96}) == (2, 4)
+    avx2 = GemmSpace.for_shape(200, 96, 16, isa=Isa.AVX2, b_prepacked=True)
+    assert avx2.candidates("nr", avx2.default()) == (8, 16, 24, 32, 40)
+    assert avx2.candidates("mr", {"nr": 40}) == (2,)
+    narrow = GemmSpace.for_shape(200, 40, 16, b_prepacked=True)
+    assert narrow.candidates("nr", narrow.default()) == (16, 32, 48)
+    host = GemmSpace.for_shape(200, 96, 16, isa=target_isa(options), b_prepacked=True,
+                               bias=True)
+    widest = max(host.candidates("nr", host.default()))
+    point = repair(host, {**host.default(), "nr": widest, "mr": 4, "nc_panels": 1})
+    assert point["nr"] == widest and point["nr"] > 2 * target_isa(options).f32_lanes
+    result = time_one(dc.replace(host, name="gemm_wide_tile"), point, options, 1, 0.1)
+    assert result.error is None and result.run_times
