@@ -9,7 +9,7 @@ import torch
 
 from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.codegen.isa import Isa, target_isa
-from kiln.cost.machine import fma_probe, probe_source
+from kiln.cost.machine import fma_probe, full_rate_512, probe_source
 from kiln.options import Options
 
 
@@ -60,3 +60,36 @@ def test_each_chain_is_one_register_of_the_isa(isa: Isa) -> None:
     source = probe_source(isa)
     assert f"#define LANES {isa.f32_lanes}\n" in source
     assert "vector_size(LANES * 4)" in source
+
+
+def test_full_rate_512_is_false_where_kernels_are_not_built_for_avx512(tmp_path) -> None:  # noqa: ANN001
+    options = Options(kernel_cache_dir=str(tmp_path),
+                      c_flags=("-O3", "-march=x86-64-v3", "-fopenmp"))
+    if isinstance(toolchain(options), CompilerUnavailable) or target_isa(options) is Isa.AVX512:
+        pytest.skip("no C compiler, or one that ignores -march")
+    assert full_rate_512(options) is False
+    assert not (tmp_path / "machine").exists()  # (nothing measured)
+
+
+def test_full_rate_512_is_measured_once_and_read_back(tmp_path) -> None:  # noqa: ANN001
+    """The answer is recorded in the cache folder; a later process (here: the in-process
+    cache cleared) reads the record, not a new measurement, so all compiles agree."""
+    import json
+
+    from kiln.cost import machine
+
+    options = Options(kernel_cache_dir=str(tmp_path))
+    if target_isa(options) is not Isa.AVX512:
+        pytest.skip("the kernels here are not built for AVX-512")
+    first = full_rate_512(options)
+    (record,) = (tmp_path / "machine").glob("fma-width-*.json")
+    stored = json.loads(record.read_text())
+    assert stored["full_rate_512"] is first
+    assert (stored["ratio"] >= machine.FULL_RATE_RATIO) is first and 0.5 < stored["ratio"] < 3
+    record.write_text(json.dumps({"full_rate_512": not first, "ratio": 1.0}))
+    machine._full_rate_512.cache_clear()
+    assert full_rate_512(options) is (not first)
+    record.write_text("{not json")  # a damaged record is measured again and rewritten
+    machine._full_rate_512.cache_clear()
+    assert full_rate_512(options) is first
+    assert json.loads(record.read_text())["full_rate_512"] is first

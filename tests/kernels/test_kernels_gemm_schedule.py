@@ -183,6 +183,24 @@ def test_short_reductions_over_many_rows_take_a_one_vector_tile() -> None:
     assert tile(3136, 64, 64, GemmConfig.for_isa(Isa.AVX2)) == (16, 6)
 
 
+def test_full_rate_512_bit_fmas_keep_the_two_vector_tile_for_short_reductions() -> None:
+    """``narrow_tile=False`` (a machine whose 512-bit FMAs run at full rate): the same short
+    reductions keep 14 x 32; the one-vector tile for a one-vector N stays."""
+    from kiln.codegen.isa import Isa
+    from kiln.kernels.gemm_schedule import default_gemm_config
+
+    avx512 = GemmConfig.for_isa(Isa.AVX512)
+    for m, n, k in ((3136, 64, 64), (12544, 96, 16), (784, 512, 128)):
+        narrow = default_gemm_config(m, n, k, threads=2, base=avx512, b_prepacked=True)
+        wide = default_gemm_config(m, n, k, threads=2, base=avx512, b_prepacked=True,
+                                   narrow_tile=False)
+        assert narrow.nr == 16
+        assert (wide.nr, wide.mr) == (32, 14) and wide.nc % wide.nr == 0
+    one_vector = default_gemm_config(3136, 16, 64, threads=2, base=avx512, b_prepacked=True,
+                                     narrow_tile=False)
+    assert one_vector.nr == 16
+
+
 def test_avx2_tiles_for_24_columns_skinny_rows_and_deep_k() -> None:
     """AVX2: 24 columns take one 4 x 24 tile (6 x 16 would compute a third padding); M tiles
     that fall unevenly on the threads make them split N instead (64 rows: 11 tiles of 6), as

@@ -67,6 +67,7 @@ __all__ = [
     "bundled_openmp_runtime",
     "cache_dir",
     "cache_key",
+    "host_identity",
     "toolchain",
     "torch_openmp_runtime",
     "writable_cache_dir",
@@ -364,7 +365,7 @@ def _compile_entry(chain: Toolchain, folder: Path, key: str, source_path: Path,
 # --- compiler probing ------------------------------------------------------------------------
 
 
-def _host_identity() -> str:
+def host_identity() -> str:
     """CPU model and feature flags: a library built with -march=native is only valid here."""
     parts = [platform.machine()]
     try:
@@ -425,7 +426,7 @@ def _probe(setting: str, flags: tuple[str, ...], folder: str) -> Toolchain | Com
     version = _version(compiler)
     if version is None:
         return _unavailable(f"kiln could not run {compiler} --version")
-    host = _host_identity() if any(f.startswith("-march=native") for f in flags) else ""
+    host = host_identity() if any(f.startswith("-march=native") for f in flags) else ""
     openmp = any(f in _OPENMP_FLAGS for f in flags)
     runtime = torch_openmp_runtime() if openmp else None
     identity = _short_hash(version, *flags, host, _identity(runtime))

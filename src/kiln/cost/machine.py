@@ -7,20 +7,35 @@ limit.
 
 A kernel's or a model's "% of FMA peak" in `kiln bench` and benchmarks/ops.py is its GFLOP/s
 over this figure.
+
+    full_rate_512(options)              # False on Zen 4, True on a Xeon with two 512-bit FMA pipes
+
+`full_rate_512` says whether 512-bit FMAs retire twice as many lanes a cycle as 256-bit ones,
+measured once per machine with the same probe on both widths and recorded in the kernel cache
+(schedules whose best register tile depends on it read it: `kiln.kernels.gemm`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
+import json
 import time
 from dataclasses import dataclass
 
-from kiln.codegen.build import CompilerUnavailable, build
+from kiln.codegen.build import (
+    CompilerUnavailable,
+    build,
+    host_identity,
+    toolchain,
+    writable_cache_dir,
+    write_atomic,
+)
 from kiln.codegen.isa import Isa, target_isa
 from kiln.options import Options
 
-__all__ = ["FmaProbe", "fma_probe"]
+__all__ = ["FmaProbe", "fma_probe", "full_rate_512"]
 
 CHAINS = 12  # independent vector chains per thread: more than FMA latency x FMA ports
 # One chain's vector is one register of the ISA the kernels are built for: a wider vector
@@ -67,9 +82,10 @@ int kiln_threads(void) {{
 """
 
 
-def probe_source(isa: Isa) -> str:
-    """The probe's C source for ``isa``: 12 chains of one register each (``f32_lanes``)."""
-    return PEAK_C.format(lanes=isa.f32_lanes)
+def probe_source(isa: Isa, lanes: int | None = None) -> str:
+    """The probe's C source for ``isa``: 12 chains of one register each (``f32_lanes``), or
+    of ``lanes``-wide vectors (narrower than the ISA's: one register each too)."""
+    return PEAK_C.format(lanes=lanes or isa.f32_lanes)
 
 
 @dataclass(frozen=True, eq=False)  # one per process and toolchain: compared by identity
@@ -104,10 +120,12 @@ def fma_probe(options: Options) -> FmaProbe | None:
 
 
 @functools.lru_cache(maxsize=4)
-def _probe(compiler: str, flags: tuple[str, ...], cache: str) -> FmaProbe | None:
+def _probe(compiler: str, flags: tuple[str, ...], cache: str,
+           lanes: int | None = None) -> FmaProbe | None:
     options = Options(c_compiler=compiler, c_flags=flags, kernel_cache_dir=cache)
     isa = target_isa(options)
-    lib = build(probe_source(isa), "fma_peak", options)
+    lanes = lanes or isa.f32_lanes
+    lib = build(probe_source(isa, lanes), "fma_peak", options)
     if isinstance(lib, CompilerUnavailable):
         return None
     fn = lib.function("kiln_peak")
@@ -115,4 +133,47 @@ def _probe(compiler: str, flags: tuple[str, ...], cache: str) -> FmaProbe | None
     fn.restype = ctypes.c_double
     team = lib.function("kiln_threads")
     team.restype = ctypes.c_int
-    return FmaProbe(fn, int(team()), isa.f32_lanes)
+    return FmaProbe(fn, int(team()), lanes)
+
+
+# 512-bit FMAs at full rate give about 2x the 256-bit lanes a cycle, split ones about 1x
+FULL_RATE_RATIO = 1.5
+
+
+def full_rate_512(options: Options) -> bool:
+    """Whether this machine's 512-bit FMAs run at full rate: twice the fp32 lanes a cycle of
+    its 256-bit ones (a Xeon with two 512-bit FMA pipes), not the same lanes (Zen 4, which
+    splits each in two halves, or a Xeon with one 512-bit pipe). False unless the kernels
+    are built for AVX-512. Measured on one thread, the best of three runs on each width,
+    then read back from ``<kernel cache>/machine/`` (one record per host, compiler and flags),
+    so every compile on this machine sees the same answer."""
+    if target_isa(options) is not Isa.AVX512:
+        return False
+    chain = toolchain(options)
+    if isinstance(chain, CompilerUnavailable):
+        return False
+    return _full_rate_512(options.c_compiler, options.c_flags, options.kernel_cache_dir,
+                          chain.compiler, chain.version)
+
+
+@functools.lru_cache(maxsize=4)
+def _full_rate_512(compiler: str, flags: tuple[str, ...], cache: str, path: str,
+                   version: str) -> bool:
+    ident = hashlib.sha256(repr((host_identity(), path, version, flags)).encode()).hexdigest()
+    record = (writable_cache_dir(Options(kernel_cache_dir=cache)) / "machine" /
+              f"fma-width-{ident[:16]}.json")
+    try:
+        return bool(json.loads(record.read_text())["full_rate_512"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    wide, narrow = _probe(compiler, flags, cache, 16), _probe(compiler, flags, cache, 8)
+    if wide is None or narrow is None:
+        return False
+    ratio = wide.gflops(threads=1, iters=1_000_000) / narrow.gflops(threads=1, iters=1_000_000)
+    full = ratio >= FULL_RATE_RATIO
+    try:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(record, json.dumps({"full_rate_512": full, "ratio": ratio}).encode())
+    except OSError:
+        pass
+    return full

@@ -180,13 +180,17 @@ def _balanced(total: int, limit: int, multiple: int, parts_multiple: int = 1) ->
 
 def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                         base: GemmConfig | None = None, b_prepacked: bool = False,
-                        one_k_block: bool = False, batched: bool = False) -> GemmConfig:
+                        one_k_block: bool = False, batched: bool = False,
+                        narrow_tile: bool = True) -> GemmConfig:
     """Tiles for fp32 on a few cores: balanced blocks, threads split the M blocks; with B
     prepacked, where N > M (B of `SPLIT_N_MIN_BYTES` or more) or the M tiles are too few to
     balance, the threads split N.
     ``one_k_block``: KC = K (a fused epilogue needs each output written back once).
     ``batched``: one batch of a bmm (on one thread): MR divides M where a tile of at least
     `BATCHED_MIN_MR` rows does (`_exact_mr`).
+    ``narrow_tile``: short dot products over many rows take a one-vector tile on AVX-512
+    (`NARROW_TILE_MAX_K`); the caller passes False where 512-bit FMAs run at full rate
+    (`kiln.cost.machine.full_rate_512`).
 
     MR is ``base.mr`` or a shorter tile where that wastes fewer padded rows on the busiest
     thread (measured on Zen 4, 128x3072x768 on 2 threads: MR=14, whose last tile holds 2
@@ -203,11 +207,16 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
         # padding: Zen 3, 2 threads, MobileNetV2's 3136x96x24 146 -> 113 us, 3136x144x24
         # 219 -> 164)
         base = GemmConfig(4, 24, base.kc, 8, base.nc, lanes=base.lanes)
-    elif k <= NARROW_TILE_MAX_K and m >= NARROW_TILE_MIN_M and base.nr == 32:
+    elif narrow_tile and k <= NARROW_TILE_MAX_K and m >= NARROW_TILE_MIN_M and base.nr == 32:
         # short dot products over many rows (CNN 1x1 convolutions): a 16 x 16 tile, one
         # vector wide, beats 14 x 32 by 8-24% where the write-back weighs against the few
         # K steps (Zen 4, 2 threads, B prepacked: 12544x96x16 266 -> 203 us, 3136x64x64
-        # 136 -> 117, 784x192x32 53 -> 46; at K = 128-512 within 5%, at M <= 197 worse)
+        # 136 -> 117, 784x192x32 53 -> 46; at K = 128-512 within 5%, at M <= 197 worse).
+        # Not where 512-bit FMAs run at full rate: there one B vector per A broadcast
+        # leaves the loads, not the FMAs, the limit (an AVX-512 Xeon, 2 threads, 14 x 32
+        # against 16 x 16: 12544x96x16 255 against 316 us, 3136x256x64 383 / 436,
+        # 784x512x128 327 / 442; in the model, MobileNetV2 3.96 -> 3.81 ms, ResNet-50
+        # 36.7 -> 35.5)
         base = GemmConfig(16, 16, base.kc, 32 if k <= 32 else 16, base.nc, lanes=base.lanes)
     kc = max(k, 1) if one_k_block else _balanced(k, base.kc, 1)
     vectors = base.nr // base.lanes if base.lanes else max(base.nr // 16, 1)
