@@ -25,6 +25,7 @@ import torch
 
 from kiln.codegen.isa import target_isa
 from kiln.codegen.kernel import compile_kernel
+from kiln.cost.machine import full_rate_512
 from kiln.ir.ops import Op
 from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
 from kiln.kernels.plan import Epilogue
@@ -55,7 +56,8 @@ def bench_layer(layer: tuple, options: Options, rounds: int, settle_s: float) ->
     shape = ConvShape(1, c_in, size, size, c_out, (k, k), (stride, stride), (pad, pad),
                       bias=True)
     isa = target_isa(options)
-    config = ConvConfig.default(shape, isa.f32_lanes, isa.registers, torch.get_num_threads())
+    config = ConvConfig.default(shape, isa.f32_lanes, isa.registers, torch.get_num_threads(),
+                                full_rate_512(options))
     act = Epilogue(Op.CLAMP, (0.0, 6.0)) if relu6 else Epilogue(Op.RELU, ())
     plan = conv_plan(shape, config, name=f"conv_{size}_{c_in}_{c_out}_{k}_{stride}_{pad}",
                      epilogue=act)

@@ -45,6 +45,7 @@ import dataclasses
 import torch
 
 from kiln.codegen.isa import target_isa
+from kiln.cost.machine import full_rate_512
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.kernels.build import checked_candidate
@@ -226,7 +227,8 @@ def conv_space(node: Node, options: Options, x_strides: tuple[int, ...] | None =
     return WindowSpace("conv", shape, target_isa(options), torch.get_num_threads(),
                        epilogue_of(node), f"kiln_conv_{shape.ci}x{shape.h}x{shape.w}_{shape.co}"
                        f"{f'_g{shape.groups}' if shape.groups > 1 else ''}"
-                       f"_k{kh}x{kw}_s{sh}x{sw}{padded}{'_r' if shape.residual else ''}")
+                       f"_k{kh}x{kw}_s{sh}x{sw}{padded}{'_r' if shape.residual else ''}",
+                       full_rate_512=full_rate_512(options))
 
 
 def conv_candidate(graph: Graph, group: KernelGroup, options: Options,

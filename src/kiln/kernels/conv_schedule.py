@@ -108,6 +108,18 @@ SMALL_COPY_BYTES = 128 * 1024
 # 147x147x32, a 2.8 MB copy, 4821 -> 4974; stride 2 keeps guards, 9-13% faster with them:
 # only its first row and column reach the padding)
 SMALL_COPY_BYTES_STRIDE1_16_REGISTERS = 640 * 1024
+# where 512-bit FMAs run at full rate (`kiln.cost.machine.full_rate_512`), a stride-1 layer
+# over two vectors of output channels takes a tile of two output rows (`ConvConfig.rows`) of
+# up to 7 pixels, 28 accumulators, over a padded copy of up to this size: the 7-pixel tile
+# of one row (14 accumulators, 9 loads a step for 14 FMAs) leaves the loads the limit, and
+# a 14-pixel row tile needs the copy too but reads further apart. An AVX-512 Xeon, 2 threads,
+# 3x3 + bias + relu, default (7 x 1 with guards) against 7 x 2 over the copy (oneDNN on a
+# reordered weight): 28x28x128 771 -> 700 us (693), 14x14x256 791 -> 685 (692), 7x7x512
+# 915 -> 757 (791), 17x17x128->192 554 -> 372 (386), 35x35x64->96 459 -> 416 (410),
+# 149x149x32 without padding 1242 -> 1149 (1330), 56x56x64 (an 861 KB copy) 750 -> 750;
+# 147x147x32->64, a 2.8 MB copy, 2789 -> 2832, so larger copies keep guards. Stride 2 keeps
+# guards (56x56x128 to 28x28: 734 -> 932 over the copy)
+TWO_ROW_COPY_BYTES = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -196,7 +208,7 @@ class ConvConfig:
 
     @staticmethod
     def default(shape: ConvShape, lanes: int, registers: int = 32,
-                threads: int = 2) -> ConvConfig:
+                threads: int = 2, full_rate: bool = False) -> ConvConfig:
         """NR: two vectors where CO fills more than one, else one. The tile: as many pixels
         as the accumulators leave registers for (two for the weights' vectors, one for the
         broadcast), preferring a tile that divides the row, and never wider than the row;
@@ -206,7 +218,10 @@ class ConvConfig:
         there are at least four per thread), else the rows. The padded copy where there is
         padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
         up) over few input channels, so that a guard costs more than its taps' work (up to
-        `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles."""
+        `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles.
+        ``full_rate`` (512-bit FMAs at full rate): a stride-1 layer over two vectors of
+        channels takes two rows of up to 7 pixels over the padded copy, where the copy is at
+        most `TWO_ROW_COPY_BYTES` (or there is no padding)."""
         lanes = max(lanes, 4)
         if shape.groups > 1:
             return ConvConfig._grouped(shape, lanes, registers, threads)
@@ -227,12 +242,19 @@ class ConvConfig:
         # MobileNetV2's 3x3 first layer 193 -> 162; not 7x7 over 3 channels: 1389 -> 1853)
         pad_copy = padding and copy_bytes <= PAD_COPY_BYTES and (
             (copy_bytes <= small and row is None) or few_channels_wide_window)
+        two_rows = (full_rate and registers >= 32 and vectors == 2 and shape.stride == (1, 1)
+                    and not few_channels_wide_window and shape.out[0] >= 2
+                    and (not padding or copy_bytes <= min(TWO_ROW_COPY_BYTES, PAD_COPY_BYTES)))
+        if two_rows:
+            pad_copy = padding
         guarded = padding and not pad_copy
         # with guards, a tile of 7 or 8 pixels: the border tiles' versions of a 14-pixel
         # tile ran out of registers (an accumulator spilled next to a clamp's constants:
         # MobileNetV2's first layer 309 us at 14 pixels, 126 at 7, oneDNN 160; ResNet's
         # 64->64 3x3 1178 us at 14, 1024 at 7, oneDNN 1078)
         largest = 8 if guarded else max((registers - vectors - 1) // vectors, 1)
+        rows = 2 if two_rows else 1
+        largest = max(largest // rows, 1)
         tail_tile = 0
         if row is not None:
             tile, tail_tile = row
@@ -263,8 +285,9 @@ class ConvConfig:
         panels = -(-shape.co // nr)
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads) \
             and not few_channels_wide_window
-        return ConvConfig(tile, nr, split, pad_copy, dynamic=conv_shares_dynamically(shape),
-                          lanes=lanes, tail_tile=tail_tile)
+        return ConvConfig(tile, nr, split, pad_copy, rows,
+                          dynamic=conv_shares_dynamically(shape), lanes=lanes,
+                          tail_tile=tail_tile)
 
     @staticmethod
     def _grouped(shape: ConvShape, lanes: int, registers: int, threads: int) -> ConvConfig:

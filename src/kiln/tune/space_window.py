@@ -69,6 +69,9 @@ class WindowSpace:
     threads: int
     epilogue: Epilogue | None = None
     name: str = "window"
+    # whether 512-bit FMAs run at full rate here (`kiln.cost.machine.full_rate_512`): the
+    # convolution's heuristic then takes two rows a tile (`ConvConfig.default`)
+    full_rate_512: bool = False
 
     @property
     def lanes(self) -> int:
@@ -93,20 +96,20 @@ class WindowSpace:
 
     def names(self) -> tuple[str, ...]:
         if self.kind == "conv":
-            return ("nr", "pad_copy", "tile", "tail_tile", "split_panels")
+            return ("nr", "pad_copy", "rows", "tile", "tail_tile", "split_panels")
         return ("lanes", "tile")
 
     def default(self) -> Decisions:
         if self.kind == "conv":
             cfg = self._conv_default()
-            return {"nr": cfg.nr, "pad_copy": cfg.pad_copy, "tile": cfg.tile,
+            return {"nr": cfg.nr, "pad_copy": cfg.pad_copy, "rows": cfg.rows, "tile": cfg.tile,
                     "tail_tile": cfg.tail_tile, "split_panels": cfg.split_panels}
         cfg = DepthwiseConfig.default(self.shape, self.lanes)  # type: ignore[arg-type]
         return {"lanes": cfg.lanes, "tile": cfg.tile}
 
     def _conv_default(self) -> ConvConfig:
         return ConvConfig.default(self.shape, self.lanes, self.isa.registers,  # type: ignore
-                                  self.threads)
+                                  self.threads, self.full_rate_512)
 
     def candidates(self, name: str, fixed: Mapping[str, Any]) -> tuple[Any, ...]:
         s, lanes = self.shape, self.lanes
@@ -121,6 +124,8 @@ class WindowSpace:
             return (False, True) if any((*s.padding, *padding_after(s))) else (False,)
         if name == "split_panels":
             return (False, True) if self.threads > 1 else (False,)
+        if name == "rows":  # output rows a tile (the tile's pixels then fewer a row)
+            return (1, 2) if isinstance(s, ConvShape) and s.out[0] >= 2 else (1,)
         if name == "tail_tile":  # (none, or a narrower tile that ends the row exactly)
             tile = fixed["tile"]
             return (0, *(t for t in range(1, tile)
@@ -132,6 +137,7 @@ class WindowSpace:
             largest = (self.isa.registers - vectors - 1) // vectors
             if any((*s.padding, *padding_after(s))) and not fixed["pad_copy"]:
                 largest = min(largest, GUARDED_TILE)
+            largest = max(largest // fixed.get("rows", 1), 1)
         else:  # accumulators, and one vector of input (and of the weights)
             largest = (self.isa.registers - 2) // vectors
         options = {t for t in TILES if t <= min(largest, max(ow, 1))}
@@ -145,8 +151,9 @@ class WindowSpace:
     def config(self, decisions: Mapping[str, Any]) -> ConvConfig | DepthwiseConfig:
         if self.kind == "conv":
             assert isinstance(self.shape, ConvShape)
+            # ("rows": records from before it was a decision have one row a tile)
             return ConvConfig(decisions["tile"], decisions["nr"], decisions["split_panels"],
-                              decisions["pad_copy"],
+                              decisions["pad_copy"], decisions.get("rows", 1),
                               dynamic=conv_shares_dynamically(self.shape),
                               lanes=self.lanes, tail_tile=decisions["tail_tile"])
         return DepthwiseConfig(decisions["tile"], decisions["lanes"])
