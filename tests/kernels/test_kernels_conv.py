@@ -172,6 +172,60 @@ def test_conv_default_config() -> None:
     assert not ConvConfig.default(huge, 16).pad_copy  # past the workspace cap
 
 
+def test_conv_default_config_where_512_bit_fmas_run_at_full_rate() -> None:
+    """Stride 1 over two vectors of channels: two rows of up to 7 pixels over the padded
+    copy (28 accumulators) where the copy is small enough or there is no padding; stride 2,
+    one vector of channels, a first layer's few channels and large copies as before."""
+    from kiln.kernels.conv_schedule import TWO_ROW_COPY_BYTES
+
+    def default(shape: ConvShape) -> ConvConfig:
+        return ConvConfig.default(shape, 16, full_rate=True)
+
+    mid = ConvShape(1, 256, 14, 14, 256, (3, 3), (1, 1), (1, 1))
+    assert (default(mid).rows, default(mid).tile, default(mid).pad_copy) == (2, 7, True)
+    assert ConvConfig.default(mid, 16).rows == 1  # (not at half rate)
+    odd = ConvShape(1, 128, 17, 17, 192, (3, 3), (1, 1), (1, 1))
+    assert (default(odd).rows, default(odd).tile) == (2, 6)  # 6 + 6 + 5
+    unpadded = ConvShape(1, 32, 149, 149, 32, (3, 3), (1, 1), (0, 0))
+    assert (default(unpadded).rows, default(unpadded).pad_copy) == (2, False)
+    big_copy = ConvShape(1, 32, 147, 147, 64, (3, 3), (1, 1), (1, 1))
+    assert 4 * 32 * 149 * 149 > TWO_ROW_COPY_BYTES and default(big_copy).rows == 1
+    strided = ConvShape(1, 128, 56, 56, 128, (3, 3), (2, 2), (1, 1))
+    assert default(strided) == ConvConfig.default(strided, 16)
+    one_vector = ConvShape(1, 16, 28, 28, 16, (3, 3), (1, 1), (1, 1))
+    assert default(one_vector).rows == 1
+    stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
+    assert default(stem) == ConvConfig.default(stem, 16)
+
+
+@pytest.mark.parametrize(("size", "pad", "residual"), [(7, 1, False), (9, 0, True),
+                                                        (14, 1, True), (17, 1, False)])
+def test_two_row_tiles_match(kernel_options: Options, size: int, pad: int,
+                             residual: bool) -> None:
+    """Tiles of two output rows (an odd count of rows leaves a last row alone; 17 columns in
+    tiles of 6 and 5) match eager, NaN and inf included, with a residual too, in C and in
+    the one-row tiles of the same layer."""
+    shape = ConvShape(1, 40, size, size, 64, (3, 3), (1, 1), (pad, pad), bias=True,
+                      residual=residual)
+    config = ConvConfig.default(shape, 16, full_rate=True)
+    assert config.rows == 2 and config.pad_copy == bool(pad)
+    plan = conv_plan(shape, config, name=f"conv_test_two_rows_{size}_{pad}_{int(residual)}",
+                     epilogue=Epilogue(Op.RELU, ()))
+    kernel = compile_kernel(plan.build(), kernel_options)
+    x, weight, bias = _operands(shape, seed=size)
+    x[0, 3, 0, size - 1] = float("nan")
+    x[0, 5, size - 1, 0] = float("inf")
+    want = torch.nn.functional.conv2d(x, weight, bias, shape.stride, shape.padding)
+    operands = [x, pack_conv_weight(weight, config.nr), bias]
+    if residual:
+        shortcut = torch.randn(want.shape).contiguous(memory_format=CL)
+        operands.append(shortcut)
+        want = want + shortcut
+    got = torch.full(want.shape, float("nan")).contiguous(memory_format=CL)
+    kernel(*operands, got)
+    torch.testing.assert_close(got, want.relu(), rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 def test_conv_default_config_on_16_registers() -> None:
     """AVX2 (16 registers): rows wider than 7 in 6-pixel tiles, with 5-pixel ones at the end
     of a row that 6 does not divide (else a 7 and 6s, or 6s and the rest), with guards; a

@@ -68,16 +68,16 @@ def test_points_replay_from_their_trace_and_compute_what_torch_does(kind: str) -
 def test_candidates_respect_registers_guards_and_threads() -> None:
     conv = _spaces()[0]
     assert conv.candidates("nr", {}) == (16, 32)  # 40 channels: one or two vectors
-    guarded = conv.candidates("tile", {"nr": 32, "pad_copy": False})
+    guarded = conv.candidates("tile", {"nr": 32, "pad_copy": False, "rows": 1})
     assert max(guarded) == 8  # border versions of wider guarded tiles spill
-    copied = conv.candidates("tile", {"nr": 32, "pad_copy": True})
+    copied = conv.candidates("tile", {"nr": 32, "pad_copy": True, "rows": 1})
     assert max(copied) == 10  # the output row is 10 pixels: never wider
     unpadded = WindowSpace("conv", ConvShape(1, 3, 30, 30, 8, (3, 3), (1, 1), (0, 0)),
                            Isa.AVX512, 1)
     assert unpadded.candidates("nr", {}) == (16,)
     assert unpadded.candidates("pad_copy", {"nr": 16}) == (False,)
     assert unpadded.candidates("split_panels", {}) == (False,)  # one thread
-    assert max(unpadded.candidates("tile", {"nr": 16, "pad_copy": False})) == 28
+    assert max(unpadded.candidates("tile", {"nr": 16, "pad_copy": False, "rows": 1})) == 28
     depthwise = _spaces()[1]
     assert max(depthwise.candidates("tile", {"lanes": 32})) <= 15  # 2 vectors a pixel
     # a narrower tile for the row's end only where whole ones of it end the row (10 pixels)
@@ -87,6 +87,26 @@ def test_candidates_respect_registers_guards_and_threads() -> None:
                        Isa.AVX2, 2)
     assert (avx2.default()["tile"], avx2.default()["tail_tile"]) == (6, 5)
     assert 5 in avx2.candidates("tail_tile", {"tile": 6})
+
+
+def test_two_rows_a_tile_is_a_decision_and_the_full_rate_default() -> None:
+    """Where 512-bit FMAs run at full rate the heuristic's two-row tile is the default point
+    (its plan the heuristic's), one row a neighbour; two rows halve the widest tile."""
+    shape = ConvShape(1, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1))
+    space = WindowSpace("conv", shape, Isa.AVX512, 2, RELU6, "wconv2", full_rate_512=True)
+    point = space.default()
+    assert point["rows"] == 2 and point["pad_copy"] and point["tile"] == 7
+    heuristic = conv_plan(shape, ConvConfig.default(shape, 16, 32, 2, full_rate=True),
+                          "wconv2", RELU6)
+    assert print_func(space.plan_config(space.config(point)).build()) == \
+        print_func(heuristic.build())
+    assert space.candidates("rows", {"nr": 32, "pad_copy": True}) == (1, 2)
+    assert max(space.candidates("tile", {"nr": 32, "pad_copy": True, "rows": 2})) == 7
+    assert max(space.candidates("tile", {"nr": 32, "pad_copy": True, "rows": 1})) == 14
+    assert any(n["rows"] == 1 for n in neighbours(space, point))
+    one_row = WindowSpace("conv", ConvShape(1, 64, 1, 9, 64, (1, 3), (1, 1), (0, 1)),
+                          Isa.AVX512, 2, full_rate_512=True)
+    assert one_row.candidates("rows", {"nr": 32}) == (1,) and one_row.default()["rows"] == 1
 
 
 def test_the_workload_is_the_program_kind_and_epilogue() -> None:

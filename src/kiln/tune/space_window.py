@@ -137,7 +137,7 @@ class WindowSpace:
             largest = (self.isa.registers - vectors - 1) // vectors
             if any((*s.padding, *padding_after(s))) and not fixed["pad_copy"]:
                 largest = min(largest, GUARDED_TILE)
-            largest = max(largest // fixed.get("rows", 1), 1)
+            largest = max(largest // fixed["rows"], 1)
         else:  # accumulators, and one vector of input (and of the weights)
             largest = (self.isa.registers - 2) // vectors
         options = {t for t in TILES if t <= min(largest, max(ow, 1))}
@@ -151,9 +151,8 @@ class WindowSpace:
     def config(self, decisions: Mapping[str, Any]) -> ConvConfig | DepthwiseConfig:
         if self.kind == "conv":
             assert isinstance(self.shape, ConvShape)
-            # ("rows": records from before it was a decision have one row a tile)
             return ConvConfig(decisions["tile"], decisions["nr"], decisions["split_panels"],
-                              decisions["pad_copy"], decisions.get("rows", 1),
+                              decisions["pad_copy"], decisions["rows"],
                               dynamic=conv_shares_dynamically(self.shape),
                               lanes=self.lanes, tail_tile=decisions["tail_tile"])
         return DepthwiseConfig(decisions["tile"], decisions["lanes"])
