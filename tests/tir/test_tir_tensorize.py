@@ -36,7 +36,7 @@ from kiln.tir.nodes import (
     const,
 )
 from kiln.tir.printer import print_func
-from kiln.tir.tensorize import fma_tile, tensorize_fma_tiles, write_back
+from kiln.tir.tensorize import acc_init, fma_tile, tensorize_fma_tiles, write_back
 from kiln.tir.visit import iter_stmts
 
 F32 = DType.F32
@@ -273,3 +273,61 @@ def test_a_nest_that_is_no_write_back_keeps_its_loop() -> None:
     half = For(i, 1, For(j, 8, BufferStore(out, (i, j), element), ForKind.VECTORIZED),
                ForKind.UNROLLED)
     assert write_back(tile, half, 4) is None  # (one of the two rows)
+
+
+@pytest.mark.parametrize("init", ["bias", "residual", "residual_and_row", "k_blocks"])
+def test_a_tile_starts_from_its_init_in_the_registers(options: Options, init: str) -> None:
+    """The nest before a GEMM tile that sets its accumulators (a bias row, a residual, a
+    residual plus a row, C from the last K block) becomes the tile's init: the accumulators
+    load from it, not from the stack copy, and the interpreter and the compiled kernel match
+    eager, NaN, inf and -0.0 included."""
+    # (K blocks: whole tiles only, since a tail tile's load of C keeps its bounds checks)
+    m, k, n = (48, 16, 48) if init == "k_blocks" else (50, 16, 40)
+    cfg = GemmConfig(mr=6, nr=16, kc=8 if init == "k_blocks" else k, mc=12, nc=48, lanes=8)
+    flags = {"bias": {}, "residual": {"bias_matrix": True}, "k_blocks": {},
+             "residual_and_row": {"bias_matrix": True, "bias_row": True}}[init]
+    func = gemm_plan(m, n, k, cfg, bias=True, b_prepacked=True, name=f"init_{init}",
+                     **flags).build()
+    inits = [t for t in _tiles(func) if t.init is not None]
+    assert inits and all(acc_init(fma_tile(t.loop, 8), t.init, 8) for t in inits)
+    x, w = torch.randn(m, k), torch.randn(n, k)
+    x[3, 2], x[7, 0] = float("nan"), float("inf")
+    x[11] = 0.0
+    bias = torch.randn(m, n) if flags else torch.randn(n)
+    bias.view(-1)[:5] = -0.0
+    operands = [x, pack_b(w.t(), cfg.nr), bias]
+    want = x @ w.t() + bias
+    if init == "residual_and_row":
+        row = torch.randn(n)
+        row[0] = -0.0
+        operands.append(row)
+        want = x @ w.t() + (bias + row)
+    (got,) = interp.run_torch(func, operands)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    source = render_c(func)
+    assert "= *(const kiln_f32x8u*)&C_local[" not in source  # (no tile reads the stack copy)
+    kernel = compile_kernel(func, options)
+    out = torch.full((m, n), 1e30)
+    kernel(*operands, out)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+    assert torch.equal(torch.signbit(out[11]), torch.signbit(want[11]))  # (-0.0 kept)
+
+
+def test_a_nest_that_is_no_init_keeps_its_loop() -> None:
+    """A product, a load of the accumulators themselves, a load that moves along the lanes by
+    more than 1, or a nest over part of the tile leaves the nest before it as it is."""
+    tile = fma_tile(_tile_loop(), 4)
+    assert tile is not None
+    acc, bias = tile.acc.buffer, Buffer("bias", (2, 16), F32)
+    i, j = Var("wi"), Var("wj")
+
+    def nest(value: Expr, rows: int = 2) -> For:
+        return For(i, rows, For(j, 8, BufferStore(acc, (i, j), value), ForKind.VECTORIZED),
+                   ForKind.UNROLLED)
+
+    assert acc_init(tile, nest(bias[i, j]), 4) is not None
+    assert acc_init(tile, nest(bias[0, j] + bias[i, 0] + const(1.0, F32)), 4) is not None
+    assert acc_init(tile, nest(bias[i, j] * bias[i, j]), 4) is None
+    assert acc_init(tile, nest(acc[i, j] + bias[i, j]), 4) is None
+    assert acc_init(tile, nest(bias[i, j * 2]), 4) is None
+    assert acc_init(tile, nest(bias[i, j], rows=1), 4) is None  # (one of the two rows)

@@ -71,7 +71,7 @@ from kiln.tir.nodes import (
     UnOp,
     Var,
 )
-from kiln.tir.tensorize import fma_tile, write_back
+from kiln.tir.tensorize import acc_init, fma_tile, write_back
 from kiln.tir.visit import iter_exprs, iter_stmts, map_expr
 
 __all__ = ["CRenderer", "UnsupportedForC", "render_c"]
@@ -372,15 +372,18 @@ class CRenderer:
             write_back(tile, stmt.write_back, stmt.lanes)
         rest = [] if stmt.write_back is None or back is not None else \
             self._stmt(stmt.write_back, scope)  # (a nest that no longer matches: itself)
+        init = None if tile is None or stmt.init is None else \
+            acc_init(tile, stmt.init, stmt.lanes)
+        head = [] if stmt.init is None or init is not None else self._stmt(stmt.init, scope)
         if tile is None:
-            return self._for(stmt.loop, scope) + rest
+            return head + self._for(stmt.loop, scope) + rest
         for loop in tile.k:
             scope.ranges[loop.var] = (0, loop.extent - 1)
-        return fma_tile_lines(
+        return head + fma_tile_lines(
             tile, stmt.lanes, access=lambda ld: self._load(ld, scope),
             expr=lambda e: _strip(self._expr(e, scope)),
             stmt=lambda s: self._stmt(s, scope), name=scope.name,
-            prefix=f"fma{next(self._hoisted)}_", write_back=back) + rest
+            prefix=f"fma{next(self._hoisted)}_", write_back=back, init=init) + rest
 
     def _allocate(self, stmt: Allocate, scope: _Scope) -> list[str]:
         buf = stmt.buffer

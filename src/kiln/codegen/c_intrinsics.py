@@ -43,7 +43,7 @@ from collections.abc import Callable
 from kiln.codegen.isa import Isa
 from kiln.tir.arith import simplify
 from kiln.tir.nodes import INDEX, Binary, BinOp, Const, Expr, Load, Stmt, Var, const
-from kiln.tir.tensorize import FmaTile, WriteBack, load_at, loop_points
+from kiln.tir.tensorize import AccInit, FmaTile, WriteBack, load_at, loop_points, moves_by
 from kiln.tir.visit import substitute, substitute_stmt
 
 __all__ = ["fma_tile_lines"]
@@ -57,12 +57,14 @@ FMA_CHAINS = 8
 def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
                    expr: Callable[[Expr], str], stmt: Callable[[Stmt], list[str]],
                    name: Callable[[str], str], prefix: str,
-                   write_back: WriteBack | None = None) -> list[str]:
+                   write_back: WriteBack | None = None,
+                   init: AccInit | None = None) -> list[str]:
     """The C lines of ``tile`` on ``lanes``-wide vectors. The callables are the renderer's:
     ``access`` renders a load as ``buf[index]``, ``expr`` an expression, ``stmt`` a statement
     (the prefetch hints) and ``name`` the C name of a tir name; the tile's own variables are
     named from ``prefix``, which no tir name of the function has. With ``write_back`` the
-    accumulators also go to its targets, through its activation on the vectors."""
+    accumulators also go to its targets, through its activation on the vectors; with
+    ``init`` they start from its values, not from the accumulator buffer."""
     j = tile.cols.var
     points = loop_points(tile.rows)  # the rows in loop order
     rows, vectors = len(points), tile.cols.extent // lanes
@@ -78,15 +80,17 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
              f"aligned(4), may_alias));"]
     homes = [[access(load_at(tile.acc, {**points[r], j: v * lanes})) for v in range(vectors)]
              for r in range(rows)]
+    # the extra sets start at -0.0, which adds nothing to any value (-0.0 included)
+    zero = "{" + ", ".join(["-0.0f"] * lanes) + "}"
     for r in range(rows):
         for v in range(vectors):
-            lines.append(f"{INDENT}{vec} {acc[r][v]} = *(const {unaligned}*)&{homes[r][v]};")
+            first = f"*(const {unaligned}*)&{homes[r][v]}" if init is None else \
+                _init_vector(init, init.points[r][v], vec, unaligned, zero, access, expr)
+            lines.append(f"{INDENT}{vec} {acc[r][v]} = {first};")
     sets = _accumulator_sets(tile, rows, vectors, lanes)
     inner = tile.k[-1]
     pin = (not tile.a_is_vector and rows <= 4
            and _registers(lanes) >= sets * rows * vectors + vectors + 1)
-    # the extra sets start at -0.0, which adds nothing to any value (-0.0 included)
-    zero = "{" + ", ".join(["-0.0f"] * lanes) + "}"
     for step in range(1, sets):
         for r in range(rows):
             for v in range(vectors):
@@ -152,6 +156,21 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
     lines.append(f'{INDENT}__asm__ volatile("" ::: "memory");')
     lines.append("}")
     return lines
+
+
+def _init_vector(init: AccInit, point: dict[Var, int], vec: str, unaligned: str, zero: str,
+                 access: Callable[[Load], str], expr: Callable[[Expr], str]) -> str:
+    """One accumulator vector's first value, ``init.value`` at ``point`` (its first lane):
+    a vector load where a load moves with the vectorized var, else the scalar broadcast
+    (-0.0 plus it, which is it, -0.0 and NaN included), summed as the scalar nest sums."""
+    def render(e: Expr) -> str:
+        if isinstance(e, Binary):
+            return f"({render(e.a)} + {render(e.b)})"
+        if isinstance(e, Load) and moves_by(e, init.j) == 1:
+            return f"*(const {unaligned}*)&{access(load_at(e, point))}"
+        scalar = expr(load_at(e, point) if isinstance(e, Load) else e)
+        return f"(({vec}){zero} + ({scalar}))"
+    return render(init.value)
 
 
 def _accumulator_sets(tile: FmaTile, rows: int, vectors: int, lanes: int) -> int:

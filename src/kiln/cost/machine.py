@@ -145,7 +145,7 @@ def full_rate_512(options: Options) -> bool:
     its 256-bit ones (a Xeon with two 512-bit FMA pipes), not the same lanes (Zen 4, which
     splits each in two halves, or a Xeon with one 512-bit pipe). False unless the kernels
     are built for AVX-512. Measured on one thread, the best of three runs on each width,
-    then read back from ``<kernel cache>/machine/`` (one record per host, compiler and flags),
+    then read back from ``<kernel cache>/fma-width-*.json`` (one per host, compiler and flags),
     so every compile on this machine sees the same answer."""
     if target_isa(options) is not Isa.AVX512:
         return False
@@ -160,8 +160,8 @@ def full_rate_512(options: Options) -> bool:
 def _full_rate_512(compiler: str, flags: tuple[str, ...], cache: str, path: str,
                    version: str) -> bool:
     ident = hashlib.sha256(repr((host_identity(), path, version, flags)).encode()).hexdigest()
-    record = (writable_cache_dir(Options(kernel_cache_dir=cache)) / "machine" /
-              f"fma-width-{ident[:16]}.json")
+    # (beside the compiler probe's record: the cache's subfolders hold kernels only)
+    record = writable_cache_dir(Options(kernel_cache_dir=cache)) / f"fma-width-{ident[:16]}.json"
     try:
         return bool(json.loads(record.read_text())["full_rate_512"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -172,7 +172,6 @@ def _full_rate_512(compiler: str, flags: tuple[str, ...], cache: str, path: str,
     ratio = wide.gflops(threads=1, iters=1_000_000) / narrow.gflops(threads=1, iters=1_000_000)
     full = ratio >= FULL_RATE_RATIO
     try:
-        record.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(record, json.dumps({"full_rate_512": full, "ratio": ratio}).encode())
     except OSError:
         pass

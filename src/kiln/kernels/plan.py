@@ -49,7 +49,7 @@ from kiln.tir.nodes import (
     seq,
 )
 from kiln.tir.tails import drop_dead_guards, shrink_tail_tiles, version_tails
-from kiln.tir.tensorize import fuse_write_backs, tensorize_fma_tiles
+from kiln.tir.tensorize import fuse_inits, fuse_write_backs, tensorize_fma_tiles
 from kiln.tir.trace import Trace
 from kiln.tir.visit import all_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
@@ -334,7 +334,7 @@ class Tensorize:
 
     def apply(self, func: PrimFunc) -> PrimFunc:
         # (and each tile's write-back, where the nest after it is one: `fuse_write_backs`)
-        return fuse_write_backs(tensorize_fma_tiles(func, self.k_loops, self.lanes))
+        return fuse_inits(fuse_write_backs(tensorize_fma_tiles(func, self.k_loops, self.lanes)))
 
     def as_python(self) -> str:
         return f"tensorize({list(self.k_loops)!r}, 'fma_tile', lanes={self.lanes})"

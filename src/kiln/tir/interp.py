@@ -199,13 +199,13 @@ def compile_stmt(s: Stmt) -> ExecFn:
             bufs[buf.name][idx] = convert(value(env, bufs), buf.dtype)
         return store
     if isinstance(s, Tensorized):  # the loop describes what the intrinsic computes
-        if s.write_back is None:
+        if s.write_back is None and s.init is None:
             return compile_stmt(s.loop)
-        loop, back = compile_stmt(s.loop), compile_stmt(s.write_back)
+        parts = [compile_stmt(x) for x in (s.init, s.loop, s.write_back) if x is not None]
 
         def tile(env: Env, bufs: Arrays) -> None:
-            loop(env, bufs)
-            back(env, bufs)
+            for part in parts:
+                part(env, bufs)
         return tile
     if isinstance(s, Prefetch):  # a hint to the memory system: nothing to compute
         return lambda env, bufs: None

@@ -491,6 +491,10 @@ class Tensorized(Stmt):
     # them, against constant bounds), emitted from the registers; the interpreter runs it
     # after ``loop`` (`kiln.tir.tensorize.fuse_write_backs`)
     write_back: Stmt | None = None
+    # the loop nest right before the tile that sets its accumulators (a bias, a residual, C
+    # from the last K block), emitted into the registers; the interpreter runs it before
+    # ``loop`` (`kiln.tir.tensorize.fuse_inits`)
+    init: Stmt | None = None
 
 
 def seq(*stmts: Stmt) -> Stmt:

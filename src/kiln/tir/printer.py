@@ -101,6 +101,9 @@ def _stmt(s: Stmt, depth: int, out: list[str]) -> None:
         out.append(f"{pad}prefetch {_access(s.buffer, s.indices)} ({s.lines} lines)")
     elif isinstance(s, Tensorized):
         out.append(f"{pad}tensorized {s.intrinsic.value}(lanes={s.lanes}):")
+        if s.init is not None:
+            out.append(f"{pad}  init into the registers:")
+            _stmt(s.init, depth + 1, out)
         _stmt(s.loop, depth + 1, out)
         if s.write_back is not None:
             out.append(f"{pad}  write-back from the registers:")

@@ -101,12 +101,15 @@ def map_stmt(stmt: Stmt, fn: StmtFn = lambda s: s, efn: ExprFn | None = None) ->
         if not _same(indices, stmt.indices):
             new = Prefetch(stmt.buffer, indices, stmt.lines)
     elif isinstance(stmt, Tensorized):
+        init = sub(stmt.init)
         loop = map_stmt(stmt.loop, fn, efn)
         back = sub(stmt.write_back)
-        if loop is not stmt.loop or back is not stmt.write_back:
+        if loop is not stmt.loop or back is not stmt.write_back or init is not stmt.init:
             # (a rewrite that leaves no loop leaves no intrinsic)
-            new = Tensorized(stmt.intrinsic, stmt.lanes, loop, back) if isinstance(loop, For) \
-                else seq_of([loop] + ([back] if back is not None else []))
+            new = Tensorized(stmt.intrinsic, stmt.lanes, loop, back, init) \
+                if isinstance(loop, For) else \
+                seq_of(([init] if init is not None else []) + [loop] +
+                       ([back] if back is not None else []))
     else:
         raise TypeError(f"unknown statement {type(stmt).__name__}")
     return fn(new)
@@ -182,6 +185,8 @@ def iter_stmts(stmt: Stmt) -> Iterator[Stmt]:
     if isinstance(stmt, (For, Allocate)):
         yield from iter_stmts(stmt.body)
     elif isinstance(stmt, Tensorized):
+        if stmt.init is not None:
+            yield from iter_stmts(stmt.init)
         yield from iter_stmts(stmt.loop)
         if stmt.write_back is not None:
             yield from iter_stmts(stmt.write_back)

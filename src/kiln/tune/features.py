@@ -131,6 +131,8 @@ def _stores(stmt: Stmt, loops: tuple[_Loop, ...], bindings: dict[Var, Expr]
     elif isinstance(stmt, Allocate):
         yield from _stores(stmt.body, loops, bindings)
     elif isinstance(stmt, Tensorized):
+        if stmt.init is not None:
+            yield from _stores(stmt.init, loops, bindings)
         yield from _stores(stmt.loop, loops, bindings)
         if stmt.write_back is not None:
             yield from _stores(stmt.write_back, loops, bindings)
@@ -151,7 +153,7 @@ def _children(stmt: Stmt) -> tuple[Stmt, ...]:
     if isinstance(stmt, (For, Allocate)):
         return (stmt.body,)
     if isinstance(stmt, Tensorized):
-        return (stmt.loop,) + ((stmt.write_back,) if stmt.write_back is not None else ())
+        return tuple(s for s in (stmt.init, stmt.loop, stmt.write_back) if s is not None)
     if isinstance(stmt, Block):
         return (stmt.body,) if stmt.init is None else (stmt.init, stmt.body)
     if isinstance(stmt, SeqStmt):
