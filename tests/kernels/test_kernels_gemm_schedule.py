@@ -184,7 +184,7 @@ def test_short_reductions_over_many_rows_take_a_one_vector_tile() -> None:
 
 
 def test_full_rate_512_bit_fmas_keep_the_two_vector_tile_for_short_reductions() -> None:
-    """``narrow_tile=False`` (a machine whose 512-bit FMAs run at full rate): the same short
+    """``full_rate_512`` (a machine whose 512-bit FMAs run at full rate): the same short
     reductions keep 14 x 32; the one-vector tile for a one-vector N stays."""
     from kiln.codegen.isa import Isa
     from kiln.kernels.gemm_schedule import default_gemm_config
@@ -193,12 +193,29 @@ def test_full_rate_512_bit_fmas_keep_the_two_vector_tile_for_short_reductions() 
     for m, n, k in ((3136, 64, 64), (12544, 96, 16), (784, 512, 128)):
         narrow = default_gemm_config(m, n, k, threads=2, base=avx512, b_prepacked=True)
         wide = default_gemm_config(m, n, k, threads=2, base=avx512, b_prepacked=True,
-                                   narrow_tile=False)
+                                   full_rate_512=True)
         assert narrow.nr == 16
         assert (wide.nr, wide.mr) == (32, 14) and wide.nc % wide.nr == 0
     one_vector = default_gemm_config(3136, 16, 64, threads=2, base=avx512, b_prepacked=True,
-                                     narrow_tile=False)
+                                     full_rate_512=True)
     assert one_vector.nr == 16
+
+
+def test_full_rate_512_bit_fmas_accept_a_little_more_padding_for_taller_tiles() -> None:
+    """128 tokens: 12-row tiles (132 rows, 3% padding) over 10-row ones (130) at full rate;
+    where the taller tile pads more (49 rows in 14s: 56), the shorter stays."""
+    from kiln.codegen.isa import Isa
+    from kiln.kernels.gemm_schedule import default_gemm_config
+
+    avx512 = GemmConfig.for_isa(Isa.AVX512)
+
+    def mr(m: int, n: int, k: int, full: bool) -> int:
+        return default_gemm_config(m, n, k, threads=2, base=avx512, b_prepacked=True,
+                                   full_rate_512=full).mr
+
+    assert (mr(128, 3072, 768, False), mr(128, 3072, 768, True)) == (10, 12)
+    assert mr(49, 512, 2048, True) == mr(49, 512, 2048, False) == 10
+    assert mr(197, 768, 3072, True) == mr(197, 768, 3072, False) == 12
 
 
 def test_avx2_tiles_for_24_columns_skinny_rows_and_deep_k() -> None:

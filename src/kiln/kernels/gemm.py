@@ -66,7 +66,7 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     row = len(group.nodes) == 2  # (that input is the sum of the group's first node)
     suffix = "_rb" if row else "_r" if matrix else ""
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
-                     narrow_tile=not full_rate_512(options), bias=bias is not None,
+                     full_rate_512=full_rate_512(options), bias=bias is not None,
                      b_prepacked=b.node.op is Op.CONSTANT, epilogue=epilogue,
                      name=f"kiln_gemm_{m}x{n}x{k}{suffix}", bias_matrix=matrix, bias_row=row)
 
@@ -90,7 +90,7 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
         config = default_gemm_config(m, n, k, base=GemmConfig.for_isa(space.isa),
                                      b_prepacked=space.b_prepacked,
                                      one_k_block=space.epilogue is not None,
-                                     narrow_tile=space.narrow_tile)
+                                     full_rate_512=space.full_rate_512)
         plan = space.plan_config(config)
     else:  # the decisions head the trace: the plan says it was tuned
         config = space.config(tuned[0])
@@ -116,7 +116,7 @@ def _bmm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     if batch < 2 or 0 in (m, n, k):  # (one batch: the mm, which the graph passes make it)
         return Skipped(group, SkipReason.NOT_LOWERABLE, f"batch {batch} of {m}x{n}x{k}")
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
-                     narrow_tile=not full_rate_512(options),
+                     full_rate_512=full_rate_512(options),
                      name=f"kiln_bmm_{batch}x{m}x{n}x{k}", batch=batch,
                      a_strides=runtime_strides(graph, a), b_strides=runtime_strides(graph, b))
 

@@ -118,6 +118,14 @@ SPLIT_N_IMBALANCE = 1.05
 SPLIT_N_MIN_BYTES = 384 * 1024
 SPLIT_N_MAX_NC = 2048
 SPLIT_N_MC_TILES = 8
+# MR: the tallest tile whose busiest thread has at most this much more rows (padding
+# included) than the fewest any candidate gives; more where 512-bit FMAs run at full rate,
+# whose taller tiles load B fewer times for twice the FMAs a cycle (an AVX-512 Xeon, 2
+# threads, B prepacked: 128x3072x768 MR = 10 (130 rows) 1872 us, 12 (132) 1799, 14 (140)
+# 1786; 197x3072x768 MR = 12 (204) 2990, 14 (210) 3052; 49x512x2048 MR = 10 (50) 380, 14
+# (56) 419; 32x768x768 MR = 8 139, 12 149. Zen 4: 128x3072x768 MR = 8 10% faster than 14)
+MR_PADDING_SLACK = 1.02
+MR_PADDING_SLACK_FULL_RATE = 1.04
 # the one-vector register tile for short K over many rows (see default_gemm_config)
 NARROW_TILE_MAX_K = 128
 NARROW_TILE_MIN_M = 512
@@ -181,16 +189,17 @@ def _balanced(total: int, limit: int, multiple: int, parts_multiple: int = 1) ->
 def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                         base: GemmConfig | None = None, b_prepacked: bool = False,
                         one_k_block: bool = False, batched: bool = False,
-                        narrow_tile: bool = True) -> GemmConfig:
+                        full_rate_512: bool = False) -> GemmConfig:
     """Tiles for fp32 on a few cores: balanced blocks, threads split the M blocks; with B
     prepacked, where N > M (B of `SPLIT_N_MIN_BYTES` or more) or the M tiles are too few to
     balance, the threads split N.
     ``one_k_block``: KC = K (a fused epilogue needs each output written back once).
     ``batched``: one batch of a bmm (on one thread): MR divides M where a tile of at least
     `BATCHED_MIN_MR` rows does (`_exact_mr`).
-    ``narrow_tile``: short dot products over many rows take a one-vector tile on AVX-512
-    (`NARROW_TILE_MAX_K`); the caller passes False where 512-bit FMAs run at full rate
-    (`kiln.cost.machine.full_rate_512`).
+    ``full_rate_512``: this machine's 512-bit FMAs run at full rate
+    (`kiln.cost.machine.full_rate_512`): short dot products over many rows keep the
+    two-vector tile (`NARROW_TILE_MAX_K`), and MR may pad a few more rows
+    (`MR_PADDING_SLACK_FULL_RATE`).
 
     MR is ``base.mr`` or a shorter tile where that wastes fewer padded rows on the busiest
     thread (measured on Zen 4, 128x3072x768 on 2 threads: MR=14, whose last tile holds 2
@@ -207,7 +216,7 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
         # padding: Zen 3, 2 threads, MobileNetV2's 3136x96x24 146 -> 113 us, 3136x144x24
         # 219 -> 164)
         base = GemmConfig(4, 24, base.kc, 8, base.nc, lanes=base.lanes)
-    elif narrow_tile and k <= NARROW_TILE_MAX_K and m >= NARROW_TILE_MIN_M and base.nr == 32:
+    elif not full_rate_512 and k <= NARROW_TILE_MAX_K and m >= NARROW_TILE_MIN_M and base.nr == 32:
         # short dot products over many rows (CNN 1x1 convolutions): a 16 x 16 tile, one
         # vector wide, beats 14 x 32 by 8-24% where the write-back weighs against the few
         # K steps (Zen 4, 2 threads, B prepacked: 12544x96x16 266 -> 203 us, 3136x64x64
@@ -223,9 +232,10 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     split_n = (b_prepacked and threads > 1 and n >= threads * base.nr
                and ((n > m and 4 * k * n >= SPLIT_N_MIN_BYTES)
                     or _ceil_div(m, base.mr) < 4 * threads
-                    or _imbalance(m, _mr_for(m, base.mr, threads, vectors), threads)
+                    or _imbalance(m, _mr_for(m, base.mr, threads, vectors, full_rate_512),
+                                  threads)
                     > SPLIT_N_IMBALANCE * _imbalance(n, base.nr, threads)))
-    mr = _mr_for(m, base.mr, 1 if split_n else threads, vectors)
+    mr = _mr_for(m, base.mr, 1 if split_n else threads, vectors, full_rate_512)
     if batched:
         mr = _exact_mr(m, mr)
     base = GemmConfig(mr, base.nr, base.kc, max(base.mc // base.mr, 1) * mr, base.nc,
@@ -262,11 +272,12 @@ def gemm_shares_dynamically(m: int, n: int, k: int) -> bool:
     return shares_dynamically(2.0 * m * n * k, 4.0 * (m * k + k * n + m * n))
 
 
-def _mr_for(m: int, largest: int, threads: int, vectors: int = 2) -> int:
+def _mr_for(m: int, largest: int, threads: int, vectors: int = 2,
+            full_rate_512: bool = False) -> int:
     """The tallest tile (``largest`` down to about half of it, but with at least
     `MIN_ACCUMULATORS` of ``vectors`` a row; or M itself when shorter) whose busiest thread
     has at most 2% more rows, padding included, than the best choice (taller tiles pass
-    over B fewer times)."""
+    over B fewer times); 4% where 512-bit FMAs run at full rate (`MR_PADDING_SLACK`)."""
     def busiest(mr: int) -> int:
         return _ceil_div(_ceil_div(max(m, 1), mr), threads) * mr
     shortest = max(largest // 2, _ceil_div(MIN_ACCUMULATORS, max(vectors, 1)), 1)
@@ -274,7 +285,8 @@ def _mr_for(m: int, largest: int, threads: int, vectors: int = 2) -> int:
     if 0 < m < largest:
         candidates.append(m)
     least = min(busiest(mr) for mr in candidates)
-    return max(mr for mr in candidates if busiest(mr) <= least * 1.02)
+    slack = MR_PADDING_SLACK_FULL_RATE if full_rate_512 else MR_PADDING_SLACK
+    return max(mr for mr in candidates if busiest(mr) <= least * slack)
 
 
 def _mc_for_threads(m: int, base: GemmConfig, threads: int) -> int:

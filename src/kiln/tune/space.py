@@ -147,9 +147,9 @@ class GemmSpace:
     batch: int = 0
     a_strides: tuple[int, ...] | None = None
     b_strides: tuple[int, ...] | None = None
-    # the heuristic's one-vector tile for short K (`default_gemm_config`'s ``narrow_tile``:
-    # False where 512-bit FMAs run at full rate)
-    narrow_tile: bool = True
+    # whether 512-bit FMAs run at full rate here (`kiln.cost.machine.full_rate_512`): the
+    # heuristic's register tile depends on it (`default_gemm_config`)
+    full_rate_512: bool = False
 
     @staticmethod
     def for_shape(m: int, n: int, k: int, *, isa: Isa = Isa.AVX512, threads: int = 2,
@@ -163,12 +163,12 @@ class GemmSpace:
         if self.batch:  # (each batch on one thread, in one K block)
             return default_gemm_config(self.m, self.n, self.k, threads=1,
                                        base=GemmConfig.for_isa(self.isa), one_k_block=True,
-                                       batched=True, narrow_tile=self.narrow_tile)
+                                       batched=True, full_rate_512=self.full_rate_512)
         return default_gemm_config(self.m, self.n, self.k, threads=self.threads,
                                    base=GemmConfig.for_isa(self.isa),
                                    b_prepacked=self.b_prepacked,
                                    one_k_block=self.epilogue is not None,
-                                   narrow_tile=self.narrow_tile)
+                                   full_rate_512=self.full_rate_512)
 
     def default(self) -> Decisions:
         cfg = self._heuristic()
