@@ -191,30 +191,35 @@ def test_conv_default_config_where_512_bit_fmas_run_at_full_rate() -> None:
     big_copy = ConvShape(1, 32, 147, 147, 64, (3, 3), (1, 1), (1, 1))
     assert 4 * 32 * 149 * 149 > TWO_ROW_COPY_BYTES and default(big_copy).rows == 1
     strided = ConvShape(1, 128, 56, 56, 128, (3, 3), (2, 2), (1, 1))
-    assert default(strided) == ConvConfig.default(strided, 16)
+    assert default(strided) == ConvConfig.default(strided, 16)  # (guards, no copy)
     one_vector = ConvShape(1, 16, 28, 28, 16, (3, 3), (1, 1), (1, 1))
     assert default(one_vector).rows == 1
-    stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))
-    assert default(stem) == ConvConfig.default(stem, 16)
+    stem = ConvShape(1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3))  # (the copy anyway)
+    assert (default(stem).rows, default(stem).tile, default(stem).pad_copy) == (2, 7, True)
+    unpadded_strided = ConvShape(1, 3, 299, 299, 32, (3, 3), (2, 2), (0, 0))
+    assert (default(unpadded_strided).rows, default(unpadded_strided).tile) == (2, 7)
 
 
-@pytest.mark.parametrize(("size", "pad", "residual"), [(7, 1, False), (9, 0, True),
-                                                        (14, 1, True), (17, 1, False)])
+@pytest.mark.parametrize(("size", "pad", "residual", "stem"), [
+    (7, 1, False, False), (9, 0, True, False), (14, 1, True, False), (17, 1, False, False),
+    (23, 3, False, True), (19, 0, False, True)])
 def test_two_row_tiles_match(kernel_options: Options, size: int, pad: int,
-                             residual: bool) -> None:
+                             residual: bool, stem: bool) -> None:
     """Tiles of two output rows (an odd count of rows leaves a last row alone; 17 columns in
     tiles of 6 and 5) match eager, NaN and inf included, with a residual too, in C and in
     the one-row tiles of the same layer."""
-    shape = ConvShape(1, 40, size, size, 64, (3, 3), (1, 1), (pad, pad), bias=True,
-                      residual=residual)
+    # (stem: a first layer's 3 channels, a 7x7 window when padded (over the copy), stride 2)
+    window, stride = ((7, 7) if pad else (3, 3), (2, 2)) if stem else ((3, 3), (1, 1))
+    shape = ConvShape(1, 3 if stem else 40, size, size, 64, window, stride, (pad, pad),
+                      bias=True, residual=residual)
     config = ConvConfig.default(shape, 16, full_rate=True)
     assert config.rows == 2 and config.pad_copy == bool(pad)
-    plan = conv_plan(shape, config, name=f"conv_test_two_rows_{size}_{pad}_{int(residual)}",
-                     epilogue=Epilogue(Op.RELU, ()))
+    plan = conv_plan(shape, config, name=f"conv_test_two_rows_{size}_{pad}_{int(residual)}"
+                     f"_{int(stem)}", epilogue=Epilogue(Op.RELU, ()))
     kernel = compile_kernel(plan.build(), kernel_options)
     x, weight, bias = _operands(shape, seed=size)
-    x[0, 3, 0, size - 1] = float("nan")
-    x[0, 5, size - 1, 0] = float("inf")
+    x[0, 1, 0, size - 1] = float("nan")
+    x[0, 2, size - 1, 0] = float("inf")
     want = torch.nn.functional.conv2d(x, weight, bias, shape.stride, shape.padding)
     operands = [x, pack_conv_weight(weight, config.nr), bias]
     if residual:

@@ -118,7 +118,10 @@ SMALL_COPY_BYTES_STRIDE1_16_REGISTERS = 640 * 1024
 # 915 -> 757 (791), 17x17x128->192 554 -> 372 (386), 35x35x64->96 459 -> 416 (410),
 # 149x149x32 without padding 1242 -> 1149 (1330), 56x56x64 (an 861 KB copy) 750 -> 750;
 # 147x147x32->64, a 2.8 MB copy, 2789 -> 2832, so larger copies keep guards. Stride 2 keeps
-# guards (56x56x128 to 28x28: 734 -> 932 over the copy)
+# guards (56x56x128 to 28x28: 734 -> 932 over the copy); but a layer without padding, or
+# one that takes the copy anyway (a first layer's wide window over 3 channels), takes two
+# rows at any stride: ResNet's 7x7 stem 807 -> 737 us (oneDNN 1036), Inception's 3x3
+# stride-2 stem over 299x299 242 -> 179 (306), its 35x35x288->384 stride 2 2062 -> 1998
 TWO_ROW_COPY_BYTES = 1024 * 1024
 
 
@@ -219,9 +222,9 @@ class ConvConfig:
         padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
         up) over few input channels, so that a guard costs more than its taps' work (up to
         `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles.
-        ``full_rate`` (512-bit FMAs at full rate): a stride-1 layer over two vectors of
-        channels takes two rows of up to 7 pixels over the padded copy, where the copy is at
-        most `TWO_ROW_COPY_BYTES` (or there is no padding)."""
+        ``full_rate`` (512-bit FMAs at full rate): a layer over two vectors of channels takes
+        two rows of up to 7 pixels where no tile needs a guard: no padding, the padded copy
+        taken anyway, or (stride 1) a copy of at most `TWO_ROW_COPY_BYTES`."""
         lanes = max(lanes, 4)
         if shape.groups > 1:
             return ConvConfig._grouped(shape, lanes, registers, threads)
@@ -242,9 +245,10 @@ class ConvConfig:
         # MobileNetV2's 3x3 first layer 193 -> 162; not 7x7 over 3 channels: 1389 -> 1853)
         pad_copy = padding and copy_bytes <= PAD_COPY_BYTES and (
             (copy_bytes <= small and row is None) or few_channels_wide_window)
-        two_rows = (full_rate and registers >= 32 and vectors == 2 and shape.stride == (1, 1)
-                    and not few_channels_wide_window and shape.out[0] >= 2
-                    and (not padding or copy_bytes <= min(TWO_ROW_COPY_BYTES, PAD_COPY_BYTES)))
+        two_rows = full_rate and registers >= 32 and vectors == 2 and shape.out[0] >= 2 and (
+            not padding or pad_copy or (  # (no guards either way)
+                shape.stride == (1, 1) and not few_channels_wide_window
+                and copy_bytes <= min(TWO_ROW_COPY_BYTES, PAD_COPY_BYTES)))
         if two_rows:
             pad_copy = padding
         guarded = padding and not pad_copy
@@ -274,7 +278,8 @@ class ConvConfig:
             tile = 6 if ow % 6 in (0, 4, 5) else 7
         elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
             # 1094 us at 7 pixels, 1188 at 14)
-            tile = next((t for t in (7, 8, 6, 5, 4) if ow % t == 0), 7)
+            tile = next((t for t in (7, 8, 6, 5, 4) if t <= largest and ow % t == 0),
+                        min(7, largest))
         else:
             dividing = [t for t in range(largest, max(largest // 2, 1) - 1, -1) if ow % t == 0]
             # else the fewest tiles, as even as they go: a last tile of a pixel or three
