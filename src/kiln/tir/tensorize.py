@@ -29,6 +29,8 @@ columns are a whole number of vectors. Anything else keeps its loops.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kiln.ir.types import DType
@@ -160,6 +162,30 @@ def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
     one store (in a block without predicate or init, or bare) of ``value`` into a buffer
     that moves by 1 with the vectorized loop, and every vector of the tile's accumulators
     stored exactly once."""
+    found = _store_nest(tile, nest)
+    if found is None:
+        return None
+    row_loops, j, store = found
+    if store.buffer == tile.acc.buffer:
+        return None
+    acc = _bounded_activation_of(store.value, tile.acc)
+    if acc is None:
+        return None
+    target = Load(store.buffer, store.indices)
+    moves = _moves(target), _moves(acc)
+    if any(m is None or m[j] != 1 for m in moves):
+        return None
+    points = _vector_points(tile, row_loops, j, acc, lanes)
+    if points is None:
+        return None
+    return WriteBack(tuple(tuple(load_at(target, pt) for pt in row) for row in points),
+                     store.value, acc)
+
+
+def _store_nest(tile: FmaTile, nest: Stmt) -> tuple[list[For], Var, BufferStore] | None:
+    """A nest's unrolled loops (or serial ones of one iteration), the var of the vectorized
+    loop inside them, as wide as the tile, and its one store (in a block without predicate
+    or init, or bare); None where the nest is not that."""
     row_loops: list[For] = []
     while isinstance(nest, For) and (nest.kind is ForKind.UNROLLED or (
             nest.kind is ForKind.SERIAL and nest.extent == 1)):
@@ -169,16 +195,15 @@ def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
             or nest.extent != tile.cols.extent:
         return None
     store = _store(nest.body)
-    if store is None or store.buffer == tile.acc.buffer:
-        return None
-    acc = _bounded_activation_of(store.value, tile.acc)
-    if acc is None:
-        return None
-    j = nest.var
-    target = Load(store.buffer, store.indices)
-    moves = _moves(target), _moves(acc)
-    if any(m is None or m[j] != 1 for m in moves):
-        return None
+    return None if store is None else (row_loops, nest.var, store)
+
+
+def _vector_points(tile: FmaTile, row_loops: list[For], j: Var, element: Load, lanes: int
+                   ) -> tuple[tuple[dict[Var, int], ...], ...] | None:
+    """For each row ``r`` and vector ``v`` of the tile's accumulators, the point of the
+    nest's loops (``j`` at the vector's first lane) where ``element``, an accumulator
+    element in the nest's vars, is that vector; None unless every vector is met exactly
+    once and nothing else is."""
     vectors = tile.cols.extent // lanes
     # the tile's accumulator vectors by their element offset in the accumulator buffer
     by_offset: dict[int, tuple[int, int]] = {}
@@ -191,21 +216,20 @@ def write_back(tile: FmaTile, nest: Stmt, lanes: int) -> WriteBack | None:
     points = loop_points(row_loops)
     if len(points) > MAX_WRITE_BACK_ROWS:
         return None
-    targets: dict[tuple[int, int], Load] = {}
+    found: dict[tuple[int, int], dict[Var, int]] = {}
     for point in points:
-        start = _offset(load_at(acc, {**point, j: 0}))
+        start = _offset(load_at(element, {**point, j: 0}))
         if start is None:
             return None
         for v in range(vectors):
             rv = by_offset.get(start + v * lanes)
-            if rv is None or rv in targets:
+            if rv is None or rv in found:
                 return None
-            targets[rv] = load_at(target, {**point, j: v * lanes})
-    if len(targets) != len(by_offset):
+            found[rv] = {**point, j: v * lanes}
+    if len(found) != len(by_offset):
         return None
     rows = len(by_offset) // vectors
-    return WriteBack(tuple(tuple(targets[r, v] for v in range(vectors)) for r in range(rows)),
-                     store.value, acc)
+    return tuple(tuple(found[r, v] for v in range(vectors)) for r in range(rows))
 
 
 @dataclass(frozen=True)
@@ -228,48 +252,18 @@ def acc_init(tile: FmaTile, nest: Stmt, lanes: int) -> AccInit | None:
     store (in a block without predicate or init, or bare) of a `vector_sum` into the tile's
     accumulator buffer, moving by 1 with the vectorized loop, and every vector of the tile's
     accumulators set exactly once, nothing else."""
-    row_loops: list[For] = []
-    while isinstance(nest, For) and (nest.kind is ForKind.UNROLLED or (
-            nest.kind is ForKind.SERIAL and nest.extent == 1)):
-        row_loops.append(nest)
-        nest = nest.body
-    if not isinstance(nest, For) or nest.kind is not ForKind.VECTORIZED \
-            or nest.extent != tile.cols.extent:
+    found = _store_nest(tile, nest)
+    if found is None:
         return None
-    store = _store(nest.body)
-    if store is None or store.buffer != tile.acc.buffer:
+    row_loops, j, store = found
+    if store.buffer != tile.acc.buffer:
         return None
-    j = nest.var
     target = Load(store.buffer, store.indices)
     moves = _moves(target)
     if moves is None or moves[j] != 1 or not vector_sum(store.value, j, tile.acc.buffer):
         return None
-    vectors = tile.cols.extent // lanes
-    by_offset: dict[int, tuple[int, int]] = {}
-    for r, point in enumerate(loop_points(tile.rows)):
-        start = _offset(load_at(tile.acc, {**point, tile.cols.var: 0}))
-        if start is None:
-            return None
-        for v in range(vectors):
-            by_offset[start + v * lanes] = (r, v)
-    points = loop_points(row_loops)
-    if len(points) > MAX_WRITE_BACK_ROWS:
-        return None
-    found: dict[tuple[int, int], dict[Var, int]] = {}
-    for point in points:
-        start = _offset(load_at(target, {**point, j: 0}))
-        if start is None:
-            return None
-        for v in range(vectors):
-            rv = by_offset.get(start + v * lanes)
-            if rv is None or rv in found:
-                return None
-            found[rv] = {**point, j: v * lanes}
-    if len(found) != len(by_offset):
-        return None
-    rows = len(by_offset) // vectors
-    return AccInit(tuple(tuple(found[r, v] for v in range(vectors)) for r in range(rows)),
-                   store.value, j)
+    points = _vector_points(tile, row_loops, j, target, lanes)
+    return None if points is None else AccInit(points, store.value, j)
 
 
 def vector_sum(value: Expr, j: Var, acc: object) -> bool:
@@ -299,20 +293,35 @@ def fuse_inits(func: PrimFunc) -> PrimFunc:
     the stack (a GEMM's residual or bias copied into it, then read back: 392x256x64 with a
     residual, one thread, 71% -> 76% of the FMA peak)."""
 
+    def pair(last: Stmt, stmt: Stmt) -> Stmt | None:
+        tile = _tile_of(stmt)
+        if tile is None or stmt.init is not None or acc_init(tile, last, stmt.lanes) is None:
+            return None
+        return dataclasses.replace(stmt, init=last)
+    return _fuse_pairs(func, pair)
+
+
+def _tile_of(stmt: Stmt) -> FmaTile | None:
+    """The FMA_TILE parts of a tensorized statement that still matches its description."""
+    if not (isinstance(stmt, Tensorized) and stmt.intrinsic is Intrinsic.FMA_TILE):
+        return None
+    return fma_tile(stmt.loop, stmt.lanes)
+
+
+def _fuse_pairs(func: PrimFunc, pair: Callable[[Stmt, Stmt], Stmt | None]) -> PrimFunc:
+    """Each two statements next to each other in a sequence that ``pair`` joins (it gives
+    the one statement for both, or None) replaced by that statement, left to right."""
+
     def fn(s: Stmt) -> Stmt:
         if not isinstance(s, SeqStmt):
             return s
         out: list[Stmt] = []
         for stmt in s.stmts:
-            last = out[-1] if out else None
-            if (isinstance(stmt, Tensorized) and stmt.init is None and last is not None
-                    and stmt.intrinsic is Intrinsic.FMA_TILE):
-                tile = fma_tile(stmt.loop, stmt.lanes)
-                if tile is not None and acc_init(tile, last, stmt.lanes) is not None:
-                    out[-1] = Tensorized(stmt.intrinsic, stmt.lanes, stmt.loop,
-                                         stmt.write_back, last)
-                    continue
-            out.append(stmt)
+            joined = pair(out[-1], stmt) if out else None
+            if joined is not None:
+                out[-1] = joined
+            else:
+                out.append(stmt)
         return SeqStmt(tuple(out)) if len(out) > 1 else out[0]
     return func.with_body(map_stmt(func.body, fn))
 
@@ -355,21 +364,13 @@ def fuse_write_backs(func: PrimFunc) -> PrimFunc:
     instructions on AVX2, 4 on the registers: MobileNetV2's 12544x16 @ 16x96 GEMM with its
     relu6, 380 -> 351 us)."""
 
-    def fn(s: Stmt) -> Stmt:
-        if not isinstance(s, SeqStmt):
-            return s
-        out: list[Stmt] = []
-        for stmt in s.stmts:
-            last = out[-1] if out else None
-            if (isinstance(last, Tensorized) and last.write_back is None
-                    and last.intrinsic is Intrinsic.FMA_TILE):
-                tile = fma_tile(last.loop, last.lanes)
-                if tile is not None and write_back(tile, stmt, last.lanes) is not None:
-                    out[-1] = Tensorized(last.intrinsic, last.lanes, last.loop, stmt, last.init)
-                    continue
-            out.append(stmt)
-        return SeqStmt(tuple(out)) if len(out) > 1 else out[0]
-    return func.with_body(map_stmt(func.body, fn))
+    def pair(last: Stmt, stmt: Stmt) -> Stmt | None:
+        tile = _tile_of(last)
+        if tile is None or last.write_back is not None \
+                or write_back(tile, stmt, last.lanes) is None:
+            return None
+        return dataclasses.replace(last, write_back=stmt)
+    return _fuse_pairs(func, pair)
 
 
 def tensorize_fma_tiles(func: PrimFunc, loop_names: tuple[str, ...], lanes: int) -> PrimFunc:
