@@ -40,10 +40,11 @@ import torch
 import torch.nn.functional as F
 
 from kiln.codegen.build import CompilerUnavailable, build
+from kiln.codegen.isa import target_isa
 from kiln.codegen.kernel import compile_kernel
-from kiln.cost.machine import fma_probe
+from kiln.cost.machine import fma_probe, full_rate_512
 from kiln.kernels import rows_schedule as fused
-from kiln.kernels.gemm_schedule import gemm_func
+from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, gemm_func
 from kiln.options import Options
 
 Fn = Callable[[], object]
@@ -227,7 +228,11 @@ def gemm(options: Options, quick: bool, peak: float) -> list[Row]:
             "torch.mm": lambda a=a, b=b_mat, c=c_torch: torch.mm(a, b, out=c),
             "numpy matmul": lambda a=a_np, b=b_np, c=c_np: np.matmul(a, b, out=c),
         }
-        kernel = compile_kernel(gemm_func(m, n, k, b_transposed=transposed), options)
+        # (the schedule kiln's compiler gives an mm whose B comes at run time: packed each call)
+        cfg = default_gemm_config(m, n, k, torch.get_num_threads(),
+                                  base=GemmConfig.for_isa(target_isa(options)),
+                                  full_rate_512=full_rate_512(options))
+        kernel = compile_kernel(gemm_func(m, n, k, cfg, b_transposed=transposed), options)
         if not isinstance(kernel, CompilerUnavailable):
             kernel(a, b, c_kiln)
             torch.testing.assert_close(c_kiln, a @ b_mat, rtol=1e-4, atol=1e-3 * k ** 0.5)
@@ -259,8 +264,7 @@ def linear(options: Options, quick: bool, peak: float, threads: int) -> list[Row
     W packed at compile time (the tile kiln's compiler picks for this machine and M), oneDNN
     on W reordered once (kiln's library variant) and ONNX Runtime's Gemm on a constant W
     (MLAS, prepacked) when onnxruntime is installed."""
-    from kiln.codegen.isa import target_isa
-    from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
+    from kiln.kernels.gemm_schedule import pack_b
 
     rows = []
     base = GemmConfig.for_isa(target_isa(options))
@@ -271,7 +275,8 @@ def linear(options: Options, quick: bool, peak: float, threads: int) -> list[Row
             x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
             out = torch.empty(m, n)
             contenders: dict[str, Fn] = {"torch F.linear": lambda x=x, w=w, b=b: F.linear(x, w, b)}
-            cfg = default_gemm_config(m, n, k, threads=threads, base=base, b_prepacked=True)
+            cfg = default_gemm_config(m, n, k, threads=threads, base=base, b_prepacked=True,
+                                      full_rate_512=full_rate_512(options))
             kernel = compile_kernel(gemm_func(m, n, k, cfg, bias=True, b_prepacked=True), options)
             if not isinstance(kernel, CompilerUnavailable):
                 packed = pack_b(w.t(), cfg.nr)
