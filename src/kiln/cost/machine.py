@@ -8,7 +8,8 @@ limit.
 A kernel's or a model's "% of FMA peak" in `kiln bench` and benchmarks/ops.py is its GFLOP/s
 over this figure.
 
-    full_rate_512(options)              # False on Zen 4, True on a Xeon with two 512-bit FMA pipes
+    full_rate_512(options)              # True on an AVX-512 Xeon with two 512-bit FMA pipes
+                                        # (ratio 1.86); Zen 4 splits 512-bit FMAs (about 1)
 
 `full_rate_512` says whether 512-bit FMAs retire twice as many lanes a cycle as 256-bit ones,
 measured once per machine with the same probe on both widths and recorded in the kernel cache
