@@ -18,7 +18,7 @@ from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan, pack_b
 from kiln.kernels.plan import Compact, ShrinkTails, SimplifyIndices, VersionTails
 from kiln.options import Options
 from kiln.tir import interp
-from kiln.tir.nodes import For, PrimFunc, Tensorized
+from kiln.tir.nodes import For, IfThenElse, PrimFunc, Tensorized
 from kiln.tir.tails import shrink_tail_tiles
 from kiln.tir.tensorize import fma_tile, loop_points
 from kiln.tir.visit import iter_stmts
@@ -64,6 +64,24 @@ def test_without_the_tails_condition_no_loop_is_cut() -> None:
     extents = sorted({s.extent for s in iter_stmts(shrunk.body)
                       if isinstance(s, For) and s.var.name == "i0_2"})
     assert extents == [1, 6]
+
+
+def test_the_last_k_block_loses_its_step_test_and_runs_its_own_steps() -> None:
+    """K = 70 in blocks of 32: `version_tails` leaves the last block one test a K step (an
+    ``if`` as the K loop's whole body); `shrink_tail_tiles` cuts that loop to 70 - 64 = 6
+    steps and drops the test. Without the shrink the test stays and the loop keeps 32."""
+    cfg = dataclasses.replace(AVX2, kc=32)
+    plan = gemm_plan(49, 40, 70, cfg, bias=True, b_prepacked=True)
+
+    def k_loops(func: PrimFunc) -> list[For]:
+        return [s for s in iter_stmts(func.body) if isinstance(s, For) and s.var.name == "k0_1"]
+
+    def step_tests(func: PrimFunc) -> int:
+        return sum(isinstance(loop.body, IfThenElse) for loop in k_loops(func))
+
+    shrunk, kept = plan.build(), _without_shrink(plan).build()
+    assert {loop.extent for loop in k_loops(shrunk)} == {32, 6} and step_tests(shrunk) == 0
+    assert {loop.extent for loop in k_loops(kept)} == {32} and step_tests(kept) > 0
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 16, 13), (7, 16, 64), (49, 40, 70), (13, 33, 5)])

@@ -86,12 +86,24 @@ def test_the_gemm_plan_tensorizes_its_full_k_loops_and_prints_them() -> None:
     assert not _tiles(untouched.build())
 
 
-def test_a_k_tail_with_its_guard_keeps_its_loops() -> None:
-    # K = 29 in blocks of 8: the last block's loop checks k at each step, and is no tile
+def test_a_k_tail_block_runs_its_own_steps_as_a_tile(options: Options) -> None:
+    """K = 29 in blocks of 8: the last block's K loop, which `version_tails` left with one
+    test a step, is cut to its 5 steps without the test (`shrink_tail_tiles`), so it is a
+    tile like the full blocks' (it was a loop nest, 2x slower: 128x512x1376 in blocks of 464
+    ran 1451 us, 657 now); the results stay torch's, NaN and inf included."""
     cfg = GemmConfig(mr=4, nr=8, kc=8, mc=8, nc=16, lanes=8)
     func = gemm_func(13, 37, 29, cfg)
     k_loops = [s for s in iter_stmts(func.body) if isinstance(s, For) and s.var.name == "k0_1"]
-    assert len(k_loops) > len(_tiles(func)) >= 1
+    assert len(k_loops) == len(_tiles(func)) >= 2
+    assert {loop.extent for loop in k_loops} == {8, 5}
+    a, b = torch.randn(13, 29), torch.randn(29, 37)
+    a[2, 28], a[5, 0] = float("nan"), float("inf")  # (in the tail block, and in the first)
+    (got,) = interp.run_torch(func, [a, b])
+    torch.testing.assert_close(got, a @ b, rtol=1e-4, atol=1e-4, equal_nan=True)
+    kernel = compile_kernel(func, options)
+    out = torch.full((13, 37), 1e30)
+    kernel(a, b, out)
+    torch.testing.assert_close(out, a @ b, rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
 def test_the_intrinsic_keeps_the_accumulators_in_vector_variables() -> None:

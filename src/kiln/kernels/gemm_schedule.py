@@ -28,8 +28,9 @@ where the nest above passes over C three times (init, load, store). Where each r
 (one K block, one N block) and short (K <= `PACK_A_FROM_K`), A is read in place.
 
 Tails: the splits guard every block with bounds checks. `kiln.tir.tails.version_tails` runs
-full K blocks and full tiles without them (tiles wholly past the end are skipped; in the last
-K block the K check is one test per K step), and `kiln.tir.tails.drop_dead_guards` lets the
+full K blocks and full tiles without them (tiles wholly past the end are skipped; the last
+K block's loop is cut to its steps, `kiln.tir.tails.shrink_tail_tiles`), and
+`kiln.tir.tails.drop_dead_guards` lets the
 tail tiles' micro-kernel run over the whole register tile (the tile and the packed panels are
 allocated in full, and the values computed in the padding are never stored); only the load
 and write-back of a tail tile keep their checks. So any M, N, K (also 0 and 1) works.
@@ -257,10 +258,11 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
 def _k_block(k: int, limit: int) -> int:
     """KC: K in balanced blocks of about ``limit``; where those leave a shorter last block,
     the fewest equal blocks of up to `K_BLOCK_STRETCH` x ``limit`` that K divides into, if
-    a few more blocks find one. The last K block keeps a bounds test each step, which
-    leaves it off the register tile's fast loop (an AVX-512 Xeon, 2 threads, B prepacked:
-    128x512x1376 in K blocks of 459 (the last 458) 723 us, of 688 577, of 464 1451; ATen
-    576. 1x1000x1280 in blocks of 427 112 us, of 640 85, ATen 77)."""
+    a few more blocks find one: a shorter last block pays a tile's set-up for fewer steps
+    (an AVX-512 Xeon, 2 threads, B prepacked: 128x512x1376 in blocks of 459, the last 458,
+    605 us, of 688 581, ATen 589; 1x1000x1280 in blocks of 427 117 us, of 640 107, ATen
+    108. Before `kiln.tir.tails.shrink_tail_tiles` cut the last block's K loop to its
+    steps, that block was no register tile: 723 and 112 us)."""
     kc = _balanced(k, limit, 1)
     if k <= 0 or k % kc == 0:
         return kc

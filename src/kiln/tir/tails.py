@@ -17,7 +17,8 @@ range that makes ``e`` largest. Only guards that change with the loop's own var 
 row guard is versioned at the row-tile loop, a column guard at the column-tile loop), so the
 condition is one test per iteration of the loop. A guard with no var inside the body is false
 for all of it at once: when every block under the loop has one, there is no slow copy (a K
-tail's check becomes one test per K step).
+tail's check becomes one test per K step, which `shrink_tail_tiles` then turns into a
+shorter K loop in the last K block).
 
 `shrink_tail_tiles` cuts a loop of such a slow copy down to the iterations that do anything
 (the last tile of rows holds M % MR rows); `drop_dead_guards` lets a register tile compute
@@ -224,7 +225,10 @@ def shrink_tail_tiles(func: PrimFunc) -> PrimFunc:
     more points, so ``t`` is never too small. A guard that then holds for every iteration
     below ``t`` at every point kept is dropped (the tail tile of a GEMM that reads A in
     place keeps no check on its rows, and tensorizes). Vectorized and parallel loops are
-    left alone (a tensorized tile's columns must stay whole vectors)."""
+    left alone (a tensorized tile's columns must stay whole vectors). An ``if`` that is a
+    loop's whole body (`version_tails`' one test a K step) guards every block in it: the last
+    K block's loop is cut to its steps and loses the test, so it is a register tile too
+    (128x512x1376 in K blocks of 464, the last 448: 1451 -> 657 us)."""
 
     def walk(s: Stmt, loops: dict[str, int], facts: list[Affine]) -> Stmt:
         if isinstance(s, For):
@@ -290,11 +294,14 @@ def _live_iterations(loop: For, body: Stmt, outer: dict[str, int],
     inner = {f.var.name: f.extent for f in iter_stmts(body) if isinstance(f, For)}
     if not blocks:
         return unchanged
+    # a test of the whole body (`version_tails`' one test a K step) guards every block in it
+    step = conjuncts(body.cond) if isinstance(body, IfThenElse) and body.else_body is None \
+        else []
     # per block: (the guard, its outer terms and constant, i's coefficient, no inner var)
     guards: list[list[tuple[Expr, Affine, int, bool]]] = []
     for block in blocks:
         usable = []
-        for conj in conjuncts(block.predicate):
+        for conj in [*conjuncts(block.predicate), *step]:
             form = _less_than_zero(conj)
             if form is None or form.get(name, 0) <= 0 or any(
                     k not in outer and k not in inner for k in form if k not in ("", name)):
@@ -338,7 +345,11 @@ def _live_iterations(loop: For, body: Stmt, outer: dict[str, int],
 
 
 def _without(s: Stmt, implied: set[Expr]) -> Stmt:
-    """A block with the guards in ``implied`` taken out of its predicate."""
+    """A block with the guards in ``implied`` taken out of its predicate; an ``if`` without
+    an else, with them taken out of its test (and gone where nothing is left of it)."""
+    if isinstance(s, IfThenElse) and s.else_body is None and implied & set(conjuncts(s.cond)):
+        rest = [c for c in conjuncts(s.cond) if c not in implied]
+        return IfThenElse(conjoin(*rest), s.then_body) if rest else s.then_body
     if not isinstance(s, Block) or not implied & set(conjuncts(s.predicate)):
         return s
     kept = [c for c in conjuncts(s.predicate) if c not in implied]
