@@ -366,15 +366,13 @@ class CRenderer:
 
     def _tensorized(self, stmt: Tensorized, scope: _Scope) -> list[str]:
         """The intrinsic's micro-kernel (`kiln.codegen.c_intrinsics`); a loop that no longer
-        matches its description (a rewrite after tensorize) renders as the loop it is."""
+        matches its description (a rewrite after tensorize) renders as the loop it is, and
+        an init or write-back nest that no longer matches its tile as the nest it is."""
         tile = fma_tile(stmt.loop, stmt.lanes) if stmt.intrinsic is Intrinsic.FMA_TILE else None
-        back = None if tile is None or stmt.write_back is None else \
-            write_back(tile, stmt.write_back, stmt.lanes)
-        rest = [] if stmt.write_back is None or back is not None else \
-            self._stmt(stmt.write_back, scope)  # (a nest that no longer matches: itself)
-        init = None if tile is None or stmt.init is None else \
-            acc_init(tile, stmt.init, stmt.lanes)
-        head = [] if stmt.init is None or init is not None else self._stmt(stmt.init, scope)
+        back = write_back(tile, stmt.write_back, stmt.lanes) if tile and stmt.write_back else None
+        init = acc_init(tile, stmt.init, stmt.lanes) if tile and stmt.init else None
+        head = self._stmt(stmt.init, scope) if stmt.init and init is None else []
+        rest = self._stmt(stmt.write_back, scope) if stmt.write_back and back is None else []
         if tile is None:
             return head + self._for(stmt.loop, scope) + rest
         for loop in tile.k:

@@ -28,12 +28,12 @@ where the nest above passes over C three times (init, load, store). Where each r
 (one K block, one N block) and short (K <= `PACK_A_FROM_K`), A is read in place.
 
 Tails: the splits guard every block with bounds checks. `kiln.tir.tails.version_tails` runs
-full K blocks and full tiles without them (tiles wholly past the end are skipped; the last
-K block's loop is cut to its steps, `kiln.tir.tails.shrink_tail_tiles`), and
-`kiln.tir.tails.drop_dead_guards` lets the
-tail tiles' micro-kernel run over the whole register tile (the tile and the packed panels are
-allocated in full, and the values computed in the padding are never stored); only the load
-and write-back of a tail tile keep their checks. So any M, N, K (also 0 and 1) works.
+full K blocks and full tiles without them (tiles wholly past the end are skipped; the last K
+block's loop is cut to its steps, `kiln.tir.tails.shrink_tail_tiles`), and
+`kiln.tir.tails.drop_dead_guards` lets the tail tiles' micro-kernel run over the whole
+register tile (the tile and the packed panels are allocated in full, and the values computed
+in the padding are never stored); only the load and write-back of a tail tile keep their
+checks. So any M, N, K (also 0 and 1) works.
 Compared with the hand-built nest this replaced, C's init is a separate pass and each tile
 loads C before accumulating (the hand-built zeroed its accumulator and stored C + acc), which
 costs a few percent where C is large against the work (K small).
