@@ -238,3 +238,37 @@ def test_a_bmm_takes_a_tile_of_rows_that_divides_m() -> None:
                                batched=True).mr == 8
     space = GemmSpace(128, 128, 64, Isa.AVX2, 2, batch=8)
     assert space.default()["mr"] == 4
+
+
+class _SharedKeyProduct(nn.Module):
+    """Multi-query attention's products (Falcon, Gemma): one key and value head expanded over
+    the query heads, so the bmm reads K and V with a 0 stride along the heads."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head = heads, dim // heads
+        self.q, self.kv = nn.Linear(dim, dim), nn.Linear(dim, 2 * self.head)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        q = self.q(x).view(1, t, self.heads, self.head).transpose(1, 2)
+        k, v = (y.view(1, t, 1, self.head).transpose(1, 2).expand(1, self.heads, t, self.head)
+                for y in self.kv(x).split(self.head, dim=2))
+        s = torch.tanh(q @ k.transpose(2, 3))
+        return (s @ v).transpose(1, 2).reshape(1, t, self.heads * self.head)
+
+
+def test_a_key_shared_by_the_heads_gets_the_generated_bmm(kernel_options: Options) -> None:
+    """The check's random operands share values where the run time's expanded view shares
+    memory (a copy into a 0-stride layout is refused: that once cost these products their
+    kernels, and failed the compile under strict)."""
+    torch.manual_seed(0)
+    model = _SharedKeyProduct().eval()
+    x = torch.randn(1, 10, 32)
+    strict = dataclasses.replace(kernel_options, strict=True)
+    compiled = kiln.compile(model, (x,), strict)
+    assert sum(k.kind == "generated" and "kiln_bmm" in (k.source or "")
+               for k in compiled.report.kernels) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert compiled.report.graphs[0].details.fallbacks == {}

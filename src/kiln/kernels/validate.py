@@ -11,13 +11,12 @@ from kiln.codegen.kernel import CompiledKernel
 from kiln.ir.graph import Graph, Value
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op
-from kiln.ir.types import DType
 from kiln.kernels.outcome import Built
 from kiln.passes.partition import KernelGroup
 from kiln.tir.nodes import contiguous_strides
 
 __all__ = ["CHECK_TOLERANCE", "agrees_with_library", "empty_output", "operand_strides",
-           "random_operands"]
+           "random_operands", "random_strided"]
 
 CHECK_TOLERANCE = 1e-5  # relative L2, float32: a kernel off by more than this is not used
 
@@ -37,14 +36,22 @@ def random_operands(graph: Graph, group: KernelGroup,
         if v.node.op is Op.CONSTANT:  # the real weight: kernels may bake in small ones
             env[v] = graph.constant(v.node)
             continue
-        if t.dtype is DType.BOOL:
-            value = torch.randint(0, 2, t.shape, generator=gen).bool()
-        else:
-            value = torch.randn(t.shape, generator=gen).to(t.dtype.torch)
-        if v in strides:
-            value = torch.empty_strided(t.shape, strides[v], dtype=value.dtype).copy_(value)
-        env[v] = value
+        layout = strides.get(v, contiguous_strides(t.shape))
+        env[v] = random_strided(t.shape, layout, gen, t.dtype.torch)
     return env
+
+
+def random_strided(shape: tuple[int, ...], strides: tuple[int, ...], gen: torch.Generator,
+                   dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Random values (bools 0/1) laid out with ``strides``. Elements that share memory (a
+    0 stride: a K or V expanded over query heads) share a value, as in the run time's view,
+    which a copy into such a layout cannot give (torch refuses the write)."""
+    size = 0 if 0 in shape else 1 + sum((n - 1) * s for n, s in zip(shape, strides))
+    if dtype is torch.bool:
+        flat = torch.randint(0, 2, (size,), generator=gen).bool()
+    else:
+        flat = torch.randn(size, generator=gen).to(dtype)
+    return flat.as_strided(shape, strides)
 
 
 def operand_strides(built: Built) -> Strides:

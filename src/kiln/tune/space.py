@@ -40,6 +40,7 @@ from kiln.kernels.gemm_schedule import (
     pack_b,
 )
 from kiln.kernels.plan import Epilogue, KernelPlan, Serial
+from kiln.kernels.validate import random_strided
 from kiln.tir.schedule import Schedule
 from kiln.tir.trace import Trace
 from kiln.tune.db import workload_key
@@ -265,9 +266,8 @@ class GemmSpace:
         shapes = ((self.batch, self.m, self.k), (self.batch, self.k, self.n))
         operands = []
         for shape, strides in zip(shapes, (self.a_strides, self.b_strides)):
-            values = torch.randn(shape, generator=gen)
-            operands.append(values if strides is None else
-                            torch.empty_strided(shape, strides).copy_(values))
+            operands.append(torch.randn(shape, generator=gen) if strides is None else
+                            random_strided(shape, strides, gen))
         expected = torch.bmm(*operands)
         return [*operands, torch.empty(self.batch, self.m, self.n)], [expected]
 
