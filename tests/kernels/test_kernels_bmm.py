@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import platform
+import warnings
 
 import pytest
 import torch
@@ -21,7 +22,7 @@ from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan
 from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.partition import gather, gemms
-from kiln.runtime.executor import build_executor
+from kiln.runtime.executor import KernelFallbackWarning, build_executor
 from kiln.runtime.memory import plan_memory
 from kiln.tune.space import GemmSpace
 
@@ -271,4 +272,37 @@ def test_a_key_shared_by_the_heads_gets_the_generated_bmm(kernel_options: Option
                for k in compiled.report.kernels) == 2
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    assert compiled.report.graphs[0].details.fallbacks == {}
+
+
+class _ScaledKeyProduct(nn.Module):
+    """DeBERTa's scores: the transposed key divided by a tensor scale before the product. The
+    library's division keeps its operand's transposed layout unless written into a slot."""
+
+    def __init__(self, dim: int = 32, heads: int = 4) -> None:
+        super().__init__()
+        self.heads, self.head = heads, dim // heads
+        self.qk = nn.Linear(dim, 2 * dim)
+        self.register_buffer("scale", torch.tensor(float(self.head)).sqrt())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = x.shape[1]
+        q, k = (y.view(1, t, self.heads, self.head).transpose(1, 2).reshape(-1, t, self.head)
+                for y in self.qk(x).split(self.heads * self.head, dim=2))
+        return torch.tanh(torch.bmm(q, k.transpose(-1, -2) / self.scale))
+
+
+def test_a_divided_transposed_key_reaches_the_bmm_contiguous(kernel_options: Options) -> None:
+    """The division writes into its planned slot (div.out), so the generated bmm gets the
+    layout it was compiled for; it used to fall back to the library's bmm on every call."""
+    torch.manual_seed(0)
+    model = _ScaledKeyProduct().eval()
+    x = torch.randn(1, 10, 32)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    assert any(k.kind == "generated" and "kiln_bmm" in (k.source or "")
+               for k in compiled.report.kernels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert compiled.report.graphs[0].details.fallbacks == {}

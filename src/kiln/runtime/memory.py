@@ -27,7 +27,7 @@ aten = torch.ops.aten
 
 # ops whose out= variant is a native kernel (not a generated "compute, then copy" wrapper)
 OUT_VARIANTS: dict[Op, object] = {
-    Op.ADD: aten.add.out, Op.SUB: aten.sub.out, Op.MUL: aten.mul.out,
+    Op.ADD: aten.add.out, Op.SUB: aten.sub.out, Op.MUL: aten.mul.out, Op.DIV: aten.div.out,
     Op.EXP: aten.exp.out, Op.TANH: aten.tanh.out, Op.SIGMOID: aten.sigmoid.out,
     Op.GELU: aten.gelu.out, Op.RSQRT: aten.rsqrt.out, Op.CLAMP: aten.clamp.out,
     Op.MM: aten.mm.out, Op.BMM: aten.bmm.out, Op.ADDMM: aten.addmm.out,
@@ -72,6 +72,8 @@ def plannable(node: Node) -> bool:
         return False
     if node.op in (Op.SUM, Op.MEAN) and node.attrs.dims is None:  # type: ignore[attr-defined]
         return False  # the all-dimensions forms have no out= overload
+    if node.op is Op.DIV and node.attrs.rounding_mode is not None:  # type: ignore[attr-defined]
+        return False  # div.out_mode: another overload
     # Python numbers as operands need the functional overloads
     return all(v.node.op is not Op.SCALAR for v in node.inputs)
 
