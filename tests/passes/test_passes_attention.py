@@ -11,6 +11,7 @@ from kiln.ir.builder import GraphBuilder
 from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
 from kiln.ir.types import DType, TensorType
+from kiln.ir.verify import verify
 from kiln.options import Options
 from kiln.passes.attention import fuse_attention
 
@@ -19,12 +20,13 @@ OPTIONS = Options(measure_kernels=False)
 
 
 def _attention(mask: torch.Tensor | None = None, mask_input: bool = False, scale: float = 0.5,
-               softmax_is_output: bool = False):
-    """softmax(Q Kᵀ · scale + mask) V, as capture leaves it: views, a permute, two bmms."""
+               softmax_is_output: bool = False, v_depth: int = E):
+    """softmax(Q Kᵀ · scale + mask) V, as capture leaves it: views, a permute, two bmms;
+    V's rows ``v_depth`` long."""
     b = GraphBuilder()
     q = b.input("q", TensorType((B, H, L, E), DType.F32))
     k = b.input("k", TensorType((B, H, S, E), DType.F32))
-    v = b.input("v", TensorType((B, H, S, E), DType.F32))
+    v = b.input("v", TensorType((B, H, S, v_depth), DType.F32))
     kt = b.op(Op.PERMUTE, k, attrs=PermuteAttrs((0, 1, 3, 2)))
     scores = b.op(Op.BMM, b.op(Op.VIEW, q, attrs=ShapeAttrs((B * H, L, E))),
                   b.op(Op.VIEW, kt, attrs=ShapeAttrs((B * H, E, S))))
@@ -35,8 +37,8 @@ def _attention(mask: torch.Tensor | None = None, mask_input: bool = False, scale
         x = b.op(Op.ADD, x, b.constant("mask", mask))
     p = b.op(Op.SOFTMAX, x, attrs=SoftmaxAttrs(3))
     out = b.op(Op.BMM, b.op(Op.VIEW, b.op(Op.CLONE, p), attrs=ShapeAttrs((B * H, L, S))),
-               b.op(Op.VIEW, v, attrs=ShapeAttrs((B * H, S, E))))
-    out = b.op(Op.VIEW, out, attrs=ShapeAttrs((B, H, L, E)))
+               b.op(Op.VIEW, v, attrs=ShapeAttrs((B * H, S, v_depth))))
+    out = b.op(Op.VIEW, out, attrs=ShapeAttrs((B, H, L, v_depth)))
     return b.build(out, p) if softmax_is_output else b.build(out)
 
 
@@ -69,6 +71,20 @@ def test_the_chain_becomes_one_call_with_the_same_values(mask):
         assert torch.equal(want.isnan(), got.isnan())
         finite = want.isfinite()
         torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+
+
+def test_values_longer_than_the_keys_keep_their_length():
+    """LeViT's values are twice as long as its queries and keys (attention ratio 2): the
+    fused call's V and output take V's length (they once took Q's, and the compiled model
+    failed at its first call on a view of the wrong size)."""
+    graph = _attention(_causal(), v_depth=2 * E)
+    fused = fuse_attention(graph, OPTIONS)
+    verify(fused)
+    assert any(n.op is Op.CALL for n in fused.nodes)
+    xs = _inputs(graph)
+    assert interpret(fused, xs)[0].shape == (B, H, L, 2 * E)
+    torch.testing.assert_close(interpret(fused, xs)[0], interpret(graph, xs)[0], rtol=1e-5,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("case", ["fully masked row", "mask from an input", "softmax read",

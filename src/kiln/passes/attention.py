@@ -51,11 +51,11 @@ MARGIN = 0.95  # the fused call must measure at most this fraction of the chain'
 class _Match:
     q: Value  # (BH, L, E), the first bmm's left operand
     kt: Value  # (BH, E, S), its right operand
-    v: Value  # (BH, S, E)
+    v: Value  # (BH, S, Ev)
     scale: float
     mask: Value | None
-    out: Value  # the second bmm's output, (BH, L, E)
-    shape: tuple[int, int, int, int, int]  # B, H, L, S, E
+    out: Value  # the second bmm's output, (BH, L, Ev)
+    shape: tuple[int, int, int, int, int, int]  # B, H, L, S, E, Ev (LeViT: Ev = 2 E)
     chain: tuple[Node, ...]  # the nodes the fused call replaces
 
 
@@ -141,11 +141,12 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
         return None
     chain.append(bmm)
     v = bmm.inputs[1]
-    depth = q.type.shape[2]
-    if v.type.shape[1] != keys or kt.type.shape != (batch * heads, depth, keys):
+    depth, v_depth = q.type.shape[2], v.type.shape[2]
+    if v.type.shape[:2] != (batch * heads, keys) or \
+            kt.type.shape != (batch * heads, depth, keys):
         return None
-    return _Match(q, kt, v, scale, mask, bmm.out(), (batch, heads, length, keys, depth),
-                  tuple(chain))
+    return _Match(q, kt, v, scale, mask, bmm.out(),
+                  (batch, heads, length, keys, depth, v_depth), tuple(chain))
 
 
 def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
@@ -162,7 +163,7 @@ def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
 
 
 def _fused(m: _Match) -> tuple[Value, list[Node]]:
-    batch, heads, length, keys, depth = m.shape
+    batch, heads, length, keys, depth, v_depth = m.shape
     f32 = DType.F32
     nodes: list[Node] = []
 
@@ -177,13 +178,13 @@ def _fused(m: _Match) -> tuple[Value, list[Node]]:
              (batch, heads, depth, keys), "attn_kt")
     k = add(Op.PERMUTE, (kt,), PermuteAttrs((0, 1, 3, 2)), (batch, heads, keys, depth),
             "attn_k")
-    v = add(Op.VIEW, (m.v,), ShapeAttrs((batch, heads, keys, depth)), (batch, heads, keys,
-                                                                         depth), "attn_v")
+    v = add(Op.VIEW, (m.v,), ShapeAttrs((batch, heads, keys, v_depth)),
+            (batch, heads, keys, v_depth), "attn_v")
     operands = (q, k, v) if m.mask is None else (q, k, v, m.mask)
     mask_arg = None if m.mask is None else Operand(3)
     attrs = CallAttrs(fused.attention._opoverload,
                       (Operand(0), Operand(1), Operand(2), mask_arg, m.scale))
-    out = add(Op.CALL, operands, attrs, (batch, heads, length, depth), "attention")
-    out3 = add(Op.VIEW, (out,), ShapeAttrs((batch * heads, length, depth)),
-               (batch * heads, length, depth), "attn_out")
+    out = add(Op.CALL, operands, attrs, (batch, heads, length, v_depth), "attention")
+    out3 = add(Op.VIEW, (out,), ShapeAttrs((batch * heads, length, v_depth)),
+               (batch * heads, length, v_depth), "attn_out")
     return out3, nodes
