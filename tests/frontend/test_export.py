@@ -284,3 +284,33 @@ def test_capture_takes_torch_exports_path_where_the_one_trace_fails(monkeypatch)
     compiled = kiln.compile(Fills(), (x,))
     assert calls == [1] and not compiled.report.fallbacks
     torch.testing.assert_close(compiled(x), Fills()(x))
+
+
+class _CachesItsBias(torch.nn.Module):
+    """LeViT's habit: in eval mode the first call stores a tensor in a dict attribute, later
+    calls read it back; and a plain attribute set as it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.cache: dict[str, torch.Tensor] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.linear.bias * 2
+        self.calls = getattr(self, "calls", 0) + 1
+        return self.linear(x) + self.cache["bias"]
+
+
+def test_capture_leaves_the_models_attributes_as_they_were() -> None:
+    """torch.export's traced tensors do not stay in the user's model: its eager calls after
+    the compile work (they raised "Attempting to use FunctionalTensor on its own")."""
+    torch.manual_seed(0)
+    model = _CachesItsBias().eval()
+    x = torch.randn(2, 8)
+    compiled = kiln.compile(model, (x,))
+    assert model.cache == {} and not hasattr(model, "calls")
+    with torch.no_grad():
+        expected = model(x)
+        torch.testing.assert_close(compiled(x), expected)
+    assert model.calls == 1 and set(model.cache) == {"bias"}

@@ -16,6 +16,7 @@ the op between graphs.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import logging
 import os
@@ -260,8 +261,44 @@ def capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any
     converter, that program is decomposed as the public path's is. Captures, repeated in one
     process: ResNet-50 0.8 against 1.8 s; at the zoo's quick sizes Inception v3 0.7 against
     1.7 s, a Llama 0.5 against 1.5 s."""
-    with _no_stack_traces():
+    with _no_stack_traces(), _state_kept(model):
         return _capture(model, inputs, dynamic_shapes)
+
+
+@contextlib.contextmanager
+def _state_kept(model: torch.nn.Module) -> Iterator[None]:
+    """The model's plain attributes as they were before the trace, after it. A module that
+    caches tensors in an attribute as it runs (LeViT's ``attention_bias_cache``, a dict)
+    would otherwise keep torch.export's traced tensors there, and the user's own model would
+    fail on its next eager call. Containers (dict, list, set) get their contents back in
+    place; attributes the trace added are removed."""
+    internal = _module_internals()
+    saved = []
+    for module in model.modules():
+        attrs = {k: v for k, v in vars(module).items() if k not in internal}
+        contents = {k: copy.copy(v) for k, v in attrs.items() if type(v) in (dict, list, set)}
+        saved.append((module, attrs, contents))
+    try:
+        yield
+    finally:
+        for module, attrs, contents in saved:
+            state = vars(module)
+            for k in [k for k in state if k not in internal and k not in attrs]:
+                del state[k]
+            state.update(attrs)
+            for k, before in contents.items():
+                container = attrs[k]
+                container.clear()
+                if isinstance(container, list):
+                    container.extend(before)
+                else:
+                    container.update(before)
+
+
+@functools.cache
+def _module_internals() -> frozenset[str]:
+    """The attributes nn.Module keeps for itself (parameters, buffers, hooks, ...)."""
+    return frozenset(vars(torch.nn.Module()))
 
 
 @contextlib.contextmanager
