@@ -49,6 +49,25 @@ def test_weight_names_come_from_the_module_path():
     src = "L['self']._modules['layer1']._modules['0']._parameters['weight']"
     assert weight_name(src) == "layer1.0.weight"
     assert weight_name("L['x']") is None
+    # how Dynamo names the members of some modules (HF Swin's blocks): the names lost
+    # 'layernorm_before', and two weights of a block were both "...blocks.0.__dict__.weight"
+    swin = ("L['s']._modules['m']._modules['blocks']._modules['0'].__dict__['_modules']"
+            "['attention']._modules['k_proj']._parameters['bias']")
+    assert weight_name(swin) == "m.blocks.0.attention.k_proj.bias"
+    assert weight_name("L['s'].__dict__['_buffers']['running_mean']") == "running_mean"
+
+
+def test_weights_whose_names_collide_keep_their_own_tensors(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where two weights get one name, the second keeps its source's full name: the compile
+    used to fail ("already bound to another tensor") and the model ran eagerly."""
+    monkeypatch.setattr("kiln.frontend.dynamo.weight_name", lambda source: "same")
+    torch._dynamo.reset()
+    model = _mlp()
+    fast = torch.compile(model, backend="kiln", options={"strict": True})
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        assert _rel(fast(x), model(x)) < 1e-6
 
 
 def test_new_shapes_stay_correct():

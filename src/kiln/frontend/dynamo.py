@@ -25,12 +25,15 @@ from kiln.report import CompileReport
 
 log = logging.getLogger("kiln")
 
-_MEMBER = re.compile(r"\._(?:modules|parameters|buffers)\['([^']+)'\]|\.(\w+)")
+# a member: ._modules['fc'], .__dict__['_modules']['fc'] (how Dynamo names some), or .fc
+_MEMBER = re.compile(r"(?:\.__dict__\['_(?:modules|parameters|buffers)'\]|\._(?:modules|parameters"
+                     r"|buffers))\['([^']+)'\]|\.(\w+)")
 
 
 def weight_name(source_name: str) -> str | None:
     """``L['self']._modules['fc']._parameters['weight']`` -> ``fc.weight``; None if not a weight."""
-    if "._parameters[" not in source_name and "._buffers[" not in source_name:
+    if not any(kind in source_name for kind in ("._parameters[", "._buffers[",
+                                                 "['_parameters']", "['_buffers']")):
         return None
     rest = source_name.split("]", 1)[1] if source_name.startswith("L[") else source_name
     return ".".join(a or b for a, b in _MEMBER.findall(rest)) or source_name
@@ -41,11 +44,14 @@ def _weights(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[int, t
     if len(placeholders) != len(example_inputs):
         return {}
     frozen = {}
+    bound: dict[str, Any] = {}
     for i, (node, tensor) in enumerate(zip(placeholders, example_inputs)):
         grapharg = node.meta.get("grapharg")
-        name = weight_name(grapharg.source.name) if grapharg is not None and hasattr(
-            grapharg.source, "name") else None
+        source = getattr(grapharg.source, "name", None) if grapharg is not None else None
+        name = weight_name(source) if isinstance(source, str) else None
         if name is not None and isinstance(tensor, torch.Tensor):
+            if bound.setdefault(name, tensor) is not tensor:  # a name that says too little
+                name = source
             frozen[i] = (name, tensor)
     return frozen
 
