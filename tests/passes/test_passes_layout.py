@@ -219,3 +219,29 @@ def test_an_add_read_through_a_permute_of_nhwc_memory_stays_dense() -> None:
     run, _ = build_executor(nhwc, plan_memory(nhwc), [0, 1])
     torch.testing.assert_close(run([x, y])[0], interpret(graph, [x, y])[0], rtol=1e-5,
                                atol=1e-5)
+
+
+class _Unfold(torch.nn.Module):
+    """MobileViT's unfolding of a conv chain's output into patches: a view that NHWC memory
+    cannot give."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.c2(torch.relu(self.c1(x)))
+        patches = y.reshape(8 * 4, 2, 4, 2).transpose(1, 2)
+        return torch.tanh(patches).sum(dim=(2, 3))
+
+
+def test_a_view_nhwc_cannot_give_reads_a_copy_under_dynamo() -> None:
+    """Under Dynamo the probe's meta view raises ValueError, not RuntimeError: the layout pass
+    failed on it, and MobileViT's torch.compile ran eagerly."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, x = _Unfold().eval(), torch.randn(1, 3, 8, 8)
+    fast = torch.compile(model, backend="kiln", options={"strict": True})
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)

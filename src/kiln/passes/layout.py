@@ -238,7 +238,7 @@ def _needs_standard_layout(node: Node, index: int) -> bool:
             memory_format=torch.channels_last)
         try:  # (the view itself would copy: one explicit copy, where it shows)
             probe.view(node.attrs.shape)  # type: ignore[attr-defined]
-        except RuntimeError:
+        except (RuntimeError, ValueError):  # (meta tensors raise the latter)
             return True
     return False
 
