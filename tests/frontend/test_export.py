@@ -314,3 +314,20 @@ def test_capture_leaves_the_models_attributes_as_they_were() -> None:
         expected = model(x)
         torch.testing.assert_close(compiled(x), expected)
     assert model.calls == 1 and set(model.cache) == {"bias"}
+
+
+def test_a_failure_after_capture_is_named_as_kiln_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fallback's message tells a torch.export refusal from a kiln bug (both said
+    "torch.export could not capture"); strict raises the error itself."""
+    def broken(program):  # noqa: ANN001, ANN202
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("kiln.frontend.export._freeze", broken)
+    model, x = _model(), torch.randn(3, 8)
+    compiled = kiln.compile(model, (x,))
+    (message,) = compiled.report.fallbacks
+    assert "kiln failed on the graph torch.export captured" in message and "a bug" in message
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    with pytest.raises(RuntimeError, match="a bug"):
+        kiln.compile(model, (x,), kiln.Options(strict=True))

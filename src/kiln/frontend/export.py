@@ -152,14 +152,32 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
         run, signature, check = _fall_back(
             f"kiln cannot compile the graph torch.export captured of {name} ({err})",
             model, inputs, options, report, dynamic_shapes)
-    except Exception as err:  # noqa: BLE001 - torch.export is strict; Dynamo is not
+    except _CaptureFailed as failed:  # torch.export is strict; Dynamo is not
+        err = failed.error
+        if options.strict:
+            raise err from None
+        run, signature, check = _fall_back(
+            f"torch.export could not capture {name} as one graph ({_first_line(err)})",
+            model, inputs, options, report, dynamic_shapes)
+    except Exception as err:  # noqa: BLE001 - a bug of kiln's must cost speed, not the model
         if options.strict:
             raise
         run, signature, check = _fall_back(
-            f"torch.export could not capture {name} as one graph ({type(err).__name__}: "
-            f"{str(err).splitlines()[0] if str(err) else ''})",
-            model, inputs, options, report, dynamic_shapes)
+            f"kiln failed on the graph torch.export captured of {name} ({_first_line(err)}; "
+            f"a kiln bug: please report it)", model, inputs, options, report, dynamic_shapes)
     return CompiledModel(run, signature, report, name, check)
+
+
+class _CaptureFailed(Exception):
+    """torch.export raised ``error``: the model, not kiln, decides the fallback's message."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _first_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def _is_onnx(model: Any) -> bool:
@@ -190,7 +208,10 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         # torch's own deprecation notices must not count as a failed capture under -W error
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        program = capture(model, inputs, dynamic_shapes)
+        try:
+            program = capture(model, inputs, dynamic_shapes)
+        except Exception as err:  # noqa: BLE001 - whatever torch.export raises
+            raise _CaptureFailed(err) from err
     unknown = data_dependent_size(program.graph_module)
     if unknown is not None:
         node, symbols = unknown
