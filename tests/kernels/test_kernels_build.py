@@ -217,3 +217,43 @@ def test_a_bug_in_lowering_costs_speed_not_the_model(kernel_options: Options,
     strict = dataclasses.replace(kernel_options, strict=True)
     with pytest.raises(RuntimeError, match="boom"):
         K.build_kernels(graph, partition(graph), strict)
+
+
+class _ConvActConv(torch.nn.Module):
+    """A convolution, an activation the convolution kernels do not take as an epilogue,
+    another convolution: LeViT's stem (hardswish), MobileViT's and EfficientNet's SiLU."""
+
+    def __init__(self, act: torch.nn.Module) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 32, 3, stride=2, padding=1)
+        self.act = act
+        self.c2 = torch.nn.Conv2d(32, 32, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c2(self.act(self.c1(x)))
+
+
+@pytest.mark.parametrize("act", [torch.nn.Hardswish(), torch.nn.SiLU()],
+                         ids=["hardswish", "silu"])
+def test_an_activation_between_nhwc_convolutions_keeps_their_layout(
+        kernel_options: Options, act: torch.nn.Module) -> None:
+    """The activation's kernel reads and writes NHWC, so every kernel of the chain runs: it
+    was compiled contiguous, found its operand NHWC at every call, and the library ran
+    instead (and then the next convolution's kernel, given the library's layout)."""
+    import warnings
+
+    import kiln
+
+    torch.manual_seed(0)
+    model, x = _ConvActConv(act).eval(), torch.randn(1, 3, 32, 32)
+    x[0, 1, 5, 7] = float("nan")
+    compiled = kiln.compile(model, (x,), kernel_options)
+    activation = [k for k in compiled.report.kernels if k.kind == "generated"
+                  and "conv" not in "".join(k.ops) and "convolution" not in k.ops]
+    assert activation and "sch.reorder(" in activation[0].trace
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4,
+                                       equal_nan=True)
+    assert compiled.report.graphs[0].details.fallbacks == {}

@@ -100,3 +100,40 @@ def test_a_batch_of_one_shares_its_rows_over_the_threads() -> None:
     loops = [s for s in iter_stmts(scheduled.body) if isinstance(s, For)]
     assert [lp.extent for lp in loops if lp.kind is ForKind.PARALLEL] == [128]
     assert loops[0].extent == 1 and loops[0].kind is ForKind.SERIAL
+
+
+def test_an_nhwc_output_puts_the_channel_loop_inside_and_vectorizes_it(
+        options: Options) -> None:
+    """A written buffer with NHWC strides: the loops in memory order (n, h, w, c), the
+    channel loop vectorized, h on the threads; the values are the lowered chain's."""
+    from kiln.kernels.loops import read_views_in_place
+    from kiln.tir.nodes import For, ForKind, PrimFunc, channels_last_strides
+    from kiln.tir.visit import iter_stmts
+
+    shape = (1, 24, 6, 5)
+    b = GraphBuilder()
+    x = b.input("x", TensorType(shape, DType.F32))
+    bias = b.input("bias", TensorType((24, 1, 1), DType.F32))
+    y = b.op(Op.MUL, b.op(Op.SIGMOID, b.op(Op.ADD, x, bias)), x)
+    graph = b.build(y)
+    lowered = lower_chain(graph.nodes, outputs=graph.outputs)
+    nhwc = channels_last_strides(shape)
+    body, ins = read_views_in_place(lowered.func.body, lowered.func.inputs, lowered.inputs,
+                                    {graph.inputs[0].out(): nhwc})
+    body, outs = read_views_in_place(body, lowered.func.outputs, lowered.outputs,
+                                     {graph.outputs[0]: nhwc})
+    scheduled, trace = default_schedule(PrimFunc(lowered.func.name, ins, outs, body))
+    loops = [s for s in iter_stmts(scheduled.body) if isinstance(s, For)]
+    assert [lp.extent for lp in loops] == [1, 6, 5, 24]
+    assert [lp.kind for lp in loops][1:] == [ForKind.PARALLEL, ForKind.SERIAL,
+                                             ForKind.VECTORIZED]
+    assert "sch.reorder(" in trace.as_python()
+    kernel = compile_kernel(scheduled, options)
+    gen = torch.Generator().manual_seed(0)
+    xs = torch.randn(shape, generator=gen).contiguous(memory_format=torch.channels_last)
+    xs[0, 3, 2, 1] = float("nan")
+    xs[0, 5, 0, 0] = -float("inf")
+    bs = torch.randn(24, 1, 1, generator=gen)
+    out = torch.empty(shape).contiguous(memory_format=torch.channels_last)
+    kernel.run_unchecked(xs.data_ptr(), bs.data_ptr(), out.data_ptr())
+    torch.testing.assert_close(out, torch.sigmoid(xs + bs) * xs, equal_nan=True)

@@ -31,6 +31,7 @@ from kiln.kernels.outcome import Built, KernelBuild, Skipped, SkipReason
 from kiln.kernels.plan import GRAIN, KernelPlan
 from kiln.kernels.rows import NoRowKernel
 from kiln.options import Options
+from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup, without_last
 from kiln.tir.primitives.common import ScheduleError
 from kiln.tir.te import NotLowerable
@@ -47,7 +48,8 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
     result = KernelBuild()
     decisions = decisions if decisions is not None else Decisions.open(options)
     checks = Checks(decisions)
-    planned = {group: plan_group(graph, group, options) for group in groups}
+    nhwc = channels_last_values(graph)  # (once: each loops group asks)
+    planned = {group: plan_group(graph, group, options, nhwc) for group in groups}
     prebuild([p[0].build() for p in planned.values() if not isinstance(p, Skipped)], options)
     for i, group in enumerate(groups):
         built = build_group_kernel(graph, group, options, planned[group])
@@ -75,13 +77,14 @@ def build_kernels(graph: Graph, groups: Sequence[KernelGroup], options: Options,
 Planned = tuple[KernelPlan, tuple[Value, ...], tuple[Value, ...]]
 
 
-def plan_group(graph: Graph, group: KernelGroup, options: Options) -> Planned | Skipped:
+def plan_group(graph: Graph, group: KernelGroup, options: Options,
+               nhwc: set[Value] | None = None) -> Planned | Skipped:
     """The group's plan and the values its parameters stand for, or why there is none: the
     tuning database's fastest schedule (``Options.tuning_db``) where it has one, else the
     default (`kiln.tune.space_groups.GroupSpace`: the recipe's schedule, bool inputs read
     as bytes, one thread below `GRAIN` output elements)."""
     try:
-        space = GroupSpace.of(graph, group)
+        space = GroupSpace.of(graph, group, nhwc)
         tuned = tuned_schedule(space, options)
         if tuned is None:
             plan, ins, outs = space.planned_in_source(space.default(), record=False)

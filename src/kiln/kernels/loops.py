@@ -25,17 +25,21 @@ __all__ = ["inline_scalars", "plan_loops", "read_views_in_place"]
 
 
 def plan_loops(graph: Graph, group: KernelGroup, vector: int = VECTOR,
-               strides: Mapping[Value, tuple[int, ...]] | None = None
+               strides: Mapping[Value, tuple[int, ...]] | None = None,
+               out_strides: Mapping[Value, tuple[int, ...]] | None = None
                ) -> tuple[KernelPlan, Sequence[Value], Sequence[Value]]:
     """The group's plan, and the values its parameters stand for (inputs, outputs).
     ``vector``: the lanes a single long loop is split into (`default_schedule`);
     ``strides``: inputs read with other than contiguous strides (views, as the run time
-    gives them: `kiln.kernels.strides.runtime_strides`)."""
+    gives them: `kiln.kernels.strides.runtime_strides`; NHWC values); ``out_strides``:
+    outputs written so (NHWC between convolutions), the loops then in memory order."""
     lowered = lower_chain(group.nodes, outputs=group.outputs)
     body, params, values = inline_scalars(graph, lowered.func.body, lowered.func.inputs,
                                           lowered.inputs)
     body, params = read_views_in_place(body, params, values, strides or {})
-    program = PrimFunc(lowered.func.name, params, lowered.func.outputs, body)
+    body, outputs = read_views_in_place(body, lowered.func.outputs, lowered.outputs,
+                                        out_strides or {})
+    program = PrimFunc(lowered.func.name, params, outputs, body)
     scheduled, trace = default_schedule(program, vector)
     plan = KernelPlan(Recipe.LOOPS, program, trace, (Compact(),),
                       notes="# kiln.kernels.loops_schedule.default_schedule",

@@ -6,7 +6,9 @@ The rules, applied with the schedule primitives (so the result is a replayable T
 same space the autotuner searches), each one skipped where the primitive refuses it:
 
 1. inline elementwise intermediates into their consumers (``compute_inline``);
-2. per block, vectorize the innermost loop when it is spatial and walks the last axis;
+2. per block, its loops in the order of the written buffer's strides, largest outside (a
+   strided output: NHWC between convolutions), then vectorize the innermost loop when it
+   is spatial and walks the buffer's unit-stride axis (the last one, if contiguous);
 3. per block, parallelize the outermost spatial loop of two or more iterations (once per
    loop nest), splitting a single long loop into ``parallel x vectorized`` first.
 
@@ -71,6 +73,11 @@ def _schedule_block(sch: Schedule, name: str, parallel_done: set[str],
     loops = loc.loops
     if not loops:
         return
+    order = _memory_order(block, loops)
+    if order is not None and _try(sch.reorder, *(lp.var.name for lp in order)) is not False:
+        loc = find_block(sch.func, name)
+        block, loops = loc.stmt, loc.loops
+        assert isinstance(block, Block)
     reduce_vars = {v.name for iv, b in zip(block.iter_vars, block.bindings)
                    if iv.kind is IterKind.REDUCE for v in _vars(b)}
     spatial = [lp for lp in loops if lp.var.name not in reduce_vars]
@@ -99,14 +106,45 @@ def _schedule_block(sch: Schedule, name: str, parallel_done: set[str],
 
 
 def _walks_last_axis(block: Block, loop: For) -> bool:
-    """Whether ``loop`` binds the iter var that indexes the stored buffer's last axis."""
+    """Whether ``loop`` binds the iter var that indexes the stored buffer's unit-stride
+    axis: its last, unless it has strides of its own."""
     from kiln.tir.nodes import BufferStore
     store = block.body
     if not isinstance(store, BufferStore) or not store.indices:
         return False
-    bound = {iv.var.name for iv, b in zip(block.iter_vars, block.bindings)
-             if loop.var.name in {v.name for v in _vars(b)}}
-    return bool(bound & {v.name for v in _vars(store.indices[-1])})
+    buffer = store.buffer
+    axis = len(store.indices) - 1
+    if buffer.strides is not None:  # the smallest stride of an axis longer than one
+        axis = min((i for i in range(buffer.rank) if buffer.shape[i] > 1),
+                   key=lambda i: buffer.strides[i], default=axis)  # type: ignore[index]
+    return bool(_bound(block, loop) & {v.name for v in _vars(store.indices[axis])})
+
+
+def _bound(block: Block, loop: For) -> set[str]:
+    """The iter vars whose binding uses ``loop``'s variable."""
+    return {iv.var.name for iv, b in zip(block.iter_vars, block.bindings)
+            if loop.var.name in {v.name for v in _vars(b)}}
+
+
+def _memory_order(block: Block, loops: list[For]) -> list[For] | None:
+    """``loops`` sorted by the stride of the axis each indexes in the stored buffer, largest
+    first, where the buffer has strides of its own, each loop indexes one axis and the order
+    changes; else None."""
+    from kiln.tir.nodes import BufferStore
+    store = block.body
+    if not isinstance(store, BufferStore) or store.buffer.strides is None:
+        return None
+    strides = store.buffer.strides
+    axis_of = {}
+    for lp in loops:
+        bound = _bound(block, lp)
+        axes = [i for i, index in enumerate(store.indices)
+                if bound & {v.name for v in _vars(index)}]
+        if len(axes) != 1:
+            return None
+        axis_of[lp.var.name] = axes[0]
+    order = sorted(loops, key=lambda lp: -strides[axis_of[lp.var.name]])
+    return None if order == list(loops) else order
 
 
 def _vars(expr: object) -> list[Var]:

@@ -32,7 +32,7 @@ import torch
 
 from kiln.ir.builder import GraphBuilder
 from kiln.ir.graph import Graph, Node, Value
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, OpGroup
 from kiln.ir.parser import parse_graph
 from kiln.ir.printer import print_graph
 from kiln.kernels.loops import plan_loops
@@ -41,7 +41,9 @@ from kiln.kernels.plan import GRAIN, BoolsAsBytes, KernelPlan, Serial
 from kiln.kernels.rows import ROW_OPS, default_lanes, plan_rows
 from kiln.kernels.strides import runtime_strides
 from kiln.kernels.validate import library_results, random_operands
+from kiln.passes.layout import channels_last_values
 from kiln.passes.partition import KernelGroup
+from kiln.tir.nodes import channels_last_strides
 from kiln.tune.space import with_samples
 
 __all__ = ["GroupSpace"]
@@ -60,14 +62,20 @@ class GroupSpace:
     # the run time gives them (`kiln.kernels.strides.runtime_strides`), which the loops
     # kernel reads them with
     strides: dict[Value, tuple[int, ...]] = field(default_factory=dict)
+    # the standalone outputs written with other strides (NHWC: `_channels_last_layout`)
+    out_strides: dict[Value, tuple[int, ...]] = field(default_factory=dict)
 
     @staticmethod
-    def of(graph: Graph, group: KernelGroup) -> GroupSpace:
+    def of(graph: Graph, group: KernelGroup, nhwc: set[Value] | None = None) -> GroupSpace:
+        """``nhwc``: the graph's `channels_last_values`, where the caller has them."""
         alone, alone_group, origin = standalone(graph, group)
+        kind = "rows" if group.last.op in ROW_OPS else "loops"
+        layout = _channels_last_layout(graph, group, nhwc) if kind == "loops" else {}
         strides = {new: s for new, old in origin.items() if new in alone_group.inputs
-                   for s in [runtime_strides(graph, old)] if s is not None}
-        return GroupSpace(alone, alone_group, "rows" if group.last.op in ROW_OPS else "loops",
-                          origin, strides)
+                   for s in [layout.get(old) or runtime_strides(graph, old)] if s is not None}
+        out_strides = {new: layout[old] for new, old in origin.items()
+                       if new in alone_group.outputs and old in layout}
+        return GroupSpace(alone, alone_group, kind, origin, strides, out_strides)
 
     def planned_in_source(self, decisions: Mapping[str, Any], record: bool = True) -> Planned:
         """`planned`, with inputs and outputs as values of the graph the space came from."""
@@ -105,7 +113,7 @@ class GroupSpace:
                                         strides=self.strides)
         else:
             plan, ins, outs = plan_loops(self.graph, self.group, vector=decisions["vector"],
-                                         strides=self.strides)
+                                         strides=self.strides, out_strides=self.out_strides)
         plan = plan.with_post(BoolsAsBytes())
         if not decisions["parallel"]:
             why = (f"fewer than {GRAIN} output elements" if self._elements() < GRAIN
@@ -126,7 +134,10 @@ class GroupSpace:
         env = library_results(self.graph, self.group, random_operands(self.graph, self.group))
         inputs = [self.graph.constant(v.node) if v.node.op is Op.CONSTANT else env[v]
                   for v in ins]
-        results = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) for v in outs]
+        results = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) if v not in
+                   self.out_strides else torch.empty_strided(v.type.shape, self.out_strides[v],
+                                                             dtype=v.type.dtype.torch)
+                   for v in outs]
         return [*inputs, *results], [env[v] for v in outs]
 
     def workload_text(self) -> str:
@@ -147,6 +158,22 @@ class GroupSpace:
 
     def _elements(self) -> int:
         return sum(v.type.numel for v in self.group.outputs)
+
+
+def _channels_last_layout(graph: Graph, group: KernelGroup, nhwc: set[Value] | None
+                          ) -> dict[Value, tuple[int, ...]]:
+    """Where every output of the elementwise group is NHWC at run time (a SiLU or hardswish
+    between convolutions: MobileViT, EfficientNet, LeViT), its outputs and its NHWC inputs
+    that are not views (views: `runtime_strides`), with NHWC strides; else nothing. Read and
+    written contiguously, such a kernel found its operands NHWC at every call and its
+    group's library ops ran instead."""
+    if not group.outputs or any(len(v.type.shape) != 4 for v in group.outputs):
+        return {}
+    nhwc = channels_last_values(graph) if nhwc is None else nhwc
+    if not all(v in nhwc for v in group.outputs):
+        return {}
+    return {v: channels_last_strides(v.type.shape) for v in (*group.inputs, *group.outputs)
+            if v in nhwc and len(v.type.shape) == 4 and not v.node.op.is_a(OpGroup.VIEW)}
 
 
 def standalone(graph: Graph, group: KernelGroup
