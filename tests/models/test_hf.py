@@ -21,6 +21,9 @@ HF_NAMES = [
     "hf_llama",
     "hf_t5_encoder",
     "hf_convnext",
+    "hf_levit",
+    "hf_falcon",
+    "hf_deberta",
 ]
 
 # (input shapes, output shape) of the quick variants
@@ -34,6 +37,9 @@ QUICK_SHAPES = {
     "hf_llama": ([(1, 16)], (1, 16, 64)),
     "hf_t5_encoder": ([(1, 16)], (1, 16, 64)),
     "hf_convnext": ([(1, 3, 32, 32)], (1, 10)),
+    "hf_levit": ([(1, 3, 128, 128)], (1, 4, 48)),  # 8x8 tokens, subsampled twice
+    "hf_falcon": ([(1, 16)], (1, 16, 64)),
+    "hf_deberta": ([(1, 16)], (1, 16, 64)),
 }
 
 
@@ -85,7 +91,7 @@ def test_deterministic_and_seed_dependent(name: str, transformers) -> None:
 
 
 @pytest.mark.parametrize("name", ["hf_bert", "hf_gpt2", "hf_vit", "hf_whisper_encoder",
-                                  "hf_llama", "hf_t5_encoder"])
+                                  "hf_llama", "hf_t5_encoder", "hf_falcon", "hf_deberta"])
 def test_attention_is_eager_and_norms_are_random(name: str, transformers) -> None:
     model, _ = models.build(name, quick=True)
     assert model.model.config._attn_implementation == "eager"
@@ -110,6 +116,13 @@ def test_architecture_details(transformers) -> None:
     scales = [m.layer_scale_parameter for m in convnext.modules()
               if getattr(m, "layer_scale_parameter", None) is not None]
     assert scales and all(s.min() >= 0.1 for s in scales)  # not the 1e-6 that mutes a block
+    levit, _ = models.build("hf_levit", quick=True)
+    attention = levit.model.encoder.stages[0].layers[0].module
+    assert attention.out_dim_projection == 2 * attention.key_dim * attention.num_attention_heads
+    falcon, _ = models.build("hf_falcon", quick=True)
+    assert falcon.model.config.multi_query  # one key / value head for all query heads
+    deberta, _ = models.build("hf_deberta", quick=True)
+    assert deberta.model.config.relative_attention and "c2p" in deberta.model.config.pos_att_type
 
 
 @pytest.mark.parametrize("name", ["hf_resnet50", "hf_mobilenet_v2"])
@@ -129,6 +142,7 @@ def test_batchnorm_state_is_nontrivial(name: str, transformers) -> None:
     ("hf_whisper_encoder", (1, 80, 3000), 20.6),
     ("hf_llama", (1, 128), 28.0),
     ("hf_convnext", (1, 3, 224, 224), 28.6),  # ConvNeXt-T; T5's embedding takes 5 s to build
+    ("hf_levit", (1, 3, 224, 224), 8.4),  # LeViT-128S
 ])
 def test_full_size_builds(name: str, input_shape: tuple[int, ...], params_m: float,
                           transformers) -> None:

@@ -216,6 +216,51 @@ def build_convnext(quick: bool) -> Built:
     return TensorOutput(model), (torch.randn(1, 3, config.image_size, config.image_size),)
 
 
+def build_levit(quick: bool) -> Built:
+    t = transformers_module()
+    # a convolution stem (hardswish between its NHWC convolutions), attention whose values
+    # are twice as long as its keys (attention ratio 2) with learned biases it caches per
+    # device as it runs, and shrinking attention between stages
+    size = dict(image_size=128, hidden_sizes=[16, 32, 48], num_attention_heads=[2, 2, 2],
+                depths=[1, 1, 1], key_dim=[8, 8, 8], mlp_ratio=[2, 2, 2],
+                down_ops=[["Subsample", 8, 16 // 8, 4, 2, 2], ["Subsample", 8, 32 // 8, 4, 2, 2]]
+                ) if quick else {}
+    config = t.LevitConfig(**size)  # default: LeViT-128S, 3x224x224
+    model = t.LevitModel(config)
+    # batch norms left at mean 0 / var 1: calibrated on four images, the model amplified
+    # float32 rounding until eager was off a float64 run by half its output's range
+    _randomize_(model)
+    return TensorOutput(model), (torch.randn(1, 3, config.image_size, config.image_size),)
+
+
+def build_falcon(quick: bool) -> Built:
+    t = transformers_module()
+    # multi-query attention (one key / value head for all query heads: a 0 stride in the
+    # attention products), attention and MLP in parallel from one layer norm, rotary
+    size = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=512,
+                max_position_embeddings=64) if quick else \
+        dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, vocab_size=32000)
+    config = t.FalconConfig(**size, multi_query=True, attn_implementation="eager")
+    model = t.FalconModel(config)
+    _randomize_(model)
+    return TensorOutput(model, use_cache=False), _token_ids(config.vocab_size, 16 if quick else 128)
+
+
+def build_deberta(quick: bool) -> Built:
+    t = transformers_module()
+    # disentangled attention: content and relative-position scores (c2p, p2c) gathered from
+    # a relative embedding, the key divided by its scale before the product
+    size = dict(_QUICK_LAYERS, intermediate_size=256, vocab_size=512,
+                max_position_embeddings=64, position_buckets=8) if quick else \
+        dict(num_hidden_layers=6, hidden_size=768, num_attention_heads=12,
+             intermediate_size=3072, position_buckets=256, max_relative_positions=-1)
+    config = t.DebertaV2Config(**size, relative_attention=True, pos_att_type=["p2c", "c2p"],
+                               norm_rel_ebd="layer_norm", attn_implementation="eager")
+    model = t.DebertaV2Model(config)
+    _randomize_(model)
+    return TensorOutput(model), _token_ids(config.vocab_size, 16 if quick else 128)
+
+
 # name -> (builder, one-line description of the full-size model); kiln.models registers them
 BUILDERS: dict[str, tuple[Callable[[bool], Built], str]] = {
     "hf_bert": (
@@ -253,5 +298,17 @@ BUILDERS: dict[str, tuple[Callable[[bool], Built], str]] = {
     "hf_convnext": (
         build_convnext,
         "HF ConvNextForImageClassification, ConvNeXt-T, 3x224x224, batch 1 (logits)",
+    ),
+    "hf_levit": (
+        build_levit,
+        "HF LevitModel, LeViT-128S: conv stem, 3 attention stages, 3x224x224, batch 1",
+    ),
+    "hf_falcon": (
+        build_falcon,
+        "HF FalconModel: 4 layers, hidden 512, 8 heads, multi-query, seq 128, batch 1",
+    ),
+    "hf_deberta": (
+        build_deberta,
+        "HF DebertaV2Model, DeBERTa-v3-base layout: 6 layers, hidden 768, seq 128, batch 1",
     ),
 }
