@@ -304,3 +304,34 @@ graph(%x: f32[64, 512], %y: f32[64, 512], %w: f32[512, 8]) {
         assert all(c.value == 2 for c in counts)
     finally:
         torch.set_num_threads(before)
+
+
+class _ScatteredScores(torch.nn.Module):
+    """Funnel's relative attention: a slice_scatter of a transposed tensor (ATen clones it
+    with its strides), sliced and viewed into the scores a softmax kernel reads."""
+
+    def forward(self, scores: torch.Tensor, x: torch.Tensor, src: torch.Tensor
+                ) -> torch.Tensor:
+        shifted = torch.slice_scatter(x.transpose(2, 3), src, dim=2, start=2)
+        rel = shifted[:, :, 2:, :].reshape(1, 4, 8, 30)[..., :16]
+        return torch.softmax(scores * 0.25 + rel, dim=-1)
+
+
+def test_an_opaque_calls_result_reaches_its_kernel_contiguous(kernel_options) -> None:
+    """The kernel reading the call's result through views is compiled for a contiguous
+    result; the executor makes it so after the call (it ran the library ops instead)."""
+    import warnings
+
+    import kiln
+    from kiln.runtime.executor import KernelFallbackWarning
+
+    gen = torch.Generator().manual_seed(0)
+    args = (torch.randn(1, 4, 8, 16, generator=gen), torch.randn(1, 4, 8, 32, generator=gen),
+            torch.randn(1, 4, 30, 8, generator=gen))
+    model = _ScatteredScores()
+    compiled = kiln.compile(model, args, kernel_options)
+    assert any(k.kind == "generated" and "softmax" in k.ops for k in compiled.report.kernels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        torch.testing.assert_close(compiled(*args), model(*args))
+    assert compiled.report.graphs[0].details.fallbacks == {}

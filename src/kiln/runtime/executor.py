@@ -25,7 +25,7 @@ import torch
 
 from kiln.codegen.kernel import layout_check
 from kiln.ir.graph import Graph, Node, Value
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.ir.types import TensorType
 from kiln.kernels.outcome import Built
@@ -168,8 +168,13 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # gets its slot with NHWC strides: its out= variant writes what it would have allocated
     # (into a contiguous slot, ATen's cat.out ran 4x slower and every later convolution and
     # pooling read NCHW: inception's average pools took 5 ms instead of 0.1 ms each)
-    nhwc_slots = {v for v in channels_last_values(graph) & set(slot)
+    nhwc_values = channels_last_values(graph)
+    nhwc_slots = {v for v in nhwc_values & set(slot)
                   if v.node not in member_of and len(v.type.shape) == 4}
+    # an opaque call's result that a generated kernel reads (through views) is taken to be
+    # contiguous there (`kiln.kernels.strides`); ATen may keep an operand's layout
+    # (slice_scatter clones its input: Funnel's relative attention), so it is made so
+    made_dense = _call_results_read_by_kernels(kernels, nhwc_values)
     # strides fixed by the IR, and the views between generated kernels that need not run
     known = known_strides(graph, kernels, slot, nhwc_slots)
     in_place = views_read_in_place(graph, kernels, known, outputs)
@@ -223,7 +228,10 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             targets = ", ".join(ref(v) for v in node.outputs)
             line = library_line(node) if made is None else \
                 f"{targets} = {', '.join(f'buf[{k}]' for k in made)}"
-            lines += timed([f"    {line}"])
+            step_lines = [f"    {line}"]
+            if made is None and node.outputs and node.out() in made_dense:
+                step_lines.append(f"    {targets} = {targets}.contiguous()")
+            lines += timed(step_lines)
         else:
             pending += dies_at.pop(i, [])
             if node is not gk.group.last:
@@ -247,6 +255,21 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     code = compile(source, "<kiln graph>", "exec")
     exec(code, env)  # noqa: S102 - source generated above from the IR, nothing user-given
     return env["kiln_graph"], source
+
+
+def _call_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value]) -> set[Value]:
+    """The single results of opaque calls that generated kernels read, directly or through
+    views, other than NHWC ones (the kernels read those channels-last)."""
+    found: set[Value] = set()
+    for gk in kernels:
+        if not gk.generated:
+            continue
+        for value in gk.inputs:
+            while value.node.op.is_a(OpGroup.VIEW):
+                value = value.node.inputs[0]
+            if value.node.op is Op.CALL and len(value.node.types) == 1 and value not in nhwc:
+                found.add(value)
+    return found
 
 
 def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
