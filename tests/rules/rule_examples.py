@@ -292,6 +292,13 @@ def _linear_bn(e: Example) -> Graph:
     return e.graph(_batch_norm(e, _addmm(e, x, e.rng.randint(1, 6))))
 
 
+def _mm_bn(e: Example) -> Graph:
+    """A linear without bias, then a batch norm (LeViT's)."""
+    x = e.input((e.rng.randint(1, 4), e.rng.randint(1, 6)))
+    w = _linear_weight(e, x.type.shape[1], e.rng.randint(1, 6))
+    return e.graph(_batch_norm(e, e.op(Op.MM, x, w)))
+
+
 def _conv_bias(e: Example) -> Graph:
     c = e.rng.randint(1, 5)
     y = _conv(e, _image(e), c, e.pick(1, 3), False)
@@ -462,6 +469,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "bmm-skip-copy": _skip_copy(Op.BMM),
     "conv-bn": _conv_bn,
     "linear-bn": _linear_bn,
+    "mm-bn": _mm_bn,
     "conv-bias": _conv_bias,
     "conv-squeeze-bias": _conv_squeeze_bias,
     "scale-sink": _scale_sink,

@@ -3,6 +3,7 @@ of its (constant) weights, so they cost nothing at run time.
 
     batch_norm(conv(x, W, B)) -> conv(x, W*R, B*R + P)     R = gamma/sqrt(var+eps), P = beta-mean*R
     batch_norm(addmm(b, x, W)) -> addmm(b*R + P, x, W*R)
+    batch_norm(mm(x, W))       -> addmm(P, x, W*R)    (a linear without bias: LeViT's)
     conv(x, W) + b             -> conv(x, W, b)
     mm(a, b) * s               -> mm(a*s, b)             (s goes to the weight, or the smaller side)
     addmm(b, x, W) * s         -> addmm(b*s, x, W*s)     (attention's 1/sqrt(d), once folded)
@@ -18,7 +19,7 @@ import math
 
 import torch
 
-from kiln.ir.attrs import ShapeAttrs
+from kiln.ir.attrs import AddmmAttrs, ShapeAttrs
 from kiln.ir.graph import Value
 from kiln.ir.ops import Op
 from kiln.rewrite.law import A, App, AttrFnKind, C, CondKind, F, L, PVar, Term
@@ -73,6 +74,21 @@ def _fold_bn_into_addmm(m: Match) -> Value:
     w2 = m.op(Op.MUL, m["w"], r)  # columns of the (K, N) weight scale by R
     b2 = m.op(Op.ADD, m.op(Op.MUL, m["b"], r), p)
     return m.op(Op.ADDMM, b2, m["x"], w2, attrs=m["mm"].attrs, name=m["mm"].name)
+
+
+def _bn_per_column(m: Match) -> str | None:
+    """The norm's four vectors hold one value per column of the product (ATen would also
+    broadcast a one-element gamma: a graph kiln never captures, which the checks sample)."""
+    columns = m["mm"].type.shape[-1]
+    if any(tuple(m[k].type.shape) != (columns,) for k in ("gamma", "beta", "mean", "var")):
+        return f"the batch norm's vectors are not one per column ({columns})"
+    return None
+
+
+def _fold_bn_into_mm(m: Match) -> Value:
+    r, p = _bn_scale_shift(m)
+    w2 = m.op(Op.MUL, m["w"], r)  # columns of the (K, N) weight scale by R
+    return m.op(Op.ADDMM, p, m["x"], w2, attrs=AddmmAttrs(), name=m["mm"].name)
 
 
 def _per_channel(conv_shape: tuple[int, ...], b: Value, squeeze_dims: tuple[int, ...] | None
@@ -163,6 +179,8 @@ CONV_BN_LAWS = (
 LINEAR_BN_LAW = L("linear-bn", _bn(A(Op.ADDMM, B, X, W)),
                   A(Op.ADDMM, A(Op.ADD, A(Op.MUL, B, R_TERM), P_TERM), X, A(Op.MUL, W, R_TERM)),
                   IEEE, C(CondKind.WEIGHT, W), C(CondKind.WEIGHT, B), *BN_WEIGHTS)
+MM_BN_LAW = L("mm-bn", _bn(A(Op.MM, X, W)), A(Op.ADDMM, P_TERM, X, A(Op.MUL, W, R_TERM)),
+              IEEE, C(CondKind.WEIGHT, W), *BN_WEIGHTS)
 CHANNEL_VIEW = A(Op.VIEW, B, shape=(F(AttrFnKind.SIZE, W, 0),))
 CONV_BIAS_LAW = L("conv-bias", A(Op.ADD, conv(X, W), B), conv(X, W, CHANNEL_VIEW), IEEE,
                   C(CondKind.WEIGHT, B), C(CondKind.GUARD, "channel-bias"))
@@ -196,6 +214,10 @@ RULES = (
                          *bn_operands),
          _fold_bn_into_addmm, IEEE, laws=(LINEAR_BN_LAW,)),
     # bn(addmm(b, x, W)) -> addmm(b*R + P, x, W*R)
+    # bn(mm(x, W)) -> addmm(P, x, W*R)
+    Rule("mm-bn", On(Op.BATCH_NORM, On(Op.MM, Var("x"), Var("w", w_), name="mm"),
+                     *bn_operands),
+         _fold_bn_into_mm, IEEE, guard=_bn_per_column, laws=(MM_BN_LAW,)),
     Rule("conv-bias", On(Op.ADD, On(Op.CONVOLUTION, Var("x"), Var("w"), name="conv",
                                     where=_not_transposed, describe="not transposed"),
                          Var("b", w_)),
