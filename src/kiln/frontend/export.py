@@ -300,7 +300,10 @@ def _state_kept(model: torch.nn.Module) -> Iterator[None]:
         contents = {k: copy.copy(v) for k, v in attrs.items() if type(v) in (dict, list, set)}
         saved.append((module, attrs, contents))
     try:
-        yield
+        with warnings.catch_warnings():  # torch's advice to register them: moot, restored
+            warnings.filterwarnings("ignore", "The tensor attributes? .* assigned during export",
+                                    UserWarning)
+            yield
     finally:
         for module, attrs, contents in saved:
             state = vars(module)
