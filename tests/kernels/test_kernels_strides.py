@@ -35,3 +35,18 @@ def test_views_of_channels_last_values_replay_on_channels_last_memory() -> None:
     assert runtime_strides(graph, by_name["s"]) == c[:, 2:6].stride() == (72, 1, 24, 8)
     assert runtime_strides(graph, by_name["q"]) == torch.empty(1, 4, 6, 6).permute(
         0, 2, 3, 1).stride()
+
+
+def test_a_view_of_a_weight_replays_on_the_weights_own_strides() -> None:
+    """Folding can leave a slice of a bigger tensor as a weight (Funnel's attention mask,
+    rows of 128 in rows of 256): its expand has that slice's strides, not a contiguous
+    tensor's (the softmax kernel reading it failed its layout check on every call)."""
+    mask = torch.rand(1, 1, 4, 16) > 0.5
+    sliced = mask[..., :8]
+    graph = parse_graph("""graph(%x: f32[1, 3, 4, 8]) {
+  %m = constant {name='m'} : bool[1, 1, 4, 8]
+  %e = expand(%m) {shape=(1, 3, 4, 8)} : bool[1, 3, 4, 8]
+  return %e
+}""", {"m": sliced})
+    (e,) = graph.outputs
+    assert runtime_strides(graph, e) == sliced.expand(1, 3, 4, 8).stride() == (64, 0, 16, 1)

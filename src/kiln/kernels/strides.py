@@ -16,8 +16,8 @@ __all__ = ["runtime_strides"]
 def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:
     """The strides ``value`` will have at run time where it is a chain of views (permute,
     view, slice, split, ...) of a value taken to be contiguous, or channels-last where the
-    layout pass made it so: the chain replayed on a meta tensor, as the executor runs it (a
-    view that cannot alias copies, as there).
+    layout pass made it so, or of a weight with the strides it has: the chain replayed on
+    a meta tensor, as the executor runs it (a view that cannot alias copies, as there).
     None: contiguous. A guess the executor checks before each call (`layout_check`); where
     it is wrong, the node's library call runs."""
     chain: list[Value] = []
@@ -27,7 +27,10 @@ def runtime_strides(graph: Graph, value: Value) -> tuple[int, ...] | None:
     if not chain:
         return None
     tensor = torch.empty(value.type.shape, dtype=value.type.dtype.torch, device="meta")
-    if _channels_last(graph, value):  # (a view of NHWC memory: ConvNeXt's permutes)
+    if value.node.op is Op.CONSTANT:  # its own strides (folding may leave a slice's)
+        tensor = torch.empty_strided(value.type.shape, graph.constant(value.node).stride(),
+                                     dtype=value.type.dtype.torch, device="meta")
+    elif _channels_last(graph, value):  # (a view of NHWC memory: ConvNeXt's permutes)
         tensor = tensor.contiguous(memory_format=torch.channels_last)
     for v in reversed(chain):
         node = v.node
