@@ -10,6 +10,7 @@ import torch
 
 import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.ir import parse_graph
+from kiln.ir.interp import interpret
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
 
@@ -239,3 +240,27 @@ graph(%x: f32[6]) {
     x = torch.randn(6)
     support.assert_identical(support.run_interpreter(folded, (x,))[0],
                              support.run_interpreter(graph, (x,))[0])
+
+
+def test_an_op_reading_an_unfolded_expand_of_weights_folds() -> None:
+    """BEiT's relative position index: a where over an expand too big to fold as a view, a
+    mask and a weight. The where's result is known at compile time and folds; the expand is
+    left to DCE (the chain of 22 such ops ran on every call)."""
+    weights = {"m": torch.tensor([[[True, False]]]), "c": torch.arange(32.0).reshape(32, 1),
+               "d": torch.zeros(32, 1024, 2)}
+    graph = parse_graph("""graph(%x: f32[32, 1024, 2]) {
+  %m = constant {name='m'} : bool[1, 1, 2]
+  %c = constant {name='c'} : f32[32, 1]
+  %d = constant {name='d'} : f32[32, 1024, 2]
+  %u = unsqueeze(%c) {dim=2} : f32[32, 1, 1]
+  %e = expand(%u) {shape=(32, 1024, 2)} : f32[32, 1024, 2]
+  %w = where(%m, %e, %d) : f32[32, 1024, 2]
+  %y = add(%x, %w) : f32[32, 1024, 2]
+  return %y
+}""", weights)
+    folded = eliminate_dead_code(fold_constants(graph))
+    assert [n.op.text for n in folded.nodes if n.op.text != "constant"] == ["add"]
+    x = torch.randn(32, 1024, 2)
+    expected = x + torch.where(weights["m"], weights["c"][:, :, None].expand(32, 1024, 2),
+                               weights["d"])
+    torch.testing.assert_close(interpret(folded, [x])[0], expected)

@@ -30,12 +30,23 @@ _MAX_GROWTH_BYTES = 1 << 16  # a folded view may exceed its sources by this much
 _MAX_COMPUTED_BYTES = 1 << 22
 
 
+def _weight_only(value: Value) -> bool:
+    """A constant, a number, or a view of them left unfolded (an expand that would grow):
+    what an op reading it computes is still known at compile time (BEiT's relative position
+    index: where(mask, expand(c), c') in a chain of 22, made on every call before)."""
+    node = value.node
+    if node.op in (Op.CONSTANT, Op.SCALAR):
+        return True
+    return node.op.is_a(OpGroup.VIEW) and calls.is_pure(node) and all(
+        _weight_only(v) for v in node.inputs)
+
+
 def _foldable(node: Node, inputs: tuple[Value, ...]) -> bool:
     if node.op.is_a(OpGroup.SOURCE):
         return False
     if not calls.is_pure(node) or not node.types:
         return False
-    if not all(v.node.op in (Op.CONSTANT, Op.SCALAR) for v in inputs):
+    if not all(_weight_only(v) for v in inputs):
         return False
     if not any(v.node.op is Op.CONSTANT for v in inputs) and not node.op.is_a(OpGroup.CREATION):
         return False  # numbers only: ATen has no op on two Python numbers
@@ -52,9 +63,13 @@ def fold_constants(graph: Graph, options: Options | None = None) -> Graph:
     constants = dict(graph.constants)
 
     def operand(value: Value) -> object:
-        if value.node.op is Op.SCALAR:
-            return value.node.attrs.value  # type: ignore[attr-defined]
-        return constants[value.node.attrs.name]  # type: ignore[attr-defined]
+        node = value.node
+        if node.op is Op.SCALAR:
+            return node.attrs.value  # type: ignore[attr-defined]
+        if node.op is Op.CONSTANT:
+            return constants[node.attrs.name]  # type: ignore[attr-defined]
+        with torch.no_grad():  # an unfolded view of constants (`_weight_only`)
+            return evaluate_node(node, [operand(v) for v in node.inputs], graph)[value.index]
 
     def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
         if not _foldable(node, inputs):
