@@ -214,10 +214,10 @@ RULES = (
                          *bn_operands),
          _fold_bn_into_addmm, IEEE, laws=(LINEAR_BN_LAW,)),
     # bn(addmm(b, x, W)) -> addmm(b*R + P, x, W*R)
-    # bn(mm(x, W)) -> addmm(P, x, W*R)
     Rule("mm-bn", On(Op.BATCH_NORM, On(Op.MM, Var("x"), Var("w", w_), name="mm"),
                      *bn_operands),
          _fold_bn_into_mm, IEEE, guard=_bn_per_column, laws=(MM_BN_LAW,)),
+    # bn(mm(x, W)) -> addmm(P, x, W*R)
     Rule("conv-bias", On(Op.ADD, On(Op.CONVOLUTION, Var("x"), Var("w"), name="conv",
                                     where=_not_transposed, describe="not transposed"),
                          Var("b", w_)),
