@@ -36,3 +36,38 @@ def test_repeated_layers_give_one_program() -> None:
     assert plan1.program == plan2.program and plan1.build() is plan2.build()
     assert [v.node.name for v in ins1] == ["x", "g1"] and [v.node.name for v in outs1] == ["c"]
     assert [v.node.name for v in ins2] == ["m", "g2"] and [v.node.name for v in outs2] == ["f"]
+
+
+NHWC_CHAIN = """\
+graph(%x: f32[1, 3, 8, 8]) {
+  %w1 = constant {name='w1'} : f32[16, 3, 3, 3]
+  %w2 = constant {name='w2'} : f32[16, 16, 3, 3]
+  %xl = to_layout(%x) {channels_last=True} : f32[1, 3, 8, 8]
+  %wl1 = to_layout(%w1) {channels_last=True} : f32[16, 3, 3, 3]
+  %wl2 = to_layout(%w2) {channels_last=True} : f32[16, 16, 3, 3]
+  %c1 = convolution(%xl, %wl1) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[1, 16, 8, 8]
+  %s = sigmoid(%c1) : f32[1, 16, 8, 8]
+  %a = mul(%c1, %s) : f32[1, 16, 8, 8]
+  %c2 = convolution(%a, %wl2) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[1, 16, 8, 8]
+  return %c2
+}"""  # noqa: E501
+
+
+def test_an_elementwise_group_between_nhwc_convolutions_is_planned_and_measured_nhwc() -> None:
+    """The SiLU's input and output take NHWC strides; the tuner's operands have them too, so
+    a measured candidate reads what the compiled kernel reads (and its check can pass)."""
+    from kiln.tir import interp
+    from kiln.tir.nodes import channels_last_strides
+
+    graph = parse_graph(NHWC_CHAIN, {"w1": torch.randn(16, 3, 3, 3),
+                                     "w2": torch.randn(16, 16, 3, 3)})
+    (group,) = [g for g in partition(graph) if g.last.op.text == "mul"]
+    space = GroupSpace.of(graph, group)
+    nhwc = channels_last_strides((1, 16, 8, 8))
+    assert list(space.strides.values()) == [nhwc] and list(space.out_strides.values()) == [nhwc]
+    plan = space.plan(space.default())
+    assert "sch.reorder(" in plan.trace.as_python()
+    operands, (expected,) = space.operands(space.default(), torch.Generator().manual_seed(0))
+    assert operands[0].stride() == nhwc and operands[-1].stride() == nhwc
+    (got,) = interp.run_torch(plan.build(), operands[:-1])
+    torch.testing.assert_close(got, expected)

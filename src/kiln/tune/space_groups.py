@@ -131,7 +131,8 @@ class GroupSpace:
         """Random operands in parameter order (the real weights), empty outputs last, and
         the library's results for those outputs."""
         _, ins, outs = self.planned(decisions, record=False)
-        env = library_results(self.graph, self.group, random_operands(self.graph, self.group))
+        env = library_results(self.graph, self.group,
+                              random_operands(self.graph, self.group, self.strides))
         inputs = [self.graph.constant(v.node) if v.node.op is Op.CONSTANT else env[v]
                   for v in ins]
         results = [torch.empty(v.type.shape, dtype=v.type.dtype.torch) if v not in
