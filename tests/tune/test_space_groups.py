@@ -71,3 +71,21 @@ def test_an_elementwise_group_between_nhwc_convolutions_is_planned_and_measured_
     assert operands[0].stride() == nhwc and operands[-1].stride() == nhwc
     (got,) = interp.run_torch(plan.build(), operands[:-1])
     torch.testing.assert_close(got, expected)
+
+
+def test_a_pickled_space_keeps_its_layouts_inputs_and_workload() -> None:
+    """The Ray runner receives spaces by pickle: the NHWC strides, the group's input order
+    and with them the workload key and the measured kernel must survive the trip."""
+    import pickle
+
+    graph = parse_graph(NHWC_CHAIN, {"w1": torch.randn(16, 3, 3, 3),
+                                     "w2": torch.randn(16, 16, 3, 3)})
+    (group,) = [g for g in partition(graph) if g.last.op.text == "mul"]
+    space = GroupSpace.of(graph, group)
+    back = pickle.loads(pickle.dumps(space))
+    assert list(back.strides.values()) == list(space.strides.values())
+    assert list(back.out_strides.values()) == list(space.out_strides.values())
+    assert [v.node.name for v in back.group.inputs] == [v.node.name for v in space.group.inputs]
+    assert back.workload() == space.workload()
+    assert back.plan(back.default()).program == space.plan(space.default()).program
+

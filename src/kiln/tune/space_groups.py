@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from kiln.ir.builder import GraphBuilder
-from kiln.ir.graph import Graph, Node, Value
+from kiln.ir.graph import Graph, Node, Value, unique_names
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.parser import parse_graph
 from kiln.ir.printer import print_graph
@@ -82,8 +82,18 @@ class GroupSpace:
         plan, ins, outs = self.planned(decisions, record)
         return plan, tuple(self.origin[v] for v in ins), tuple(self.origin[v] for v in outs)
 
-    def __reduce__(self) -> tuple[Any, ...]:  # IR nodes refuse pickle's setattr: send text
-        return (_from_text, (print_graph(self.graph), self.graph.constants, self.kind))
+    def __reduce__(self) -> tuple[Any, ...]:
+        """IR nodes refuse pickle's setattr: the graph travels as text, and the values the
+        space refers to (group inputs, their strides, NHWC outputs) by their printed names."""
+        names = unique_names(self.graph.all_nodes())
+
+        def key(v: Value) -> tuple[str, int]:
+            return names[v.node], v.index
+
+        return (_from_text, (print_graph(self.graph), self.graph.constants, self.kind,
+                             [key(v) for v in self.group.inputs],
+                             {key(v): s for v, s in self.strides.items()},
+                             {key(v): s for v, s in self.out_strides.items()}))
 
     @property
     def rows(self) -> bool:
@@ -213,13 +223,23 @@ def standalone(graph: Graph, group: KernelGroup
     return alone, alone_group, {new: old for old, new in mapping.items()}
 
 
-def _from_text(text: str, constants: dict[str, torch.Tensor], kind: str) -> GroupSpace:
+Key = tuple[str, int]
+
+
+def _from_text(text: str, constants: dict[str, torch.Tensor], kind: str, inputs: list[Key],
+               strides: dict[Key, tuple[int, ...]], out_strides: dict[Key, tuple[int, ...]]
+               ) -> GroupSpace:
     graph = parse_graph(text, constants)
+    nodes = {n.name: n for n in graph.all_nodes()}
+
+    def value(key: Key) -> Value:
+        return nodes[key[0]].outputs[key[1]]
+
     body = tuple(n for n in graph.nodes if n.op not in (Op.CONSTANT, Op.SCALAR))
-    made_here = {v for n in body for v in n.outputs}
-    inputs = tuple(dict.fromkeys(v for n in body for v in n.inputs
-                                 if v not in made_here and v.node.op is not Op.SCALAR))
-    return GroupSpace(graph, KernelGroup(body, inputs, graph.outputs), kind)
+    group = KernelGroup(body, tuple(value(k) for k in inputs), graph.outputs)
+    return GroupSpace(graph, group, kind, {},
+                      {value(k): s for k, s in strides.items()},
+                      {value(k): s for k, s in out_strides.items()})
 
 
 def _literal(value: Value) -> str:
