@@ -18,6 +18,7 @@ import torch.fx
 from torch._higher_order_ops.effects import with_effects
 
 from kiln.frontend.aten import CONVERTERS
+from kiln.frontend.regions import Region, RegionError, find_regions, walk_order
 from kiln.ir import attrs as A
 from kiln.ir.builder import GraphBuilder
 from kiln.ir.graph import Graph, Value
@@ -87,11 +88,21 @@ class _Importer:
         positions = []
         outputs: list[Value] = []
         template: list[int | Literal] = []
-        placeholder_index = 0
-        for node in gm.graph.nodes:
+        nodes = list(gm.graph.nodes)
+        placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
+        weights = {n: frozen[i][1] for n, i in placeholders.items() if i in frozen}
+        weights.update((n, getattr(gm, n.target)) for n in nodes if n.op == "get_attr")
+        try:
+            regions = find_regions(gm, weights)
+        except RegionError as err:
+            raise UnsupportedGraph(err.node, err.reason) from None
+        for node in walk_order(nodes, regions):
+            if isinstance(node, Region):
+                self._region(node)
+                continue
             self.name = node.name
             if node.op == "placeholder":
-                i, placeholder_index = placeholder_index, placeholder_index + 1
+                i = placeholders[node]
                 if i in frozen:
                     name, tensor = frozen[i]
                     self.env[node] = self._typed(node, self.b.constant, name, tensor)
@@ -112,6 +123,21 @@ class _Importer:
                 raise UnsupportedGraph(node, f"fx node kind '{node.op}' is not supported")
         return ImportedGraph(self.b.build(*outputs), tuple(positions), self.opaque,
                              tuple(template))
+
+    def _region(self, region: Region) -> None:
+        """Nodes kiln cannot type, run as one call (`kiln.frontend.regions`)."""
+        operands = [self.env[n] for n in region.inputs]
+        if not all(isinstance(v, Value) for v in operands):
+            raise UnsupportedGraph(region.members[0], "a region reads a value that is not a "
+                                                      "tensor")
+        attrs = A.CallAttrs(torch.ops.kiln.region.default,
+                            (tuple(A.Operand(i) for i in range(len(operands))), region.key))
+        types = tuple(self._type_of(n, n.meta["val"]) for n in region.outputs)
+        self.opaque.append(f"kiln.region({', '.join(region.targets)})")
+        built = self.b.node(Op.CALL, *operands, attrs=attrs, types=types,
+                            name=f"region_{region.members[0].name}")
+        for n, value in zip(region.outputs, built.outputs):
+            self.env[n] = value
 
     def _typed(self, node: torch.fx.Node, make: Any, *args: Any) -> Value:
         try:
