@@ -19,6 +19,7 @@ from torch._higher_order_ops.effects import with_effects
 
 from kiln.frontend.aten import CONVERTERS
 from kiln.frontend.regions import Region, RegionError, find_regions, walk_order
+from kiln.frontend.strided import STRIDED_READS, OutsideOperand
 from kiln.ir import attrs as A
 from kiln.ir.builder import GraphBuilder
 from kiln.ir.graph import Graph, Value
@@ -178,6 +179,12 @@ class _Importer:
         self.target = node.target
         args = torch.fx.node.map_arg(node.args, self.env.__getitem__)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.env.__getitem__)
+        if node.target in STRIDED_READS:
+            try:
+                return STRIDED_READS[node.target](self, node, *args, **kwargs)
+            except OutsideOperand as err:
+                raise UnsupportedGraph(node, f"{node.target} cannot be made independent of "
+                                             f"layouts: {err}") from None
         converter = CONVERTERS.get(node.target)
         if converter is not None:
             result = self._try_convert(converter, node, args, kwargs)
