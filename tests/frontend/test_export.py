@@ -334,3 +334,35 @@ def test_a_failure_after_capture_is_named_as_kiln_s(monkeypatch: pytest.MonkeyPa
         torch.testing.assert_close(compiled(x), model(x))
     with pytest.raises(RuntimeError, match="a bug"):
         kiln.compile(model, (x,), kiln.Options(strict=True))
+
+
+def test_a_plain_function_compiles_ahead_of_time() -> None:
+    """kiln.compile takes a function too (torch.export takes modules: kiln wraps it), and
+    names it in the report."""
+    weight = torch.randn(8, 4)
+
+    def project(x):
+        return torch.relu(x @ weight) + 1
+
+    x = torch.randn(3, 8)
+    compiled = kiln.compile(project, (x,))
+    assert compiled.report.fallbacks == [] and len(compiled.report.graphs) == 1
+    torch.testing.assert_close(compiled(x), project(x))
+
+
+class _CountsCalls(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return x * 2
+
+
+def test_a_model_writing_its_buffers_is_named_so_not_a_kiln_bug() -> None:
+    model, x = _CountsCalls(), torch.randn(4)
+    compiled = kiln.compile(model, (x,))
+    (message, *_) = compiled.report.fallbacks
+    assert "writes into its buffers or inputs (calls)" in message and "bug" not in message
+    torch.testing.assert_close(compiled(x), x * 2)

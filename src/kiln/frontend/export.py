@@ -141,7 +141,8 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
             raise TypeError(f"kiln.compile: example input {i} is a {type(x).__name__}; "
                             f"kiln.compile takes tensors (use torch.compile(model, "
                             f"backend='kiln') for other arguments)")
-    name = type(model).__name__
+    name = type(model).__name__ if isinstance(model, torch.nn.Module) else getattr(
+        model, "__name__", type(model).__name__)
     report = CompileReport()
     try:
         run, signature, check = _compile_exported(model, inputs, options, report,
@@ -166,6 +167,18 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
             f"kiln failed on the graph torch.export captured of {name} ({_first_line(err)}; "
             f"a kiln bug: please report it)", model, inputs, options, report, dynamic_shapes)
     return CompiledModel(run, signature, report, name, check)
+
+
+class _FunctionModule(torch.nn.Module):
+    """A plain function as the module torch.export takes; tensors it closes over are
+    captured as constants."""
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)
 
 
 class _CaptureFailed(Exception):
@@ -203,7 +216,7 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
                       options: Options, report: CompileReport, dynamic_shapes: Any,
                       ) -> tuple[Callable[..., Any], list[InputSpec], ShapeCheck | None]:
     if not isinstance(model, torch.nn.Module):
-        raise TypeError("torch.export takes an nn.Module")
+        model = _FunctionModule(model)  # torch.export takes modules only
     with torch.no_grad(), warnings.catch_warnings():
         # torch's own deprecation notices must not count as a failed capture under -W error
         warnings.simplefilter("ignore", FutureWarning)
@@ -220,7 +233,10 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
     frozen, user_positions = _freeze(program)
     outputs = program.graph_signature.output_specs
     if any(spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN) for spec in outputs):
-        raise NotImplementedError("the model mutates its buffers or inputs")
+        mutated = [spec.target for spec in outputs
+                   if spec.kind not in (OutputKind.USER_OUTPUT, OutputKind.TOKEN)]
+        raise UnsupportedGraph(None, f"the model writes into its buffers or inputs "
+                                     f"({', '.join(map(str, mutated))})")
     # effect tokens (kiln.ir.calls) come out first; the caller sees only its own outputs
     user_outputs = [i for i, spec in enumerate(outputs) if spec.kind is OutputKind.USER_OUTPUT]
     device = inputs[0].device if inputs else torch.device("cpu")
