@@ -350,6 +350,21 @@ def test_a_plain_function_compiles_ahead_of_time() -> None:
     torch.testing.assert_close(compiled(x), project(x))
 
 
+def test_slice_writes_compile_without_opaque_copies() -> None:
+    """``out[:, i] = y`` is functionalized to copy + select_scatter; copy is src broadcast to
+    the slot's shape in its dtype: kiln's cast and expand, not a library call."""
+    def fill(x, a):
+        out = torch.zeros(2, 3, 8, dtype=torch.float64)
+        out[:, 0] = a * 2  # float32 into float64, broadcast over the batch
+        out[:, 1] = x[:, 0]
+        return out.relu()
+
+    x, a = torch.randn(2, 4, 8, dtype=torch.float64), torch.randn(8)
+    compiled = kiln.compile(fill, (x, a))
+    torch.testing.assert_close(compiled(x, a), fill(x, a), rtol=0, atol=0)
+    assert not any("copy" in op for op in compiled.report.graphs[0].opaque_ops)
+
+
 class _CountsCalls(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -189,6 +189,19 @@ def _clone(ctx: Context, x: Value, *, memory_format: Any = None) -> Any:
     return ctx.emit(Op.CLONE, x)
 
 
+@converts(aten.copy.default)
+def _copy(ctx: Context, x: Value, src: Any, non_blocking: bool = False) -> Any:
+    """Functional ``copy``: ``src``'s values broadcast to ``x``'s shape, in ``x``'s dtype
+    (``x`` gives only its metadata; functionalized ``out[:, i] = y`` writes)."""
+    out = ctx.out_types[0]
+    v = ctx.operand(src)
+    if v.type.dtype != out.dtype:
+        (v,) = ctx.emit(Op.CAST, v, attrs=A.CastAttrs(out.dtype))
+    if v.type.shape != out.shape:
+        (v,) = ctx.emit(Op.EXPAND, v, attrs=A.ShapeAttrs(out.shape))
+    return (v,)  # a value of its own in a functional graph, as alias's is
+
+
 @converts(aten.alias.default, aten.detach.default)
 def _identity(ctx: Context, x: Value) -> Any:
     return (x,)
