@@ -414,10 +414,14 @@ def _literal(env: dict[str, Any], value: Any) -> str:
 
 
 def _bind(env: dict[str, Any], prefix: str, value: Any) -> str:
-    """Put a Python object into the generated function's globals; returns its name."""
-    for name, existing in env.items():
-        if name.startswith(prefix) and existing is value:
-            return name
+    """Put a Python object into the generated function's globals; returns its name (the
+    same for the same object: found by identity in a side table, not by a scan of the
+    globals, which was quadratic in a graph's calls)."""
+    bound = env.setdefault("_kiln_bound", {})
+    name = bound.get((prefix, id(value)))
+    if name is not None:
+        return name
     name = f"{prefix}{len(env)}"
     env[name] = value
+    bound[(prefix, id(value))] = name  # (env keeps ``value`` alive: its id stays its own)
     return name

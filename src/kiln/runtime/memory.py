@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from kiln.ir import calls, fused
@@ -130,21 +131,23 @@ def plan_memory(graph: Graph, fused: Sequence[FusedCall] = ()) -> MemoryPlan:
     planned = [v for v in dict.fromkeys(candidates) if v not in escaped and v not in internal
                and v.type.nbytes > 0]
     planned.sort(key=lambda v: (-v.type.nbytes, spans[v].first))
-    placed: list[tuple[int, int, Lifetime]] = []  # (offset, size, lifetime)
+    # the placed buffers' first and last steps and byte ranges, as arrays: the overlap test
+    # against all of them is one vector operation (a Python loop was quadratic: RWKV's 3000)
+    firsts, lasts, starts, ends = (np.zeros(len(planned), dtype=np.int64) for _ in range(4))
     offsets: dict[Value, int] = {}
-    for value in planned:
+    for i, value in enumerate(planned):
         size = _aligned(value.type.nbytes)
         span = spans[value]
-        busy = sorted((off, off + sz) for off, sz, other in placed
-                      if other.first <= span.last and span.first <= other.last)
+        live = (firsts[:i] <= span.last) & (lasts[:i] >= span.first)
+        busy = sorted(zip(starts[:i][live].tolist(), ends[:i][live].tolist()))
         offset = 0
         for start, end in busy:
             if offset + size <= start:
                 break
             offset = max(offset, end)
         offsets[value] = offset
-        placed.append((offset, size, span))
-    arena = max((off + sz for off, sz, _ in placed), default=0)
+        firsts[i], lasts[i], starts[i], ends[i] = span.first, span.last, offset, offset + size
+    arena = int(ends.max(initial=0))
     return MemoryPlan(offsets, arena, sum(v.type.nbytes for v in intermediates),
                       sum(_aligned(v.type.nbytes) for v in planned))
 
