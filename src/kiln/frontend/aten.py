@@ -38,6 +38,13 @@ Converter = Callable[..., "tuple[Value | None, ...] | None"]
 CONVERTERS: dict[Any, Converter] = {}
 
 
+# ATen ops left undecomposed at capture (kiln.frontend.export and .dynamo drop them from
+# torch's decomposition tables), each then one opaque call: ATen's fused attention, which
+# eager runs too, where the math form adds a guard of three opaque calls to each softmax
+KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
+              aten._scaled_dot_product_flash_attention_for_cpu.default)
+
+
 def converts(*targets: Any) -> Callable[[Converter], Converter]:
     def register(fn: Converter) -> Converter:
         for target in targets:

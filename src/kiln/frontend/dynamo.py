@@ -19,6 +19,7 @@ import torch.fx
 from torch._decomp import core_aten_decompositions
 from torch._functorch.aot_autograd import aot_module_simplified
 
+from kiln.frontend.aten import KEPT_WHOLE
 from kiln.frontend.fx_compile import FxGraphRunner
 from kiln.options import Options
 from kiln.report import CompileReport
@@ -60,7 +61,10 @@ def _weights(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> dict[int, t
 def _decompositions() -> dict[Any, Any]:
     """Core ATen's decomposition table, built once: materializing it costs about 0.2 s, which
     every captured graph would pay again."""
-    return dict(core_aten_decompositions().items())
+    table = dict(core_aten_decompositions().items())
+    for op in KEPT_WHOLE:  # (Dynamo's graphs reach the CPU flash kernel, kept as one call)
+        table.pop(op, None)
+    return table
 
 
 def _device_of(example_inputs: list[Any]) -> torch.device:

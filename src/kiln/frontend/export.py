@@ -31,7 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from kiln.frontend.aten import CONVERTERS
+from kiln.frontend.aten import CONVERTERS, KEPT_WHOLE
 from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size
 from kiln.frontend.importer import ImportedGraph, UnsupportedGraph, import_fx
 from kiln.options import Options
@@ -395,8 +395,14 @@ def _core_aten_table() -> dict[Any, Any]:
 
 def _decompositions() -> dict[Any, Any]:
     """torch.export's default table (to core ATen), materialized once: building it anew costs
-    about 0.2 s a compile. A copy each time, since the caller may change the table it gets."""
-    return dict(_core_aten_table())
+    about 0.2 s a compile. A copy each time, since the caller may change the table it gets.
+    Without `KEPT_WHOLE`: ``scaled_dot_product_attention`` stays one call of ATen's fused
+    kernel, as eager runs it, instead of its math form with a guard of three opaque calls per
+    softmax (the default attention of Hugging Face models, torch's MultiheadAttention)."""
+    table = dict(_core_aten_table())
+    for op in KEPT_WHOLE:
+        table.pop(op, None)
+    return table
 
 
 def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor]], list[int]]:
