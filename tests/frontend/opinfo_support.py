@@ -79,7 +79,7 @@ FALLBACK_REASONS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"result [uz]uf?\d+ is not a tensor at node '_local_scalar_dense'",
          "a tensor read back as a Python number (.item(), tensor_split by a tensor) is a "
          "data-dependent value: the graph runs as captured"),
-        (r"the model mutates its buffers or inputs",
+        (r"the model writes into its buffers or inputs",
          "torch.export: an in-place update of an input (cauchy_, normal_ on a tensor) or "
          "batch norm's running statistics in training; kiln.compile takes it through "
          "torch.compile instead, which handles the mutation outside the graph"),
