@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kiln.ir.graph import Graph
+from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.ir.verify import verify
 from kiln.kernels.build import build_kernels
@@ -26,6 +26,7 @@ from kiln.report.profile import profile_graph
 from kiln.rewrite.passes import RulePass
 from kiln.runtime.executor import Fallbacks, build_executor
 from kiln.runtime.memory import FusedCall, MemoryPlan, plan_memory
+from kiln.runtime.scatters import written_in_place
 
 GENERATED_KERNELS_LEVEL = 2  # below it every op is a library call, whatever the Options say
 # traced so that the report can say where each rule fired (only the firings are kept)
@@ -79,16 +80,17 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
     kernels = built.kernels
     if kernels:
         optimized = gather(optimized, [k.group for k in kernels])
-    plan = plan_memory(optimized, [fused_call(k) for k in kernels]) \
-        if options.memory_plan else None
+    calls = [fused_call(k) for k in kernels]
+    writes = written_in_place(optimized, calls)
+    plan = plan_memory(optimized, calls, writes) if options.memory_plan else None
     fallbacks = Fallbacks()
     run, source = build_executor(optimized, plan, input_positions, kernels,
-                                 fallbacks=fallbacks)
+                                 fallbacks=fallbacks, writes=writes)
     step_of_node = steps_of(optimized, [k.group.nodes for k in kernels])
     details = GraphDetails(
         graph, optimized, step_of_node, planned_buffers(optimized, plan, step_of_node),
         plan.arena_bytes if plan else 0, functools.partial(profile_graph, optimized, plan,
-                                                           tuple(kernels)),
+                                                           tuple(kernels), writes=writes),
         fallbacks=fallbacks.counts)
     report = GraphReport(
         nodes_before=graph.num_ops(), nodes_after=optimized.num_ops(), passes=tuple(records),
@@ -98,7 +100,7 @@ def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int]
         planned_bytes=plan.planned_bytes if plan else 0,
         compile_seconds=time.perf_counter() - start,
         planned_peak_bytes_before=plan_memory(graph).arena_bytes if plan else 0,
-        kernels=kernel_infos(optimized, kernels, built.skipped),
+        kernels=kernel_infos(optimized, kernels, built.skipped, writes),
         packed_weight_bytes=sum(t.numel() * t.element_size() for k in kernels
                                 for t in k.weights.values()) + sum(
             k.kernel.packed_bytes for k in kernels if not k.generated),  # type: ignore
@@ -142,12 +144,16 @@ def fused_call(kernel: Built) -> FusedCall:
     return FusedCall(nodes, kernel.inputs, kernel.outputs, internal, kernel.generated)
 
 
-def kernel_infos(graph: Graph, kernels: Sequence[Built],
-                 skipped: Sequence[Skipped] = ()) -> tuple[KernelInfo, ...]:
+IN_PLACE = "written into its base's memory, which nothing reads after it (kiln.runtime.scatters)"
+
+
+def kernel_infos(graph: Graph, kernels: Sequence[Built], skipped: Sequence[Skipped] = (),
+                 writes: frozenset[Node] = frozenset()) -> tuple[KernelInfo, ...]:
     """One KernelInfo per generated kernel and per remaining computing node, in run order,
     each with the decision that put it there."""
     member_of = {n: k for k in kernels for n in k.group.nodes}
     why_not = {n: str(s) for s in skipped for n in s.group.nodes}
+    why_not.update((n, IN_PLACE) for n in writes)
     infos = []
     for node in graph.nodes:
         k = member_of.get(node)

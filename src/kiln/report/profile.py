@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kiln.ir.graph import Graph
+from kiln.ir.graph import Graph, Node
 from kiln.ir.types import TensorType
 from kiln.kernels.outcome import Built
 from kiln.report.details import Profile, StepTime
@@ -54,11 +54,14 @@ def random_input(t: TensorType, device: torch.device) -> torch.Tensor:
     return torch.zeros(t.shape, dtype=t.dtype.torch, device=device)
 
 
-def profile_graph(graph: Graph, plan: MemoryPlan | None, kernels: Sequence[Built]) -> Profile:
-    """Time every step of one run of the compiled graph (see the module docstring)."""
+def profile_graph(graph: Graph, plan: MemoryPlan | None, kernels: Sequence[Built],
+                  writes: frozenset[Node] = frozenset()) -> Profile:
+    """Time every step of one run of the compiled graph (see the module docstring);
+    ``writes``: its scatters written in place."""
     clock = StepClock(graph.device)
-    timed, _ = build_executor(graph, plan, range(len(graph.inputs)), kernels, clock)
-    plain, _ = build_executor(graph, plan, range(len(graph.inputs)), kernels)
+    timed, _ = build_executor(graph, plan, range(len(graph.inputs)), kernels, clock,
+                              writes=writes)
+    plain, _ = build_executor(graph, plan, range(len(graph.inputs)), kernels, writes=writes)
     inputs = [random_input(n.type, graph.device) for n in graph.inputs]
     with torch.no_grad():
         _call(plain, inputs)  # warm: first-touch pages, lazy library setup

@@ -15,6 +15,7 @@ arena, and other intermediates are released right after their last use, as eager
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import warnings
 from collections import Counter
@@ -33,6 +34,7 @@ from kiln.kernels.strides import runtime_strides
 from kiln.passes.layout import channels_last_values
 from kiln.runtime.layouts import known_strides, laid_out_as, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
+from kiln.runtime.scatters import INTO
 from kiln.runtime.views import FixedViews
 from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
@@ -118,7 +120,7 @@ class ThreadSync:
 
 def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Sequence[int],
                    kernels: Sequence[Built] = (), step_timer: StepTimer | None = None,
-                   fallbacks: Fallbacks | None = None
+                   fallbacks: Fallbacks | None = None, writes: frozenset[Node] = frozenset()
                    ) -> tuple[Callable[[list[Any]], list[Any]], str]:
     """A function of the boxed call arguments returning the graph outputs, and its source.
 
@@ -127,7 +129,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     ``step_timer``, each step (a library call or a kernel call, numbered in run order) runs
     between ``step_timer.start()`` and ``step_timer.stop(step)``: the report's profile.
     A kernel whose operand layout check fails runs its group's library ops instead and
-    tells ``fallbacks`` (a new `Fallbacks` where None).
+    tells ``fallbacks`` (a new `Fallbacks` where None). The scatters in ``writes`` write
+    into their base (`kiln.runtime.scatters`).
     """
     # v<position>_<label>: the position keeps names distinct whatever the labels are
     names = {node: f"v{i}_{''.join(c if c.isalnum() else '_' for c in node.name)}"
@@ -158,8 +161,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             return f"{names[node]}__{value.index}"
         return names[node]
 
-    spans = lifetimes(graph)
-    outputs = set(graph.outputs) | escaping(graph)
+    spans = lifetimes(graph, writes)
+    outputs = set(graph.outputs) | escaping(graph, writes)
     member_of = {n: gk for gk in kernels for n in gk.group.nodes}
     internal = {v for gk in kernels for n in gk.group.nodes for v in n.outputs
                 if v not in gk.outputs}  # never materialized by the kernel
@@ -188,6 +191,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
 
     def library_line(node: Node, use_slot: bool = True) -> str:
         call = lower_node(node)
+        if node in writes:  # (its result is its base: no slot, no list)
+            call = dataclasses.replace(call, target=INTO[call.target], returns_list=False)
+            use_slot = False
         if not node.types:  # run for its effect only
             return _call_text(env, node, call, ref, None, graph.device)
         targets = ", ".join(ref(v) for v in node.outputs)

@@ -79,16 +79,17 @@ def plannable(node: Node) -> bool:
     return all(v.node.op is not Op.SCALAR for v in node.inputs)
 
 
-def aliases(node: Node) -> Sequence[Value]:
-    """Operands whose storage the node's results may share."""
-    if node.op.is_a(OpGroup.VIEW):
+def aliases(node: Node, writes: frozenset[Node] = frozenset()) -> Sequence[Value]:
+    """Operands whose storage the node's results may share; ``writes``: the scatters that
+    write into their base (`kiln.runtime.scatters`), whose result is that base."""
+    if node.op.is_a(OpGroup.VIEW) or node in writes:
         return node.inputs[:1]
     if node.op is Op.CALL and calls.results_alias_operands(node):
         return node.inputs
     return ()
 
 
-def lifetimes(graph: Graph) -> dict[Value, Lifetime]:
+def lifetimes(graph: Graph, writes: frozenset[Node] = frozenset()) -> dict[Value, Lifetime]:
     """Lifetime of every body node's outputs; a view keeps its source alive."""
     index = {node: i for i, node in enumerate(graph.nodes)}
     last: dict[Value, int] = {}
@@ -98,13 +99,13 @@ def lifetimes(graph: Graph) -> dict[Value, Lifetime]:
     for i in range(len(graph.nodes) - 1, -1, -1):  # users come later: walk backwards
         node = graph.nodes[i]
         end = max((last.get(out, i) for out in node.outputs), default=i)
-        for source in aliases(node):
+        for source in aliases(node, writes):
             last[source] = max(last.get(source, 0), end)
     return {out: Lifetime(index[n], max(last.get(out, index[n]), index[n]))
             for n in graph.nodes for out in n.outputs}
 
 
-def escaping(graph: Graph) -> set[Value]:
+def escaping(graph: Graph, writes: frozenset[Node] = frozenset()) -> set[Value]:
     """Values the caller can reach: outputs and everything an output is a view of."""
     escaped: set[Value] = set()
     stack = list(graph.outputs)
@@ -112,17 +113,18 @@ def escaping(graph: Graph) -> set[Value]:
         value = stack.pop()
         if value not in escaped:
             escaped.add(value)
-            stack.extend(aliases(value.node))
+            stack.extend(aliases(value.node, writes))
     return escaped
 
 
-def plan_memory(graph: Graph, fused: Sequence[FusedCall] = ()) -> MemoryPlan:
-    spans = lifetimes(graph)
+def plan_memory(graph: Graph, fused: Sequence[FusedCall] = (),
+                writes: frozenset[Node] = frozenset()) -> MemoryPlan:
+    spans = lifetimes(graph, writes)
     internal = {v for call in fused for v in call.internal}
     written = [v for call in fused if call.writes_into for v in call.outputs]
     allocated = {v for call in fused if not call.writes_into for v in call.outputs}
     spans.update(_kernel_spans(graph, spans, fused))
-    escaped = escaping(graph)
+    escaped = escaping(graph, writes)
     intermediates = [out for n in graph.nodes if not n.op.is_a(OpGroup.SOURCE)
                      and not n.op.is_a(OpGroup.VIEW) for out in n.outputs
                      if out not in escaped and out not in internal]
