@@ -381,3 +381,17 @@ def test_a_model_writing_its_buffers_is_named_so_not_a_kiln_bug() -> None:
     (message, *_) = compiled.report.fallbacks
     assert "writes into its buffers or inputs (calls)" in message and "bug" not in message
     torch.testing.assert_close(compiled(x), x * 2)
+
+
+class _LiteralTensors(nn.Module):
+    def forward(self, x):
+        return x * torch.tensor([1.0, 2.0, 3.0]) + torch.tensor(0.5)
+
+
+def test_tensors_made_in_forward_are_weights_not_calls() -> None:
+    """torch.tensor(...) in forward is captured as lift_fresh_copy of a constant: the
+    constant itself, not an opaque copy on every call (LLaMA's and OLMo-2's rotary code)."""
+    model, x = _LiteralTensors(), torch.randn(4, 3)
+    compiled = kiln.compile(model, (x,))
+    torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+    assert compiled.report.graphs[0].opaque_ops == ()

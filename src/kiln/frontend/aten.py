@@ -213,7 +213,7 @@ def _copy(ctx: Context, x: Value, src: Any, non_blocking: bool = False) -> Any:
     return (v,)  # a value of its own in a functional graph, as alias's is
 
 
-@converts(aten.alias.default, aten.detach.default)
+@converts(aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default)
 def _identity(ctx: Context, x: Value) -> Any:
     return (x,)
 
