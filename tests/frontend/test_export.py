@@ -393,5 +393,5 @@ def test_tensors_made_in_forward_are_weights_not_calls() -> None:
     constant itself, not an opaque copy on every call (LLaMA's and OLMo-2's rotary code)."""
     model, x = _LiteralTensors(), torch.randn(4, 3)
     compiled = kiln.compile(model, (x,))
-    torch.testing.assert_close(compiled(x), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(compiled(x), model(x))  # (mul + add may fuse to one rounding)
     assert compiled.report.graphs[0].opaque_ops == ()
