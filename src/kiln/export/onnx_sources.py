@@ -104,7 +104,7 @@ def capture(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> Graph:
     if not all(isinstance(x, torch.Tensor) for x in inputs):
         raise OnnxExportError("example inputs must all be tensors")
     try:
-        imported = import_model(model, inputs)
+        imported = import_model(model, inputs, whole=())  # (ONNX has no form for those)
     except UnsupportedGraph as err:
         raise OnnxExportError(f"kiln cannot hold {type(model).__name__}'s graph: {err}") from None
     if any(not isinstance(t, int) for t in imported.output_template):

@@ -288,8 +288,8 @@ def _shape_check(program: ExportedProgram) -> ShapeCheck:
     return check
 
 
-def capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any = None
-            ) -> ExportedProgram:
+def capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any = None,
+            whole: tuple[Any, ...] = KEPT_WHOLE) -> ExportedProgram:
     """``model`` as an ExportedProgram in the ATen IR kiln's importer reads, in one trace
     where it can. torch.export's public path traces twice: to its training IR, then again
     through the core-ATen decompositions. Its pre-dispatch=False path (`_export`) gives ATen
@@ -299,7 +299,7 @@ def capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any
     process: ResNet-50 0.8 against 1.8 s; at the zoo's quick sizes Inception v3 0.7 against
     1.7 s, a Llama 0.5 against 1.5 s."""
     with _no_stack_traces(), _state_kept(model):
-        return _capture(model, inputs, dynamic_shapes)
+        return _capture(model, inputs, dynamic_shapes, whole)
 
 
 @contextlib.contextmanager
@@ -357,8 +357,8 @@ def _no_stack_traces() -> Iterator[None]:
         config.do_not_emit_stack_traces = before
 
 
-def _capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any
-             ) -> ExportedProgram:
+def _capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any,
+             whole: tuple[Any, ...]) -> ExportedProgram:
     one_trace = getattr(torch.export._trace, "_export", None)
     if one_trace is not None:  # (another torch may not have it: the public path)
         try:
@@ -369,21 +369,23 @@ def _capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: An
             log.debug("kiln: one-trace capture failed (%s); torch.export's path", err)
         else:
             table = _core_aten_table()
-            if not any(n.op == "call_function" and n.target in table
-                       and n.target not in CONVERTERS for n in program.graph.nodes):
+            if not any(n.op == "call_function" and n.target in table and n.target not in
+                       CONVERTERS and n.target not in whole for n in program.graph.nodes):
                 return program
-            return program.run_decompositions(_decompositions())
+            return program.run_decompositions(_decompositions(whole))
     program = torch.export.export(model, inputs, dynamic_shapes=dynamic_shapes)
-    return program.run_decompositions(_decompositions())
+    return program.run_decompositions(_decompositions(whole))
 
 
-def import_model(model: torch.nn.Module, inputs: tuple[Any, ...]) -> ImportedGraph:
+def import_model(model: torch.nn.Module, inputs: tuple[Any, ...],
+                 whole: tuple[Any, ...] = KEPT_WHOLE) -> ImportedGraph:
     """The graph kiln.compile would optimize, as imported: `capture`, weights frozen in.
-    Raises UnsupportedGraph where kiln cannot hold the graph."""
+    ``whole``: the ops left undecomposed (ONNX export asks for none: it has no form for
+    them). Raises UnsupportedGraph where kiln cannot hold the graph."""
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
         warnings.simplefilter("ignore", DeprecationWarning)
-        program = capture(model, inputs)
+        program = capture(model, inputs, whole=whole)
     frozen, _ = _freeze(program)
     return import_fx(program.graph_module, frozen)
 
@@ -393,14 +395,15 @@ def _core_aten_table() -> dict[Any, Any]:
     return dict(torch.export.default_decompositions().items())
 
 
-def _decompositions() -> dict[Any, Any]:
+def _decompositions(whole: tuple[Any, ...] = KEPT_WHOLE) -> dict[Any, Any]:
     """torch.export's default table (to core ATen), materialized once: building it anew costs
     about 0.2 s a compile. A copy each time, since the caller may change the table it gets.
-    Without `KEPT_WHOLE`: ``scaled_dot_product_attention`` stays one call of ATen's fused
-    kernel, as eager runs it, instead of its math form with a guard of three opaque calls per
-    softmax (the default attention of Hugging Face models, torch's MultiheadAttention)."""
+    Without ``whole`` (`KEPT_WHOLE`): ``scaled_dot_product_attention`` stays one call of
+    ATen's fused kernel, as eager runs it, instead of its math form with a guard of three
+    opaque calls per softmax (the default attention of Hugging Face models, torch's
+    MultiheadAttention); scatters stay scatters (`kiln.runtime.scatters`)."""
     table = dict(_core_aten_table())
-    for op in KEPT_WHOLE:
+    for op in whole:
         table.pop(op, None)
     return table
 
