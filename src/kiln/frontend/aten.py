@@ -46,7 +46,10 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               # and scatters, which kiln can write into their base's memory where nothing
               # reads it after (kiln.runtime.scatters), where their decomposition (a where
               # over the whole base) reads and writes all of it
-              aten.select_scatter.default, aten.slice_scatter.default)
+              aten.select_scatter.default, aten.slice_scatter.default,
+              # and F.unfold / F.fold, views where patches tile the image
+              # (kiln.frontend.patches), whose decomposition gathers and scatters
+              aten.im2col.default, aten.col2im.default)
 
 
 def converts(*targets: Any) -> Callable[[Converter], Converter]:

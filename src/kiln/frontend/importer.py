@@ -17,6 +17,7 @@ import torch
 import torch.fx
 from torch._higher_order_ops.effects import with_effects
 
+from kiln.frontend import patches  # noqa: F401 - registers its converters
 from kiln.frontend.aten import CONVERTERS
 from kiln.frontend.regions import Region, RegionError, find_regions, walk_order
 from kiln.frontend.strided import STRIDED_READS, OutsideOperand
