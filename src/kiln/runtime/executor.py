@@ -35,6 +35,7 @@ from kiln.passes.layout import channels_last_values
 from kiln.runtime.layouts import known_strides, laid_out_as, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
 from kiln.runtime.scatters import INTO
+from kiln.runtime.slot_layouts import SlotLayouts
 from kiln.runtime.views import FixedViews
 from kiln.tir.nodes import Buffer as TirBuffer
 from kiln.tir.nodes import channels_last_strides, contiguous_strides
@@ -178,6 +179,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # contiguous there (`kiln.kernels.strides`); ATen may keep an operand's layout
     # (slice_scatter clones its input: Funnel's relative attention), so it is made so
     made_dense = _call_results_read_by_kernels(kernels, nhwc_values)
+    # an elementwise library op's slot laid out as ATen would lay out its result
+    slot_layouts = SlotLayouts(graph, [v for gk in kernels if gk.generated for v in gk.inputs])
     # strides fixed by the IR, and the views between generated kernels that need not run
     known = known_strides(graph, kernels, slot, nhwc_slots)
     in_place = views_read_in_place(graph, kernels, known, outputs)
@@ -202,6 +205,9 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
         if out is not None and node.out() in nhwc_slots:
             slot_strides[slot[node.out()]] = channels_last_strides(tuple(node.out().type.shape))
+        elif out is not None and (strides := slot_layouts.strides(
+                node, lambda v: slot_strides.get(slot[v]) if v in slot else None)) is not None:
+            slot_strides[slot[node.out()]] = strides
         if out is not None:
             fixed.fix_slot(node.out(), slot[node.out()], slot_strides.get(slot[node.out()]))
         unpack = len(node.types) > 1 or (call.returns_list and call.select is None)
