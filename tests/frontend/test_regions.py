@@ -108,3 +108,17 @@ def test_a_region_reads_its_inputs_at_every_call():
         compiled = kiln.compile(model, (x1,))
         torch.testing.assert_close(compiled(x2), model(x2), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(compiled(x1), model(x1), rtol=1e-5, atol=1e-5)
+
+
+def test_a_region_prints_in_the_ir_and_holds_no_global_state():
+    """The region is the CALL's target itself (its graph and weights), written by name."""
+    from kiln.frontend.export import import_model
+    from kiln.frontend.regions import RegionCall
+    from kiln.ir import print_graph
+
+    torch.manual_seed(0)
+    graph = import_model(ComplexRotary().eval(), (torch.randn(1, 6, 8),)).graph
+    (call,) = [n for n in graph.nodes if isinstance(getattr(n.attrs, "target", None),
+                                                    RegionCall)]
+    assert any(b.is_complex() for b in call.attrs.target.module.buffers())  # freqs_cis
+    assert f"ops.kiln.region.{call.attrs.target._overloadname}" in print_graph(graph)

@@ -132,8 +132,7 @@ class _Importer:
         if not all(isinstance(v, Value) for v in operands):
             raise UnsupportedGraph(region.members[0], "a region reads a value that is not a "
                                                       "tensor")
-        attrs = A.CallAttrs(torch.ops.kiln.region.default,
-                            (tuple(A.Operand(i) for i in range(len(operands))), region.key))
+        attrs = A.CallAttrs(region.call, (tuple(A.Operand(i) for i in range(len(operands))),))
         types = tuple(self._type_of(n, n.meta["val"]) for n in region.outputs)
         self.opaque.append(f"kiln.region({', '.join(region.targets)})")
         built = self.b.node(Op.CALL, *operands, attrs=attrs, types=types,

@@ -5,10 +5,11 @@ opaque call each, and the rest of the graph is compiled.
 A *region* is a set of fx nodes joined by values of an unsupported dtype (the weights among
 them included: a complex ``freqs_cis`` buffer), closed so that no path leaves it and comes
 back (a region that fed a node that fed it again could not run as one call). What enters and
-leaves it has kiln types. It becomes one call of ``kiln::region(inputs, key)``, a torch custom
-op that runs the region's own fx graph; ``key`` names it in this process's table of regions.
-Its results are dense tensors of their own (a region's last op may be a view of its inputs or
-of a complex value: ``view_as_real``).
+leaves it has kiln types. It becomes one CALL whose target is a `RegionCall`: the region's
+own fx graph (its weights inside), which quacks like the ATen overload a CALL holds (a
+schema ``kiln::region(Tensor[] inputs) -> Tensor[]``, no tags, no effect), and answers meta
+operands with the result types recorded at capture. Its results are dense tensors of their
+own (a region's last op may be a view of its inputs or of a complex value: ``view_as_real``).
 
 A region whose values leave the graph, come in as the caller's arguments, or that has an
 effect or a random op cannot be kept apart this way; the caller runs that graph eagerly, as
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import itertools
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +30,7 @@ import torch.fx
 
 from kiln.ir.types import DType, UnsupportedDType
 
-__all__ = ["Region", "find_regions", "walk_order", "run_region"]
+__all__ = ["Region", "RegionCall", "find_regions", "walk_order"]
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Region:
     members: list[torch.fx.Node]  # in graph order
     inputs: list[torch.fx.Node]  # nodes outside it that it reads, first read first
     outputs: list[torch.fx.Node]  # its nodes read outside it, in graph order
-    key: str = ""
+    call: RegionCall | None = None
     targets: list[str] = field(default_factory=list)  # its ATen ops, for the report
 
 
@@ -187,8 +187,7 @@ def _region(gm: torch.fx.GraphModule, members: list[torch.fx.Node],
                                  f"of the graph")
     module = _module(gm, members, inputs, outputs, constants)
     specs = tuple((tuple(n.meta["val"].shape), n.meta["val"].dtype) for n in outputs)
-    key = _register(module, specs)
-    return Region(members, inputs, outputs, key, targets)
+    return Region(members, inputs, outputs, RegionCall(module, specs), targets)
 
 
 def _check_callable(n: torch.fx.Node) -> None:
@@ -218,40 +217,35 @@ def _module(gm: torch.fx.GraphModule, members: list[torch.fx.Node],
     return torch.fx.GraphModule(root, graph)
 
 
-# -- the custom op and the table it reads ---------------------------------------------------
+# -- the call a region becomes ------------------------------------------------------------
+
+_SCHEMA = torch._C.parse_schema("kiln::region(Tensor[] inputs) -> Tensor[]")
 
 
-@dataclass(frozen=True)
-class _Entry:
-    module: torch.fx.GraphModule
-    specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]  # each result's shape and dtype
+class RegionCall:
+    """A region's fx graph as a CALL's target (see the module docstring)."""
 
+    namespace, _opname, tags, _schema = "kiln", "region", (), _SCHEMA
 
-_TABLE: dict[str, _Entry] = {}
-_COUNT = itertools.count()
+    def __init__(self, module: torch.fx.GraphModule,
+                 specs: tuple[tuple[tuple[int, ...], torch.dtype], ...]) -> None:
+        self.module = module
+        self.specs = specs  # each result's shape and dtype
+        self._overloadname = hashlib.sha256(module.code.encode()).hexdigest()[:12]
 
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if any(x.device.type == "meta" for x in inputs):  # (type inference)
+            return [torch.empty(shape, dtype=dtype, device="meta")
+                    for shape, dtype in self.specs]
+        results = self.module(*inputs)
+        storages = {x.untyped_storage().data_ptr() for x in inputs}
+        # dense results of their own: the compiled graph takes an opaque call's results
+        # as dense, and none may alias an operand a later op overwrites
+        return [r if r.is_contiguous() and r.untyped_storage().data_ptr() not in storages
+                else r.clone(memory_format=torch.contiguous_format) for r in results]
 
-def _register(module: torch.fx.GraphModule, specs: tuple[Any, ...]) -> str:
-    digest = hashlib.sha256(module.code.encode()).hexdigest()[:12]
-    key = f"{digest}-{next(_COUNT)}"  # its own weights: one entry per region made
-    _TABLE[key] = _Entry(module, specs)
-    return key
-
-
-@torch.library.custom_op("kiln::region", mutates_args=())
-def run_region(inputs: list[torch.Tensor], key: str) -> list[torch.Tensor]:
-    results = _TABLE[key].module(*inputs)
-    storages = {x.untyped_storage().data_ptr() for x in inputs}
-    # dense results of their own: a custom op's results may not alias its inputs, and the
-    # compiled graph takes an opaque call's results as dense
-    return [r.contiguous() if r.is_contiguous()
-            and r.untyped_storage().data_ptr() not in storages
-            else r.clone(memory_format=torch.contiguous_format) for r in results]
-
-
-@run_region.register_fake
-def _run_region_fake(inputs: list[torch.Tensor], key: str) -> list[torch.Tensor]:
-    return [torch.empty(shape, dtype=dtype) for shape, dtype in _TABLE[key].specs]
+    def __repr__(self) -> str:
+        return f"kiln.region[{self._overloadname}]"
 
 
 def walk_order(nodes: Sequence[torch.fx.Node], regions: Sequence[Region]

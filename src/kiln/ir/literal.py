@@ -51,6 +51,8 @@ def format_literal(value: Any) -> str:
     if isinstance(value, torch._ops.OpOverload):
         return f"aten.{value._opname}.{value._overloadname}" if value.namespace == "aten" \
             else f"ops.{value.namespace}.{value._opname}.{value._overloadname}"
+    if hasattr(value, "_schema") and hasattr(value, "_overloadname"):  # (a RegionCall)
+        return f"ops.{value.namespace}.{value._opname}.{value._overloadname}"
     if value in _TORCH_NAMES:
         return _TORCH_NAMES[value]
     raise TypeError(f"cannot write {value!r} ({type(value).__name__}) as an IR literal")
