@@ -141,24 +141,22 @@ def _convex(groups: list[set[torch.fx.Node]], nodes: list[torch.fx.Node],
 
 
 def _descendants(group: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    todo = [u for n in group for u in n.users if u not in group]
-    while todo:
-        n = todo.pop()
-        if n not in seen and n not in group:
-            seen.add(n)
-            todo.extend(n.users)
-    return seen
+    return _reach(group, lambda n: n.users)
 
 
 def _ancestors(group: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    return _reach(group, lambda n: n.all_input_nodes)
+
+
+def _reach(group: set[torch.fx.Node], step: Any) -> set[torch.fx.Node]:
+    """The nodes outside ``group`` reachable from it by ``step`` (users or operands)."""
     seen: set[torch.fx.Node] = set()
-    todo = [s for n in group for s in n.all_input_nodes if s not in group]
+    todo = [s for n in group for s in step(n) if s not in group]
     while todo:
         n = todo.pop()
         if n not in seen and n not in group:
             seen.add(n)
-            todo.extend(n.all_input_nodes)
+            todo.extend(step(n))
     return seen
 
 
