@@ -395,3 +395,26 @@ def test_tensors_made_in_forward_are_weights_not_calls() -> None:
     compiled = kiln.compile(model, (x,))
     torch.testing.assert_close(compiled(x), model(x))  # (mul + add may fuse to one rounding)
     assert compiled.report.graphs[0].opaque_ops == ()
+
+
+class _PlainNorms(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.plain = nn.LayerNorm(16, elementwise_affine=False)
+        self.no_bias = nn.LayerNorm(16, bias=False)
+
+    def forward(self, x):
+        return self.no_bias(self.plain(x) * 2)
+
+
+def test_layer_norms_without_affine_or_bias_are_kiln_layer_norms() -> None:
+    """Their missing weight and bias are ones and zeros (data2vec-audio's positional
+    convolutions: 5 opaque calls before); a constant row normalizes to +0, as in eager."""
+    model, x = _PlainNorms(), torch.randn(4, 16)
+    x[0] = 3.0
+    with torch.no_grad():
+        compiled = kiln.compile(model, (x,))
+        got, expected = compiled(x), model(x)
+    assert compiled.report.graphs[0].opaque_ops == ()
+    torch.testing.assert_close(got, expected)
+    assert torch.equal(torch.signbit(got[0]), torch.signbit(expected[0]))

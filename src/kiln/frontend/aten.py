@@ -270,10 +270,14 @@ def _softmax(ctx: Context, x: Value, dim: int, half_to_float: bool) -> Any:
 
 @converts(aten.native_layer_norm.default)
 def _layer_norm(ctx: Context, x: Value, shape: Any, weight: Any, bias: Any, eps: float) -> Any:
-    if weight is None or bias is None:
-        return None
-    return ctx.emit(Op.LAYER_NORM, x, weight, bias,
-                    attrs=A.LayerNormAttrs(tuple(shape), float(eps)))
+    # without an affine (data2vec-audio's positional convolutions): ones and zeros, exact
+    # (a normalized 0 is +0: x - mean is +0 where they are equal, so + 0 keeps every sign)
+    shape = tuple(int(d) for d in shape)
+    if weight is None:
+        (weight,) = ctx.emit(Op.FULL, attrs=A.FullAttrs(shape, 1.0, x.type.dtype))
+    if bias is None:
+        (bias,) = ctx.emit(Op.FULL, attrs=A.FullAttrs(shape, 0.0, x.type.dtype))
+    return ctx.emit(Op.LAYER_NORM, x, weight, bias, attrs=A.LayerNormAttrs(shape, float(eps)))
 
 
 @converts(aten._native_batch_norm_legit_no_training.default)
