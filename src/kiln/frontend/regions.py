@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from kiln.ir import calls
 from kiln.ir.types import DType, UnsupportedDType
 
 __all__ = ["Region", "RegionCall", "find_regions", "walk_order"]
@@ -192,7 +193,7 @@ def _check_callable(n: torch.fx.Node) -> None:
     target = n.target
     if not isinstance(target, torch._ops.OpOverload):
         raise RegionError(n, f"{target!r} is not an ATen op")
-    if target._schema.is_mutable or torch.Tag.nondeterministic_seeded in target.tags:
+    if not calls.pure_target(target):
         raise RegionError(n, f"{target} has an effect or draws random numbers")
 
 

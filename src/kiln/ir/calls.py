@@ -7,7 +7,7 @@ its result, in graph order; a seeded random op must not be merged or folded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch._higher_order_ops.effects import has_effects
@@ -21,16 +21,25 @@ if TYPE_CHECKING:
 def has_effect(node: Node) -> bool:
     if node.op is not Op.CALL:
         return False
-    target = node.attrs.target  # type: ignore[attr-defined]
-    return bool(target._schema.is_mutable) or has_effects(target)
+    return target_has_effect(node.attrs.target)  # type: ignore[attr-defined]
 
 
 def is_pure(node: Node) -> bool:
     """Same operands, same result, nothing else changes: safe to merge, fold or drop."""
     if node.op is not Op.CALL:
         return True
-    target = node.attrs.target  # type: ignore[attr-defined]
-    return torch.Tag.nondeterministic_seeded not in target.tags and not has_effect(node)
+    return pure_target(node.attrs.target)  # type: ignore[attr-defined]
+
+
+def target_has_effect(target: Any) -> bool:
+    """The ATen overload mutates an argument or is registered with an effect."""
+    return bool(target._schema.is_mutable) or has_effects(target)
+
+
+def pure_target(target: Any) -> bool:
+    """The ATen overload neither has an effect nor draws random numbers."""
+    return torch.Tag.nondeterministic_seeded not in target.tags and not target_has_effect(
+        target)
 
 
 def results_alias_operands(node: Node) -> bool:
