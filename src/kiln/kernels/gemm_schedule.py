@@ -133,7 +133,8 @@ K_BLOCK_STRETCH = 1.5
 # the one-vector register tile for short K over many rows (see default_gemm_config)
 NARROW_TILE_MAX_K = 128
 NARROW_TILE_MIN_M = 512
-# packed weights from this size on get the next panel prefetched (`plan.PrefetchPanels`):
+# packed weights (a GEMM's B, a convolution's filters) from this size on get the next
+# panel prefetched (`plan.PrefetchPanels`):
 # a model call finds them in DRAM; smaller ones may still sit in L2 from the last call
 PREFETCH_MIN_BYTES = 256 * 1024
 

@@ -280,7 +280,8 @@ class Epilogue:
 @dataclass(frozen=True)
 class PrefetchPanels:
     """Each step of the micro-kernel's K loop ``k_loop`` prefetches the same K row of the
-    next packed panel of ``buffer`` (a B packed as [panels, K, NR]), so that the next tile's
+    next packed panel of ``buffer`` (packed panel first, NR last: a GEMM's B as [panels, K,
+    NR], a convolution's weight as [panels, KH, KW, CI, NR]), so that the next tile's
     weights are on their way from DRAM while this tile computes.
 
     A model call finds a GEMM's weights in DRAM, not in the caches the compile-time timing
@@ -298,9 +299,9 @@ class PrefetchPanels:
 
     def apply(self, func: PrimFunc) -> PrimFunc:
         buf = next(b for b in func.inputs if b.name == self.buffer)
-        if buf.rank != 3:
-            raise ValueError(f"prefetch_panels: {buf.name} is not packed as [panels, K, NR]")
-        lines = -(-buf.shape[2] * buf.dtype.itemsize // 64)
+        if buf.rank < 3:
+            raise ValueError(f"prefetch_panels: {buf.name} is not packed as [panels, ..., NR]")
+        lines = -(-buf.shape[-1] * buf.dtype.itemsize // 64)
         last = const(buf.shape[0] - 1, DType.I64)
 
         def fn(s: Stmt) -> Stmt:
@@ -312,9 +313,9 @@ class PrefetchPanels:
                 return s
             inner = {st.var: const(0, DType.I64) for st in iter_stmts(s.body)
                      if isinstance(st, For)}
-            panel, row, _ = (substitute(i, inner) for i in load.indices)
+            panel, *rows, _ = (substitute(i, inner) for i in load.indices)
             nxt = Binary(BinOp.MIN, Binary(BinOp.ADD, panel, const(1, DType.I64)), last)
-            hint = Prefetch(buf, (nxt, row, const(0, DType.I64)), lines)
+            hint = Prefetch(buf, (nxt, *rows, const(0, DType.I64)), lines)
             return For(s.var, s.extent, seq(hint, s.body), s.kind)
         return func.with_body(map_stmt(func.body, fn))
 
