@@ -246,6 +246,9 @@ def test_avx2_tiles_for_24_columns_skinny_rows_and_deep_k() -> None:
     assert vocab.nc <= 2048 and vocab.nc % 16 == 0 and blocks % 2 == 0
     assert config(49, 320, 960).mc == 30  # 9 tiles: 5 and 4
     assert not config(3136, 2048, 64).split_n
+    # N split only where N outweighs twice M: each thread packs all of A then
+    assert not config(196, 256, 1024, GemmConfig.for_isa(Isa.AVX512)).split_n
+    assert config(196, 1024, 256, GemmConfig.for_isa(Isa.AVX512)).split_n
     assert config(128, 768, 768).kc == 768  # one K block
     assert config(128, 768, 3072).kc == 1024
     assert config(128, 768, 3072, GemmConfig.for_isa(Isa.AVX512)).kc == 512

@@ -106,9 +106,13 @@ BATCHED_MIN_MR = 4
 # (Zen 3, 2 threads: 64x2048x2048, 11 tiles of 6 rows, 6 on one thread: 165 -> 180 GFLOP/s
 # split by N, 64x784x2048 171 -> 185; 72 rows, 6 tiles each, within 1%)
 SPLIT_N_IMBALANCE = 1.05
-# ... and wherever N > M with B from SPLIT_N_MIN_BYTES on (MLAS splits N > M too): each
-# thread then streams half of the weights from memory, not all of them. A thread's N block is
-# its whole share, up to SPLIT_N_MAX_NC columns, and it packs A in blocks of at most
+# ... and wherever N > SPLIT_N_OVER_M * M with B from SPLIT_N_MIN_BYTES on: each thread
+# then streams half of the weights from memory, not all of them, but packs all of A (read
+# and written) where the M split packs half; so N must outweigh twice M (an AVX-512 Xeon,
+# 2 threads, B cold, M split against N split: ResNet-50's 196x1024 @ 1024x256 274-289
+# against 314-359 us; 196x256 @ 256x1024 276-294 against 287-403, within noise). A
+# thread's N block is its whole share, up to SPLIT_N_MAX_NC columns, and it packs A in
+# blocks of at most
 # SPLIT_N_MC_TILES register tiles, of even size (Zen 3, 2 threads, weights cold, against the
 # M split with 464-512-column blocks: 128x512x1376 1189 -> 1008 us, 128x768x2304 2956 ->
 # 2545, 197x768x2304 4295 -> 3753, 128x768x3072 3511 -> 3387, 128x768x32000 40.0 -> 34.9 ms
@@ -117,6 +121,7 @@ SPLIT_N_IMBALANCE = 1.05
 # before, -4% to +14%). A smaller B stays in the caches, and the split only adds A's
 # packing: 196x128x512 (256 KiB) 158 -> 182 us, 196x64x384 63 -> 99
 SPLIT_N_MIN_BYTES = 384 * 1024
+SPLIT_N_OVER_M = 2
 SPLIT_N_MAX_NC = 2048
 SPLIT_N_MC_TILES = 8
 # MR: the tallest tile whose busiest thread has at most this much more rows (padding
@@ -196,8 +201,8 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                         one_k_block: bool = False, batched: bool = False,
                         full_rate_512: bool = False) -> GemmConfig:
     """Tiles for fp32 on a few cores: balanced blocks, threads split the M blocks; with B
-    prepacked, where N > M (B of `SPLIT_N_MIN_BYTES` or more) or the M tiles are too few to
-    balance, the threads split N.
+    prepacked, where N > 2M (`SPLIT_N_OVER_M`; B of `SPLIT_N_MIN_BYTES` or more) or the M
+    tiles are too few to balance, the threads split N.
     ``one_k_block``: KC = K (a fused epilogue needs each output written back once).
     ``batched``: one batch of a bmm (on one thread): MR divides M where a tile of at least
     `BATCHED_MIN_MR` rows does (`_exact_mr`).
@@ -235,7 +240,7 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
     kc = max(k, 1) if one_k_block else _k_block(k, base.kc)
     vectors = base.nr // base.lanes if base.lanes else max(base.nr // 16, 1)
     split_n = (b_prepacked and threads > 1 and n >= threads * base.nr
-               and ((n > m and 4 * k * n >= SPLIT_N_MIN_BYTES)
+               and ((n > SPLIT_N_OVER_M * m and 4 * k * n >= SPLIT_N_MIN_BYTES)
                     or _ceil_div(m, base.mr) < 4 * threads
                     or _imbalance(m, _mr_for(m, base.mr, threads, vectors, full_rate_512),
                                   threads)
