@@ -265,18 +265,24 @@ def test_tail_tiles_of_a_prepacked_b_run_without_bounds_checks() -> None:
 
 
 @pytest.mark.parametrize("kc", [5, 29], ids=["k-blocks", "one-k-block"])
-def test_prefetched_panels_change_no_value(options: Options, kc: int) -> None:
+@pytest.mark.parametrize("tiles", [1, 2], ids=["each-tile-all-rows", "spread-over-2-tiles"])
+def test_prefetched_panels_change_no_value(options: Options, kc: int, tiles: int) -> None:
     """The next panel's prefetch (clamped to the last panel) leaves the results as they were,
-    in the interpreter and in C, with K blocks or one."""
+    in the interpreter and in C, with K blocks or one; spread over the tiles that pass over
+    a panel (each its share of the rows: tile t at step k prefetches row (t K + k) // T),
+    too."""
     from kiln.kernels.gemm_schedule import pack_b
     from kiln.kernels.plan import PrefetchPanels
 
     config = dataclasses.replace(TINY, kc=kc)
     plan = gemm_plan(13, 70, 29, config, b_transposed=True, bias=True, b_prepacked=True)
     assert not any(isinstance(p, PrefetchPanels) for p in plan.post)  # (B below the size)
-    func = plan.with_post(PrefetchPanels(plan.post[2].loops[-1])).build()
+    loops = plan.post[2].loops
+    step = PrefetchPanels(loops[-1], "B", loops[-2] if tiles > 1 else "", tiles)
+    func = plan.with_post(step).build()
     printed = print_func(func)
     assert "prefetch B[min(" in printed and "(2 lines)" not in printed  # NR = 8: one line
+    assert (f") // {tiles}, 0]" in printed) == (tiles > 1)
     source = render_c(func)
     assert source.count("__builtin_prefetch(") == printed.count("prefetch B[") > 0
     torch.manual_seed(0)
@@ -295,9 +301,12 @@ def test_prefetched_panels_change_no_value(options: Options, kc: int) -> None:
 def test_large_packed_weights_get_their_panels_prefetched() -> None:
     from kiln.kernels.plan import PrefetchPanels
 
-    plan = gemm_plan(128, 768, 768, b_transposed=True, bias=True, b_prepacked=True)
+    config = GemmConfig(mr=12, nr=32, kc=384, mc=72, nc=384, split_n=True, lanes=16)
+    plan = gemm_plan(128, 768, 768, config, b_transposed=True, bias=True, b_prepacked=True)
     (step,) = [p for p in plan.post if isinstance(p, PrefetchPanels)]
     assert step.k_loop == plan.post[2].loops[-1] and "post.prefetch_panels(" in plan.as_python()
+    # the 6 tiles of a 72-row block share the next panel's rows between them
+    assert (step.tile_loop, step.tiles) == (plan.post[2].loops[-2], 6)
     assert "__builtin_prefetch(" in render_c(plan.build())
 
 

@@ -142,6 +142,7 @@ NARROW_TILE_MIN_M = 512
 # panel prefetched (`plan.PrefetchPanels`):
 # a model call finds them in DRAM; smaller ones may still sit in L2 from the last call
 PREFETCH_MIN_BYTES = 256 * 1024
+SPREAD_PREFETCH = True
 
 
 @dataclass(frozen=True)
@@ -528,7 +529,9 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   ShrinkTails(), DropDeadGuards())
     if b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
-        post += (PrefetchPanels(tails[-1]),)  # (the K loop of the micro-kernel)
+        tiles = cfg.mc // cfg.mr if SPREAD_PREFETCH else 1  # (the K loop of the micro-kernel,
+        # the tile loop over a panel)
+        post += (PrefetchPanels(tails[-1], "B", tails[-2] if tiles > 1 else "", tiles),)
     if epilogue is not None:
         if cfg.kc < k or k == 0:
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")

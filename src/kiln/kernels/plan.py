@@ -292,10 +292,21 @@ class PrefetchPanels:
         for k0 in range(K):                         for k0 in range(K):
             C[i, j] += A[i, k0] * B[jr, k0, j]  ->      prefetch B[min(jr + 1, P - 1), k0, 0]
                                                         C[i, j] += A[i, k0] * B[jr, k0, j]
+
+    With ``tiles`` > 1 (the register tiles of ``tile_loop`` that pass over one panel) tile
+    t prefetches rows ``(t K + k0) // tiles``: the next panel arrives over the whole pass
+    at the rate DRAM gives, not in one burst during the first tile, whose prefetches then
+    outran what the memory system takes (B cold, 2 threads, an AVX-512 Xeon: 128x768 @
+    768x3072 ~2070 -> ~1850 us, 49x2048 @ 2048x512 437 -> 382; hot, within noise; HF BERT
+    0.949 and GPT-2 0.952 of the time, interleaved A/B in one process).
     """
 
     k_loop: str
     buffer: str = "B"
+    # the loop over the register tiles that pass over one panel, and how many there are:
+    # each tile prefetches its share of the next panel's rows, not all of them
+    tile_loop: str = ""
+    tiles: int = 1
 
     def apply(self, func: PrimFunc) -> PrimFunc:
         buf = next(b for b in func.inputs if b.name == self.buffer)
@@ -313,6 +324,11 @@ class PrefetchPanels:
                 return s
             inner = {st.var: const(0, DType.I64) for st in iter_stmts(s.body)
                      if isinstance(st, For)}
+            if self.tiles > 1:  # k -> (tile * K + k) // tiles
+                k, tile = s.var, Var(self.tile_loop, s.var.dtype)
+                inner[k] = Binary(BinOp.FLOORDIV, Binary(
+                    BinOp.ADD, Binary(BinOp.MUL, tile, const(s.extent, k.dtype)), k),
+                    const(self.tiles, k.dtype))
             panel, *rows, _ = (substitute(i, inner) for i in load.indices)
             nxt = Binary(BinOp.MIN, Binary(BinOp.ADD, panel, const(1, DType.I64)), last)
             hint = Prefetch(buf, (nxt, *rows, const(0, DType.I64)), lines)
@@ -320,7 +336,8 @@ class PrefetchPanels:
         return func.with_body(map_stmt(func.body, fn))
 
     def as_python(self) -> str:
-        return f"prefetch_panels({self.k_loop!r}, {self.buffer!r})"
+        spread = f", {self.tile_loop!r}, {self.tiles}" if self.tiles > 1 else ""
+        return f"prefetch_panels({self.k_loop!r}, {self.buffer!r}{spread})"
 
 
 @dataclass(frozen=True)
