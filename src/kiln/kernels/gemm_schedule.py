@@ -142,7 +142,7 @@ NARROW_TILE_MIN_M = 512
 # panel prefetched (`plan.PrefetchPanels`):
 # a model call finds them in DRAM; smaller ones may still sit in L2 from the last call
 PREFETCH_MIN_BYTES = 256 * 1024
-SPREAD_PREFETCH = True
+SPREAD_PREFETCH = True  # each tile its share of the next panel (`plan.PrefetchPanels`)
 
 
 @dataclass(frozen=True)

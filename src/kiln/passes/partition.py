@@ -19,6 +19,11 @@ Rules, each there for a reason:
 * a last-axis mean or sum closes a group too (a row kernel's lane sums); it joins one only
   where nothing outside reads the group's other values (RMSNorm's residual sum is read
   later: there the mean runs alone, on the squares);
+* a last-axis slice or cat (`_GATHERS`) joins the group of its consumers, which read
+  through it (an index shift; a select per piece of the cat): a rotary embedding's
+  ``q * cos + cat(-q2, q1) * sin`` is one kernel over q. Never a group's only work, never
+  in a row kernel's prologue; a slice of an outside value that is read outside too stays a
+  library view (free), which the kernel reads;
 * a lone elementwise op is left to the library, which is about as fast; a lone layer norm
   is kept (its row kernel measured 1.5x faster than ATen's at BERT size), a lone mean
   (Llama's RMSNorm: 43 us in ATen between kiln kernels, 4 us alone) and a lone softmax
@@ -41,6 +46,9 @@ __all__ = ["KernelGroup", "alone", "gather", "gemms", "partition", "residual_bia
 _NORMALIZATIONS = (Op.SOFTMAX, Op.LAYER_NORM)
 _ROW_REDUCTIONS = (Op.MEAN, Op.SUM)  # over the last axis: a row kernel's sum
 _CLOSERS = _NORMALIZATIONS + _ROW_REDUCTIONS  # end their group
+# movement ops an elementwise kernel reads through (index arithmetic, a select per piece of a
+# cat): only as operands of the group's arithmetic, never its result
+_GATHERS = (Op.SLICE, Op.CAT)
 
 
 @dataclass(frozen=True)
@@ -75,13 +83,16 @@ def partition(graph: Graph) -> list[KernelGroup]:
         for member in group:
             group_of[member] = group
     groups = {id(g): g for g in group_of.values()}.values()
-    result = [_describe(g, users, returned) for g in groups if _worth_it(g)]
+    described = [_describe(_peel_gathers(g, users, returned), users, returned)
+                 for g in groups]
+    result = [g for g in described if g.nodes and _worth_it(g.nodes) and _computes(g)]
     return sorted(result, key=lambda g: index[g.last])
 
 
 def fusible(node: Node) -> bool:
     """Whether ``node`` may be part of a generated kernel at all."""
-    if node.op not in _CLOSERS and not node.op.is_a(OpGroup.ELEMENTWISE):
+    if node.op not in _CLOSERS and node.op not in _GATHERS \
+            and not node.op.is_a(OpGroup.ELEMENTWISE):
         return False
     if any(t.dtype is not DType.F32 or t.numel == 0 for t in node.types):
         return False
@@ -93,6 +104,8 @@ def fusible(node: Node) -> bool:
     if node.op in _ROW_REDUCTIONS:
         dims, rank = node.attrs.dims, node.inputs[0].type.rank  # type: ignore[attr-defined]
         return dims is not None and len(dims) == 1 and _last_axis(dims[0], rank)
+    if node.op in _GATHERS:  # (along the last axis: a CNN's channel cats keep their copy)
+        return _last_axis(node.attrs.dim, node.type.rank)  # type: ignore[attr-defined]
     if node.op is Op.LAYER_NORM:  # over the last axis, with weight and bias
         attrs = node.attrs
         assert isinstance(attrs, A.LayerNormAttrs)
@@ -122,6 +135,8 @@ def _joinable(node: Node, group_of: dict[Node, list[Node]], users: dict[Node, li
 def _may_join(group: list[Node], node: Node, users: dict[Node, list[Node]],
               index: dict[Node, int]) -> bool:
     members = set(group) | {node}
+    if node.op in _CLOSERS and any(n.op in _GATHERS for n in group):
+        return False  # (a row kernel's prologue reads its row input elementwise only)
     if node.op in _NORMALIZATIONS and any(v.node in members for v in node.inputs[1:]):
         return False  # weight and bias come from outside
     if node.op in _ROW_REDUCTIONS and any(u not in members for m in group for u in users[m]
@@ -132,6 +147,27 @@ def _may_join(group: list[Node], node: Node, users: dict[Node, list[Node]],
             if user not in members and index[user] < index[node]:
                 return False  # the kernel would run after a reader of its result
     return True
+
+
+def _peel_gathers(group: list[Node], users: dict[Node, list[Node]],
+                  returned: set[Value]) -> list[Node]:
+    """The group without the gathers of outside values that are read outside it too: those
+    stay library views (a slice costs nothing there), which the kernel then reads. A gather
+    of the group's own values read outside stays in, its value written by the kernel."""
+    members = set(group)
+    while True:
+        peel = {n for n in group if n.op in _GATHERS
+                and all(v.node not in members for v in n.inputs)
+                and (any(u not in members for u in users[n]) or n.out() in returned)}
+        if not peel:
+            return group
+        group = [n for n in group if n not in peel]
+        members -= peel
+
+
+def _computes(group: KernelGroup) -> bool:
+    """Whether the group does arithmetic: `_GATHERS` only feed a group's arithmetic."""
+    return any(n.op not in _GATHERS for n in group.nodes)
 
 
 def _worth_it(group: Sequence[Node]) -> bool:
