@@ -112,14 +112,13 @@ SPLIT_N_IMBALANCE = 1.05
 # 2 threads, B cold, M split against N split: ResNet-50's 196x1024 @ 1024x256 274-289
 # against 314-359 us; 196x256 @ 256x1024 276-294 against 287-403, within noise). A
 # thread's N block is its whole share, up to SPLIT_N_MAX_NC columns, and it packs A in
-# blocks of at most
-# SPLIT_N_MC_TILES register tiles, of even size (Zen 3, 2 threads, weights cold, against the
-# M split with 464-512-column blocks: 128x512x1376 1189 -> 1008 us, 128x768x2304 2956 ->
-# 2545, 197x768x2304 4295 -> 3753, 128x768x3072 3511 -> 3387, 128x768x32000 40.0 -> 34.9 ms
-# (16000 columns a block: 37.2), 128x768x768 883 -> 858, 196x256x512 362 -> 303,
-# 196x96x1280 313 -> 302; 512x768x3072 within 1%; MobileNetV2's 49-row GEMMs, split by N
-# before, -4% to +14%). A smaller B stays in the caches, and the split only adds A's
-# packing: 196x128x512 (256 KiB) 158 -> 182 us, 196x64x384 63 -> 99
+# blocks of at most SPLIT_N_MC_TILES register tiles, of even size (Zen 3, 2 threads,
+# weights cold, against the M split with 464-512-column blocks: 128x512x1376 1189 -> 1008
+# us, 128x768x2304 2956 -> 2545, 197x768x2304 4295 -> 3753, 128x768x3072 3511 -> 3387,
+# 128x768x32000 40.0 -> 34.9 ms (16000 columns a block: 37.2), 128x768x768 883 -> 858,
+# 196x256x512 362 -> 303, 196x96x1280 313 -> 302; 512x768x3072 within 1%; MobileNetV2's
+# 49-row GEMMs, split by N before, -4% to +14%). A smaller B stays in the caches, and the
+# split only adds A's packing: 196x128x512 (256 KiB) 158 -> 182 us, 196x64x384 63 -> 99
 SPLIT_N_MIN_BYTES = 384 * 1024
 SPLIT_N_OVER_M = 2
 SPLIT_N_MAX_NC = 2048
