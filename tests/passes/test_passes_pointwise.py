@@ -130,12 +130,15 @@ def test_nhwc_values_follow_the_gemm_back_to_pixels():
     assert back and all(v in nhwc for v in back)
 
 
-def test_a_gemm_feeding_the_next_gemm_reads_its_matrix_directly():
+def test_a_gemm_feeding_the_next_gemm_reads_its_matrix_directly(monkeypatch):
     """%e's GEMM result goes back to NCHW and then to pixels for %p's GEMM: after the
-    pipeline's view pass, %p's GEMM reads %e's [60, 16] matrix, with no view between."""
+    pipeline's view pass, %p's GEMM reads %e's [60, 16] matrix, with no view between. (The
+    layout pass's timed choice is pinned to NHWC, as this test is about what follows it:
+    timed on a busy machine, NCHW won once, was kept on disk, and the GEMMs never formed.)"""
     from kiln.options import Options
     from kiln.passes.pipeline import run_pipeline
 
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
     graph = _block()
     optimized, records, _ = run_pipeline(graph, Options(opt_level=2, measure_kernels=False))
     assert "simplify.views" in [r.name for r in records]
