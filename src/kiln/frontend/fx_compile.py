@@ -4,7 +4,12 @@ Shapes: a graph captured with symbolic shapes is specialized per concrete input 
 (retraced at the shapes of the call, compiled once, cached); static graphs compile at once.
 Weights: inputs listed in ``frozen`` become constants; if the caller changes one in place
 (an optimizer step, ``load_state_dict``) its version counter moves and the graph recompiles
-with the new values, so results never go stale.
+with the new values, so results never go stale. A call that passes other tensors in those
+places gets a graph compiled for them: Dynamo hands the same graph over for every instance
+of a module whose code it captured once (parameters are graph inputs, not guarded by
+identity), so a graph break inside a repeated layer (JetMoE's router, one graph for all its
+layers) reaches kiln with each layer's weights in turn; frozen at the first layer's, every
+layer computed with them.
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ log = logging.getLogger("kiln")
 
 Frozen = Mapping[int, tuple[str, torch.Tensor]]
 _Compiled = tuple[CompiledGraph, tuple[Any, ...]]  # the graph and its output template
+# graphs compiled for other weights in the frozen places (module instances sharing a
+# captured graph), at most this many; past it, the weights are plain inputs
+MAX_WEIGHT_SETS = 256
 
 
 def is_static(gm: torch.fx.GraphModule) -> bool:
@@ -70,10 +78,14 @@ class FxGraphRunner:
         self._static = is_static(gm)
         self._by_signature: dict[tuple[Any, ...], _Compiled | None] = {}
         self._single: _Compiled | None = None
+        # the runners for other tensors in the frozen places, by those tensors
+        self._others: list[tuple[tuple[torch.Tensor, ...], FxGraphRunner]] = []
         if self._static:
             self._single = self._compile(gm)
 
     def __call__(self, args: list[Any]) -> list[Any]:
+        if any(args[i] is not t for i, (_, t) in self.frozen.items()):
+            return self._for_weights(args)(args)
         for _, tensor, version in self._versions:
             if tensor._version != version:
                 self._refreeze()
@@ -83,6 +95,22 @@ class FxGraphRunner:
             return list(self.gm(*args))
         graph, template = compiled
         return fill_outputs(template, graph(args))
+
+    def _for_weights(self, args: list[Any]) -> FxGraphRunner:
+        """The runner whose frozen weights are the tensors ``args`` holds in their places."""
+        places = sorted(self.frozen)
+        given = tuple(args[i] for i in places)
+        for tensors, runner in self._others:  # (() matches any: the one with no frozen weights)
+            if all(a is b for a, b in zip(tensors, given)):
+                return runner
+        if len(self._others) < MAX_WEIGHT_SETS:
+            frozen = {i: (self.frozen[i][0], args[i]) for i in places
+                      if isinstance(args[i], torch.Tensor)}
+        else:
+            frozen, given = {}, ()
+        runner = FxGraphRunner(self.gm, frozen, self.options, self.report, self.device)
+        self._others.append((given, runner))
+        return runner
 
     def _specialized(self, args: list[Any]) -> _Compiled | None:
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
