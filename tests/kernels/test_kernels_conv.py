@@ -145,8 +145,14 @@ def test_conv_default_config() -> None:
     dynamically where it is compute-bound (many channels over many pixels), statically
     where it is not."""
     wide = ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1))
-    assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, True, False,
-                                                      dynamic=True, lanes=16)  # an 861 KB copy
+    # a panel a thread over 56 rows: the threads split the rows; an 861 KB copy
+    assert ConvConfig.default(wide, 16) == ConvConfig(7, 32, False, False,
+                                                      dynamic=True, lanes=16)
+    wide_128 = ConvShape(1, 128, 56, 56, 128, (3, 3), (1, 1), (1, 1))
+    assert ConvConfig.default(wide_128, 16).split_panels  # two panels a thread
+    # 14 rows in tiles of two: 7 row tiles do not balance on 2 threads; the panels then
+    assert ConvConfig.default(ConvShape(1, 64, 14, 14, 64, (3, 3), (1, 1), (1, 1)), 16,
+                              full_rate=True).split_panels
     small = ConvShape(1, 512, 7, 7, 512, (3, 3), (1, 1), (1, 1))
     # (2.4 M weights for 25 K outputs: memory-bound, static)
     assert ConvConfig.default(small, 16) == ConvConfig(7, 32, True, False, dynamic=False, lanes=16)
@@ -183,6 +189,9 @@ def test_conv_default_config_where_512_bit_fmas_run_at_full_rate() -> None:
 
     mid = ConvShape(1, 256, 14, 14, 256, (3, 3), (1, 1), (1, 1))
     assert (default(mid).rows, default(mid).tile, default(mid).pad_copy) == (2, 7, True)
+    # a panel a thread: the rows, in fixed runs over the copy, as the copy's own rows are
+    wide = default(ConvShape(1, 64, 56, 56, 64, (3, 3), (1, 1), (1, 1)))
+    assert (wide.rows, wide.pad_copy, wide.split_panels, wide.dynamic) == (2, True, False, False)
     assert ConvConfig.default(mid, 16).rows == 1  # (not at half rate)
     odd = ConvShape(1, 128, 17, 17, 192, (3, 3), (1, 1), (1, 1))
     assert (default(odd).rows, default(odd).tile) == (2, 6)  # 6 + 6 + 5

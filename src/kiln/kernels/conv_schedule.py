@@ -219,7 +219,8 @@ class ConvConfig:
         7 or 8 pixels where the border keeps guards. On 16 registers, 6 pixels, and 5 for
         the last tiles of a row that 6 does not divide (`tail_tile`).
         The threads split the panels where each thread gets the same number of them (or
-        there are at least four per thread), else the rows. The padded copy where there is
+        there are at least four per thread), else the rows; the rows too where a thread
+        would get a single panel and there are rows enough to balance. The padded copy where there is
         padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
         up) over few input channels, so that a guard costs more than its taps' work (up to
         `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles.
@@ -289,11 +290,18 @@ class ConvConfig:
             # 2.69 ms at 14 + 3, 2.50 at 12 + 5)
             tile = dividing[0] if dividing else -(-ow // -(-ow // largest))
         panels = -(-shape.co // nr)
+        # a panel or so a thread, over many rows: the threads split the rows instead, each
+        # reading half the input (2 threads, weights cold, 56x56x64 3x3: 679 -> 652 us;
+        # not at 14x14, whose 7 row tiles do not balance: 64 -> 68)
+        few_panels = panels < 2 * threads and -(-shape.out[0] // rows) >= 4 * threads
         split = threads > 1 and (panels % threads == 0 or panels >= 4 * threads) \
-            and not few_channels_wide_window
-        return ConvConfig(tile, nr, split, pad_copy, rows,
-                          dynamic=conv_shares_dynamically(shape), lanes=lanes,
-                          tail_tile=tail_tile)
+            and not (few_channels_wide_window or few_panels)
+        # rows split over the padded copy in fixed runs, as the copy's are: a thread reads
+        # the rows it wrote, from its own cache (56x56x32 3x3: 175 -> 161 us; without the
+        # copy a tie)
+        dynamic = conv_shares_dynamically(shape) and (split or not pad_copy)
+        return ConvConfig(tile, nr, split, pad_copy, rows, dynamic=dynamic,
+                          lanes=lanes, tail_tile=tail_tile)
 
     @staticmethod
     def _grouped(shape: ConvShape, lanes: int, registers: int, threads: int) -> ConvConfig:
