@@ -220,10 +220,11 @@ class ConvConfig:
         the last tiles of a row that 6 does not divide (`tail_tile`).
         The threads split the panels where each thread gets the same number of them (or
         there are at least four per thread), else the rows; the rows too where a thread
-        would get a single panel and there are rows enough to balance. The padded copy where there is
-        padding and the copy is small (`SMALL_COPY_BYTES`), or the window is wide (5x5 and
-        up) over few input channels, so that a guard costs more than its taps' work (up to
-        `PAD_COPY_BYTES`); else guards, and always guards with the 6- and 5-pixel tiles.
+        would get a single panel and there are rows enough to balance. The padded copy
+        where there is padding and the copy is small (`SMALL_COPY_BYTES`), or the window is
+        wide (5x5 and up) over few input channels, so that a guard costs more than its taps'
+        work (up to `PAD_COPY_BYTES`); else guards, and always guards with the 6- and
+        5-pixel tiles.
         ``full_rate`` (512-bit FMAs at full rate): a layer over two vectors of channels takes
         two rows of up to 7 pixels where no tile needs a guard: no padding, the padded copy
         taken anyway, or (stride 1) a copy of at most `TWO_ROW_COPY_BYTES`."""
