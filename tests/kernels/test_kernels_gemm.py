@@ -58,7 +58,7 @@ def test_gemm_candidates_are_plain_mm_and_addmm() -> None:
 
 
 @pytest.mark.parametrize("margin", [1e9, 0.0], ids=["always_faster", "never_faster"])
-@pytest.mark.parametrize("mkn", [(1, 1, 1), (13, 37, 29), (30, 64, 100)])
+@pytest.mark.parametrize("mkn", [(1, 1, 1), (13, 37, 29), (30, 64, 100), (0, 64, 100)])
 def test_generated_gemm_matches_the_interpreter(kernel_options: Options,
                                                 monkeypatch: pytest.MonkeyPatch,
                                                 margin: float, mkn: tuple[int, int, int]) -> None:
@@ -75,7 +75,8 @@ def test_generated_gemm_matches_the_interpreter(kernel_options: Options,
         assert print_func(kernel.plan.replayed()) == print_func(kernel.kernel.func)
         assert "b_prepacked=True" in kernel.trace
         # the schedule: C's tiles loaded per K block, or (one K block) started from the bias
-        assert ("b_C_local, b_C_local_1 = sch.cache_inplace(b_C" in kernel.trace
+        # (no rows: nothing to schedule)
+        assert mkn[0] == 0 or ("b_C_local, b_C_local_1 = sch.cache_inplace(b_C" in kernel.trace
                 or "b_C_local = sch.cache_write(b_C, scope='local')" in kernel.trace)
         w = kernel.inputs[1]
         packed = kernel.weight(graph, w)
@@ -103,7 +104,8 @@ graph(%x: f32[{m}, {k}]) {{
 }}"""
 ACTIVATIONS = [("relu", ()), ("gelu", ("none",)), ("gelu", ("tanh",)), ("sigmoid", ()),
                ("tanh", ()), ("clamp", (-0.5, 0.5)), ("leaky_relu", (0.1,))]
-ODD = [(1, 7, 15), (7, 129, 33), (15, 1, 129), (129, 15, 7), (30, 64, 1000)]
+ODD = [(1, 7, 15), (7, 129, 33), (15, 1, 129), (129, 15, 7), (30, 64, 1000),
+       (0, 256, 300)]  # (no rows: a token-routed layer's empty share)
 
 
 @pytest.mark.parametrize("act,args", ACTIVATIONS, ids=[f"{a}{b}" for a, b in ACTIVATIONS])
@@ -124,7 +126,8 @@ def test_the_activation_runs_in_the_write_back(kernel_options: Options, act: str
     moved = gather(graph, [k.group for k in built.kernels])
     run, _ = build_executor(moved, plan_memory(moved), [0], built.kernels)
     x = torch.randn(m, k) * 3
-    x[0, 0] = float("nan")
+    if m:
+        x[0, 0] = float("nan")
     # ATen's erf-form gelu gives NaN at +inf (x * 0.5 * (1 + erf(x / sqrt 2)) is +inf there,
     # which kiln's loop form gives): infinite rows are checked for every other activation
     if m > 2 and args != ("none",):

@@ -252,7 +252,7 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
                       lanes=base.lanes)
     if split_n:  # (each thread its own panels, all the rows: A packed in even blocks)
         nc = _balanced(n, SPLIT_N_MAX_NC, base.nr, threads)
-        tiles = _ceil_div(m, mr)
+        tiles = max(_ceil_div(m, mr), 1)  # (M = 0: a token-routed layer's empty share)
         mc = _ceil_div(tiles, _ceil_div(tiles, SPLIT_N_MC_TILES)) * mr
     else:
         nc = _balanced(n, base.nc, base.nr, 1)
@@ -527,7 +527,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     sch, tails = schedule_gemm(program, cfg, b_transposed)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
                                   ShrinkTails(), DropDeadGuards())
-    if b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
+    if tails and b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
         tiles = cfg.mc // cfg.mr if SPREAD_PREFETCH else 1  # (the K loop of the micro-kernel,
         # the tile loop over a panel)
         post += (PrefetchPanels(tails[-1], "B", tails[-2] if tiles > 1 else "", tiles),)
@@ -535,7 +535,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
         if cfg.kc < k or k == 0:
             raise ValueError(f"an epilogue needs one K block (KC={cfg.kc}, K={k})")
         post += (epilogue,)
-    if cfg.lanes and cfg.nr % cfg.lanes == 0:
+    if tails and cfg.lanes and cfg.nr % cfg.lanes == 0:  # (no tails: nothing to compute)
         post += (Tensorize((tails[-1],), cfg.lanes),)
     batched = f", batch={batch}, a_strides={a_strides}, b_strides={b_strides}" if batch else ""
     call = (f"gemm_plan({m}, {n}, {k}, {cfg}, b_transposed={b_transposed}, bias={bias}, "
