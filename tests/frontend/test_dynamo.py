@@ -244,3 +244,25 @@ def test_past_the_weight_sets_limit_weights_are_plain_inputs(monkeypatch):
     x = torch.randn(5, 8)
     with torch.no_grad():
         torch.testing.assert_close(torch.compile(model, backend="kiln")(x), model(x))
+
+
+def test_a_strided_input_runs_the_generated_kernel_on_a_dense_copy():
+    """A graph torch.compile compiles for a permuted input (a graph break hands one on):
+    the kernel is compiled for contiguous operands, so the input is copied dense at entry;
+    before, every call failed the kernel's layout check and ran its library ops, warning.
+    An input the graph also returns is not copied: the caller gets its own tensor back."""
+    import warnings
+
+    from kiln.runtime.executor import KernelFallbackWarning
+
+    def f(x, bias):
+        return torch.softmax(x * 0.5 + bias, -1), x
+
+    x, bias = torch.randn(64, 48).t(), torch.randn(64)  # (48, 64), column-major
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        fast = torch.compile(f, backend="kiln")
+        for _ in range(2):
+            y, same = fast(x, bias)
+            torch.testing.assert_close(y, f(x, bias)[0])
+            assert same is x or same.data_ptr() == x.data_ptr()

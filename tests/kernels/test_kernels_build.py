@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from kiln.kernels.outcome import SkipReason
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
 from kiln.passes.partition import gather, partition
+from kiln.runtime import executor
 from kiln.runtime.executor import KernelFallbackWarning, build_executor
 from kiln.runtime.memory import plan_memory
 from kiln.tir.printer import print_func
@@ -156,7 +158,23 @@ def test_intermediates_stay_in_registers_and_the_residual_is_written(
     assert "K_layer_norm" not in source.split("else:")[0]
 
 
-def test_a_strided_input_takes_the_library_calls(kernel_options: Options) -> None:
+def test_a_strided_input_is_copied_dense_once_at_entry(kernel_options: Options) -> None:
+    """A kernel is compiled for its inputs' contiguous layout: a strided graph input (one
+    that torch.compile hands over permuted) is copied dense at entry, and the kernel runs
+    on the copy, where its library ops used to run instead."""
+    graph = _graph("add_layernorm", (2, 6, 16))
+    _, run, source = _compiled(graph, kernel_options)
+    assert ".is_contiguous() else " in source
+    x, h = support.random_inputs(graph, 0)
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # same values, other strides
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        _check(run, graph, [strided, h])
+
+
+def test_a_strided_input_takes_the_library_calls(kernel_options: Options,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(executor, "_inputs_made_dense", lambda *args: [])  # (no entry copy)
     graph = _graph("add_layernorm", (2, 6, 16))
     _, run, source = _compiled(graph, kernel_options)
     assert "is_contiguous()" in source

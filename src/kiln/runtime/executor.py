@@ -146,6 +146,10 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         fetch = ", ".join(f"args[{p}]" for p in input_positions)
         lines.append(f"    {unpack}, = {fetch},")
     lines.append("    args.clear()")  # the caller's references go; ours die at last use
+    nhwc_values = channels_last_values(graph)
+    for node in _inputs_made_dense(graph, kernels, writes, nhwc_values):
+        name = names[node]
+        lines.append(f"    {name} = {name} if {name}.is_contiguous() else {name}.contiguous()")
     compiled = [gk.kernel for gk in kernels if gk.generated]
     if compiled:
         env["sync_threads"] = ThreadSync(compiled)  # type: ignore[arg-type]
@@ -172,7 +176,6 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # gets its slot with NHWC strides: its out= variant writes what it would have allocated
     # (into a contiguous slot, ATen's cat.out ran 4x slower and every later convolution and
     # pooling read NCHW: inception's average pools took 5 ms instead of 0.1 ms each)
-    nhwc_values = channels_last_values(graph)
     nhwc_slots = {v for v in nhwc_values & set(slot)
                   if v.node not in member_of and len(v.type.shape) == 4}
     # an opaque call's result that a generated kernel reads (through views) is taken to be
@@ -267,6 +270,33 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     code = compile(source, "<kiln graph>", "exec")
     exec(code, env)  # noqa: S102 - source generated above from the IR, nothing user-given
     return env["kiln_graph"], source
+
+
+def _inputs_made_dense(graph: Graph, kernels: Sequence[Built], writes: frozenset[Node],
+                       nhwc: set[Value]) -> list[Node]:
+    """The graph inputs that generated kernels read, directly or through views: each is
+    compiled for the input's contiguous layout (`kiln.kernels.strides` takes a view's
+    source to be contiguous), so a strided input (a graph torch.compile split off passes
+    its neighbour's permuted or expanded tensor) is copied dense once at entry, where every
+    such kernel would run its library ops instead. Not an input the graph writes into, nor
+    one the caller gets back (a copy would break the aliasing), nor an NHWC one."""
+    keep = escaping(graph, writes) | nhwc
+    for node in writes:  # (the base a scatter writes into)
+        value = node.inputs[0]
+        while value.node.op.is_a(OpGroup.VIEW):
+            value = value.node.inputs[0]
+        keep.add(value)
+    found: dict[Node, None] = {}
+    for gk in kernels:
+        if not gk.generated:
+            continue
+        for value in gk.inputs:
+            while value.node.op.is_a(OpGroup.VIEW):
+                value = value.node.inputs[0]
+            if value.node.op is Op.INPUT and value not in keep and \
+                    isinstance(value.type, TensorType):
+                found[value.node] = None
+    return list(found)
 
 
 def _call_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value]) -> set[Value]:
