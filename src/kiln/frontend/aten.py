@@ -38,20 +38,6 @@ Converter = Callable[..., "tuple[Value | None, ...] | None"]
 CONVERTERS: dict[Any, Converter] = {}
 
 
-# ATen ops left undecomposed at capture (kiln.frontend.export and .dynamo drop them from
-# torch's decomposition tables), each then one opaque call: ATen's fused attention, which
-# eager runs too, where the math form adds a guard of three opaque calls to each softmax;
-KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
-              aten._scaled_dot_product_flash_attention_for_cpu.default,
-              # and scatters, which kiln can write into their base's memory where nothing
-              # reads it after (kiln.runtime.scatters), where their decomposition (a where
-              # over the whole base) reads and writes all of it
-              aten.select_scatter.default, aten.slice_scatter.default,
-              # and F.unfold / F.fold, views where patches tile the image
-              # (kiln.frontend.patches), whose decomposition gathers and scatters
-              aten.im2col.default, aten.col2im.default)
-
-
 def converts(*targets: Any) -> Callable[[Converter], Converter]:
     def register(fn: Converter) -> Converter:
         for target in targets:

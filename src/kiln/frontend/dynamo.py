@@ -19,8 +19,8 @@ import torch.fx
 from torch._decomp import core_aten_decompositions
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from kiln.frontend.aten import KEPT_WHOLE
 from kiln.frontend.fx_compile import FxGraphRunner
+from kiln.frontend.kept import KEPT_WHOLE, traced_whole
 from kiln.options import Options
 from kiln.report import CompileReport
 
@@ -90,9 +90,11 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
         return FxGraphRunner(graph, {}, opts, report, device)
 
     try:
-        return aot_module_simplified(
-            gm, example_inputs, fw_compiler=training_compiler, bw_compiler=training_compiler,
-            inference_compiler=inference_compiler, decompositions=_decompositions())
+        with traced_whole():
+            return aot_module_simplified(
+                gm, example_inputs, fw_compiler=training_compiler,
+                bw_compiler=training_compiler, inference_compiler=inference_compiler,
+                decompositions=_decompositions())
     except torch._dynamo.exc.RestartAnalysis:
         raise  # Dynamo's own control flow (a float argument becomes a tensor): not a failure
     except Exception as err:  # noqa: BLE001 - any capture failure: run this piece eagerly

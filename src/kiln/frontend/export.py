@@ -31,9 +31,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from kiln.frontend.aten import CONVERTERS, KEPT_WHOLE
+from kiln.frontend.aten import CONVERTERS
 from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size
 from kiln.frontend.importer import ImportedGraph, UnsupportedGraph, import_fx
+from kiln.frontend.kept import KEPT_WHOLE, traced_whole
 from kiln.options import Options
 from kiln.report import CompileReport
 
@@ -359,6 +360,12 @@ def _no_stack_traces() -> Iterator[None]:
 
 def _capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any,
              whole: tuple[Any, ...]) -> ExportedProgram:
+    with traced_whole(whole):
+        return _traced(model, inputs, dynamic_shapes, whole)
+
+
+def _traced(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any,
+            whole: tuple[Any, ...]) -> ExportedProgram:
     one_trace = getattr(torch.export._trace, "_export", None)
     if one_trace is not None:  # (another torch may not have it: the public path)
         try:

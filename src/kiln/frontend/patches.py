@@ -10,7 +10,7 @@ patches, every element lands in exactly one patch:
                   [N, C*kh*kw, H/kh * W/kw])
 
 and col2im, which sums where patches overlap, is the inverse arrangement. Other geometries
-stay calls of ATen's kernels (the ops are not decomposed: `kiln.frontend.aten.KEPT_WHOLE`).
+stay calls of ATen's kernels (the ops are not decomposed: `kiln.frontend.kept.KEPT_WHOLE`).
 """
 
 from __future__ import annotations

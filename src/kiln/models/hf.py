@@ -8,7 +8,7 @@ then biases, norm affines and batch-norm statistics are made non-trivial (`_rand
 Attention is ``attn_implementation="eager"``: matmul / softmax / matmul written out, which
 Dynamo and torch.export capture on CPU as plain core-ATen ops for kiln's own passes to fuse.
 The library's default, "sdpa", reaches kiln as one call of ATen's fused attention kernel
-(`kiln.frontend.aten.KEPT_WHOLE`), which kiln runs as eager does.
+(`kiln.frontend.kept.KEPT_WHOLE`), which kiln runs as eager does.
 """
 
 from __future__ import annotations

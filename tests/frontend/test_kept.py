@@ -1,0 +1,70 @@
+"""kiln.frontend.kept: the ATen ops a capture keeps whole run as one call of ATen's kernel,
+as eager runs them; upsamplings included, which torch decomposes while tracing whatever the
+decomposition table says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._C import DispatchKey
+
+import kiln
+from kiln.frontend.export import capture
+from kiln.frontend.kept import KEPT_WHOLE, traced_whole
+
+aten = torch.ops.aten
+MODES = [("bilinear", False), ("bilinear", True), ("nearest", None)]
+
+
+class Upsample(nn.Module):
+    def __init__(self, mode: str, align_corners: bool | None) -> None:
+        super().__init__()
+        self.mode, self.align_corners = mode, align_corners
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        up = F.interpolate(x, scale_factor=2, mode=self.mode, align_corners=self.align_corners)
+        return up * 2.0 + 1.0
+
+
+def _input() -> torch.Tensor:
+    torch.manual_seed(0)
+    x = torch.randn(1, 3, 9, 7)
+    x[0, 0, 0, 0], x[0, 1, 4, 4], x[0, 2, -1, -1] = float("nan"), float("inf"), -float("inf")
+    return x
+
+
+@pytest.mark.parametrize(("mode", "align_corners"), MODES)
+def test_an_upsampling_is_captured_as_one_call(mode: str, align_corners: bool | None) -> None:
+    program = capture(Upsample(mode, align_corners), (_input(),))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert f"aten.upsample_{mode}2d.default" in targets
+    assert "aten.index.Tensor" not in targets  # (the decomposition's gathers)
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+@pytest.mark.parametrize(("mode", "align_corners"), MODES)
+def test_a_compiled_upsampling_matches_eager(mode: str, align_corners: bool | None,
+                                             entry: str) -> None:
+    model, x = Upsample(mode, align_corners).eval(), _input()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        torch.testing.assert_close(fast(x), model(x), equal_nan=True)
+    if entry == "kiln.compile":
+        assert f"aten.upsample_{mode}2d.default" in fast.report.graphs[0].opaque_ops
+
+
+def test_the_trace_leaves_torchs_decompositions_as_they_were() -> None:
+    before = {op: dict(op.py_kernels) for op in KEPT_WHOLE}
+    assert DispatchKey.Autograd in aten.upsample_bilinear2d.default.py_kernels
+    with pytest.raises(RuntimeError, match="inside"), traced_whole():
+        assert DispatchKey.Autograd not in aten.upsample_bilinear2d.default.py_kernels
+        raise RuntimeError("a failed trace inside")
+    assert {op: dict(op.py_kernels) for op in KEPT_WHOLE} == before
+    x = _input()  # (and eager's own upsampling runs as before)
+    torch.testing.assert_close(F.interpolate(x, scale_factor=2, mode="bilinear"),
+                               F.interpolate(x.double(), scale_factor=2,
+                                             mode="bilinear").float(), equal_nan=True)
