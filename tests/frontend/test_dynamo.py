@@ -266,3 +266,28 @@ def test_a_strided_input_runs_the_generated_kernel_on_a_dense_copy():
             y, same = fast(x, bias)
             torch.testing.assert_close(y, f(x, bias)[0])
             assert same is x or same.data_ptr() == x.data_ptr()
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+def test_a_one_hots_bounds_check_runs_in_the_compiled_graph(entry, caplog):
+    """F.one_hot checks its classes with ``_assert_async``, an op that returns nothing: the
+    graph was refused whole ('result None is not a tensor') and ran eagerly (a Switch
+    Transformers router). It now runs in the graph, and still raises out of range."""
+    import kiln
+
+    class Router(nn.Module):
+        def forward(self, x, classes):
+            mask = torch.nn.functional.one_hot(classes, num_classes=4)
+            return x.softmax(-1) * mask
+
+    model, x = Router(), torch.randn(6, 4)
+    inside, outside = torch.tensor([0, 3, 1, 2, 2, 0]), torch.tensor([0, 4, 1, 2, 2, 0])
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="kiln"):
+        fast = kiln.compile(model, (x, inside)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        torch.testing.assert_close(fast(x, inside), model(x, inside))
+        assert not [r for r in caplog.records if "eagerly" in r.getMessage()]
+        if entry == "kiln.compile":
+            assert not fast.report.fallbacks and len(fast.report.graphs) == 1
+        with pytest.raises(RuntimeError, match="smaller than num_classes"):
+            fast(x, outside)

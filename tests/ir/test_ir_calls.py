@@ -54,3 +54,35 @@ def test_effect_runs_in_the_executor():
     torch.testing.assert_close(y, torch.full((3,), 2.0))
     with pytest.raises(torch.linalg.LinAlgError):
         run([torch.ones(3), torch.tensor(2, dtype=torch.int32)])
+
+
+def test_an_op_that_returns_nothing_is_run_for_its_effect():
+    """``_assert_async`` (one_hot's bounds check) is registered with no effect, but returns
+    nothing: it exists to raise."""
+    assert calls.target_has_effect(aten._assert_async.msg)
+    assert calls.target_has_effect(aten._assert_async.default)
+    assert not calls.target_has_effect(aten.any.default)
+
+
+def test_a_substitution_keeps_an_effects_operands():
+    """A rewrite elsewhere in the graph (here: y's mul) rebuilt the body without the nodes
+    only an assertion read, which then read an undefined value."""
+    from kiln.ir.graph import Node, substitute
+
+    b = GraphBuilder("cpu")
+    x = b.input("x", TensorType((3,), DType.F32))
+    ok = b.node(Op.GE, x, b.scalar(0.0)).out()
+    cond = b.node(Op.CALL, ok, attrs=A.CallAttrs(aten.all.default, (A.Operand(0),)),
+                  types=(TensorType((), DType.BOOL),)).out()
+    b.node(Op.CALL, cond, attrs=A.CallAttrs(aten._assert_async.msg, (A.Operand(0), "x < 0")),
+           types=())
+    y = b.node(Op.MUL, x, b.scalar(2.0)).out()
+    graph = b.build(y)
+    negated = Node(Op.NEG, (graph.inputs[0].out(),), A.NO_ATTRS, (y.type,), "negated")
+    rewritten = substitute(graph, {y: negated.out()})  # (y -> -x)
+    verify(rewritten)
+    assert [n.op for n in rewritten.nodes].count(Op.CALL) == 2  # all, and the assertion
+    run, _ = build_executor(rewritten, None, (0,), [])
+    torch.testing.assert_close(run([torch.ones(3)])[0], -torch.ones(3))
+    with pytest.raises(RuntimeError, match="x < 0"):
+        run([-torch.ones(3)])

@@ -175,7 +175,10 @@ class _Importer:
         if node.target in _RUNTIME_CHECKS:
             _RUNTIME_CHECKS[node.target](self, node)  # holds for the static types, or raises
             return None
-        self.out_types = self._out_types(node)
+        # an op that returns nothing runs for its effect (one_hot's bounds check,
+        # ``_assert_async``, raises on an index out of range): a CALL without results
+        returns_nothing = node.meta.get("val") is None and not node.target._schema.returns
+        self.out_types = () if returns_nothing else self._out_types(node)
         self.target = node.target
         args = torch.fx.node.map_arg(node.args, self.env.__getitem__)
         kwargs = torch.fx.node.map_arg(node.kwargs, self.env.__getitem__)
@@ -249,6 +252,8 @@ class _Importer:
         self.opaque.append(str(target))
         built = self.b.node(Op.CALL, *operands, attrs=attrs, types=self.out_types,
                             name=node.name)
+        if not self.out_types:
+            return None
         return built.out() if _single(node) else built.outputs
 
     def _out_types(self, node: torch.fx.Node) -> tuple[TensorType, ...]:

@@ -1,8 +1,9 @@
 """What kiln may assume of an opaque ATen call (a CALL node): effects, randomness, aliasing.
 
 A CALL whose op mutates an argument or is registered with an effect (``_linalg_check_errors``
-raising on a singular matrix, reached through ``with_effects``) must run even when nothing reads
-its result, in graph order; a seeded random op must not be merged or folded.
+raising on a singular matrix, reached through ``with_effects``), or returns nothing (a run-time
+assertion), must run even when nothing reads its result, in graph order; a seeded random op
+must not be merged or folded.
 """
 
 from __future__ import annotations
@@ -32,8 +33,11 @@ def is_pure(node: Node) -> bool:
 
 
 def target_has_effect(target: Any) -> bool:
-    """The ATen overload mutates an argument or is registered with an effect."""
-    return bool(target._schema.is_mutable) or has_effects(target)
+    """The ATen overload mutates an argument, is registered with an effect, or returns
+    nothing (so that it exists for its effect: ``_assert_async`` raises on a false
+    condition, as ``one_hot``'s bounds check does)."""
+    schema = target._schema
+    return bool(schema.is_mutable) or has_effects(target) or not schema.returns
 
 
 def pure_target(target: Any) -> bool:

@@ -213,9 +213,10 @@ def transform(graph: Graph, rewrite: Rewrite) -> Graph:
 
 
 def live_nodes(graph: Graph) -> set[Node]:
-    """Nodes that an output depends on."""
+    """Nodes that an output depends on, and the calls run for their effect (a run-time
+    assertion, an in-place write) with the nodes they read."""
     live: set[Node] = set()
-    stack = [v.node for v in graph.outputs]
+    stack = [v.node for v in graph.outputs] + [n for n in graph.nodes if calls.has_effect(n)]
     while stack:
         node = stack.pop()
         if node not in live:
@@ -281,7 +282,7 @@ def substitute(graph: Graph, mapping: Mapping[Value, Value],
     result = graph.replace(nodes=order, outputs=outputs,
                            constants={**graph.constants, **(constants or {})})
     live = live_nodes(result)
-    kept = [n for n in order if n in live or calls.has_effect(n)]
+    kept = [n for n in order if n in live]
     used = {n.attrs.name for n in kept if n.op is Op.CONSTANT}  # type: ignore[attr-defined]
     return result.replace(nodes=kept, constants={k: v for k, v in result.constants.items()
                                                  if k in used})

