@@ -89,6 +89,45 @@ def test_model_export_cannot_capture_falls_back_to_dynamo(caplog):
     assert compiled.report.graphs, "the pieces Dynamo captured are compiled by kiln"
 
 
+class Untraceable(nn.Module):
+    """Runs eagerly, but torch.export cannot trace it."""
+
+    def forward(self, x):
+        if torch.compiler.is_compiling():
+            raise RuntimeError("no tracer gets through this model")
+        return x * 2 + 1
+
+
+def test_a_model_no_tracer_captures_runs_eagerly_with_a_warning(caplog, monkeypatch):
+    """Where Dynamo fails too (torch's own shape checks fail LongT5's transient-global
+    attention under both tracers), the model runs eagerly, with a warning."""
+    from kiln.frontend import export
+
+    def dynamo_fails(*args):
+        raise RuntimeError("Dynamo could not trace it either")
+
+    monkeypatch.setattr(export, "_compile_dynamo", dynamo_fails)
+    x = torch.randn(2, 4)
+    with caplog.at_level("WARNING", logger="kiln"):
+        compiled = kiln.compile(Untraceable(), (x,))
+    assert any("it runs eagerly" in f and "either" in f for f in compiled.report.fallbacks)
+    assert any("it runs eagerly" in r.getMessage() for r in caplog.records)
+    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    with pytest.raises(RuntimeError, match="no tracer"):  # strict: the tracer's error
+        kiln.compile(Untraceable(), (x,), kiln.Options(strict=True))
+
+
+class Broken(nn.Module):
+    def forward(self, x):
+        return x @ torch.ones(3, 3)  # (x is 2x4: the model's own error, in every mode)
+
+
+def test_a_model_that_fails_eagerly_too_raises_its_own_error():
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        kiln.compile(Broken(), (torch.randn(2, 4),))
+
+
 def test_strict_mode_raises_instead_of_falling_back():
     with pytest.raises(Exception):  # noqa: B017 - torch.export's own error type
         kiln.compile(Branchy().eval(), (torch.randn(2, 4),), kiln.Options(strict=True))

@@ -206,7 +206,12 @@ def _fall_back(why: str, model: Callable[..., Any], inputs: tuple[torch.Tensor, 
     message = f"{why}; compiling through torch.compile(backend='kiln') instead"
     log.warning(message)
     report.fallbacks.append(message)
-    run = _compile_dynamo(model, inputs, options, report)
+    try:
+        run = _compile_dynamo(model, inputs, options, report)
+    except Exception as err:  # noqa: BLE001 - whatever Dynamo raises on the model
+        if options.strict:
+            raise
+        run = _eagerly(model, inputs, err, report)
     if dynamic_shapes is None:
         return run, [InputSpec.of(x) for x in inputs], None
     # Dynamo recompiles for whatever shape comes: with dynamic_shapes, any size is fine
@@ -433,6 +438,25 @@ def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor
         else:
             raise NotImplementedError(f"input kind {spec.kind.name} is not supported")
     return frozen, users
+
+
+def _eagerly(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...], err: Exception,
+             report: CompileReport) -> Callable[..., Any]:
+    """The model as it is, where Dynamo could not trace it either (LongT5's transient-global
+    attention fails torch's own shape checks under both tracers): eager PyTorch, with a
+    warning. Where eager fails too, its error is the model's and is raised as is."""
+    with torch.no_grad():
+        model(*inputs)
+    message = (f"torch.compile could not trace the model either ({_first_line(err)}); it runs "
+               f"eagerly")
+    log.warning(message)
+    report.fallbacks.append(message)
+
+    def run(*args: Any) -> Any:
+        with torch.no_grad():
+            return model(*args)
+
+    return run
 
 
 def _compile_dynamo(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
