@@ -161,3 +161,32 @@ def test_a_view_along_the_rows_is_read_where_it_lies(kernel_options) -> None:  #
     assert (16, 64, 1) in [b.elem_strides for b in kernel.kernel.func.inputs]
     assert "_dense" not in source
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+def test_a_library_result_atens_strides_made_dense_for_the_kernel_reading_it(entry) -> None:
+    """ATen keeps a strided operand's layout in its result (an average pool of a transposed
+    projection: SEW-D's front end); the kernel after it, compiled for a contiguous operand,
+    failed its layout check on every call and ran its library ops. The result is now made
+    dense where a generated kernel reads it."""
+    import kiln
+
+    class Front(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.proj = torch.nn.Linear(32, 48)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = self.proj(x).transpose(1, 2)  # [1, 48, 20], a transposed view
+            pooled = torch.nn.functional.avg_pool1d(h, 2)  # ATen keeps the transposition
+            return (pooled + torch.nn.functional.gelu(pooled * 3.0)).transpose(1, 2)
+
+    torch.manual_seed(0)
+    model, x = Front().eval(), torch.randn(1, 20, 32)
+    torch._dynamo.reset()
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        for _ in range(2):
+            torch.testing.assert_close(fast(x), model(x))

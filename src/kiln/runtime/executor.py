@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from kiln.codegen.kernel import layout_check
+from kiln.ir.calls import results_alias_operands
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
@@ -178,10 +179,10 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # pooling read NCHW: inception's average pools took 5 ms instead of 0.1 ms each)
     nhwc_slots = {v for v in nhwc_values & set(slot)
                   if v.node not in member_of and len(v.type.shape) == 4}
-    # an opaque call's result that a generated kernel reads (through views) is taken to be
-    # contiguous there (`kiln.kernels.strides`); ATen may keep an operand's layout
-    # (slice_scatter clones its input: Funnel's relative attention), so it is made so
-    made_dense = _call_results_read_by_kernels(kernels, nhwc_values)
+    # a library op's result that a generated kernel reads (through views) is taken to be
+    # contiguous there (`kiln.kernels.strides`); ATen may keep an operand's layout, so it is
+    # made so
+    made_dense = _library_results_read_by_kernels(kernels, nhwc_values, writes)
     # an elementwise library op's slot laid out as ATen would lay out its result
     slot_layouts = SlotLayouts(graph, [v for gk in kernels if gk.generated for v in gk.inputs])
     # strides fixed by the IR, and the views between generated kernels that need not run
@@ -299,19 +300,34 @@ def _inputs_made_dense(graph: Graph, kernels: Sequence[Built], writes: frozenset
     return list(found)
 
 
-def _call_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value]) -> set[Value]:
-    """The single results of opaque calls that generated kernels read, directly or through
-    views, other than NHWC ones (the kernels read those channels-last)."""
+def _library_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value],
+                                     writes: frozenset[Node]) -> set[Value]:
+    """The single results of library ops (opaque calls, ATen ops no generated kernel took)
+    that generated kernels read, directly or through views, other than NHWC ones: each such
+    kernel is compiled for the value's contiguous layout (`kiln.kernels.strides`), where ATen
+    may keep an operand's (slice_scatter clones its input: Funnel's relative attention; an
+    average pool or a product of a transposed view keeps its strides: SEW-D's and Encodec's
+    front ends failed their kernels' layout checks on every call)."""
+    generated = {n for gk in kernels if gk.generated for n in gk.group.nodes}
     found: set[Value] = set()
+    laid_out: set[Value] = set()  # read in place with other strides (an NHWC operand)
     for gk in kernels:
         if not gk.generated:
             continue
-        for value in gk.inputs:
+        buffers = gk.kernel.func.inputs  # type: ignore[union-attr]
+        for value, buffer in zip(gk.inputs, buffers):
+            if _strides(buffer) is not None:
+                laid_out.add(value)
             while value.node.op.is_a(OpGroup.VIEW):
                 value = value.node.inputs[0]
-            if value.node.op is Op.CALL and len(value.node.types) == 1 and value not in nhwc:
-                found.add(value)
-    return found
+            node = value.node
+            if node.op.is_a(OpGroup.SOURCE) or node in generated or node in writes \
+                    or len(node.types) != 1 or value in nhwc:
+                continue
+            if node.op is Op.CALL and results_alias_operands(node):
+                continue  # (a copy would break the alias)
+            found.add(value)
+    return found - laid_out
 
 
 def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
