@@ -39,7 +39,8 @@ class ComplexRotary(nn.Module):
 
 
 class LeavesAndReturns(nn.Module):
-    """A typed op between two complex ones on one complex value: the region must hold it."""
+    """A typed op between two complex ones on one complex value: the region must hold it
+    (the value too large to recompute per reader: `regions.split_shared`)."""
 
     def forward(self, x):
         c = torch.view_as_complex(x)
@@ -66,7 +67,7 @@ def _check(model, x, entry):
 def test_complex_ops_run_as_one_call_and_the_rest_compiles(make, entry):
     torch.manual_seed(0)
     model = make().eval()
-    x = torch.randn(1, 6, 8) if make is not LeavesAndReturns else torch.randn(3, 5, 2)
+    x = torch.randn(1, 6, 8) if make is not LeavesAndReturns else torch.randn(256, 257, 2)
     got, expected, graph = _check(model, x, entry)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     if graph is not None:
@@ -122,3 +123,40 @@ def test_a_region_prints_in_the_ir_and_holds_no_global_state():
                                                     RegionCall)]
     assert any(b.is_complex() for b in call.attrs.target.module.buffers())  # freqs_cis
     assert f"ops.kiln.region.{call.attrs.target._overloadname}" in print_graph(graph)
+
+
+class SharedTable(nn.Module):
+    """DeepSeek-V2's rotary embedding: a complex table made once, read by every layer."""
+
+    def __init__(self, layers: int = 2) -> None:
+        super().__init__()
+        self.qs = nn.ModuleList(nn.Linear(8, 8) for _ in range(layers))
+
+    def forward(self, x, angles):
+        table = torch.polar(torch.ones_like(angles), angles)  # complex [6, 4]
+        for q in self.qs:
+            qc = torch.view_as_complex(q(x).reshape(*x.shape[:-1], -1, 2))
+            x = torch.relu(torch.view_as_real(qc * table).flatten(2)) + x
+        return x
+
+
+@pytest.mark.parametrize("entry", ["compile", "dynamo"])
+def test_a_small_complex_value_read_by_every_layer_is_made_per_layer(entry):
+    """Each layer's region makes its own copy of the table (a polar of 24 elements), where
+    one region held every layer between the table's first and last reader: their linear
+    layers and ReLUs ran as the region's ATen calls."""
+    torch.manual_seed(0)
+    model = SharedTable(3).eval()
+    x, angles = torch.randn(1, 6, 8), torch.randn(6, 4)
+    with torch.no_grad():
+        expected = model(x, angles)
+        if entry == "compile":
+            compiled = kiln.compile(model, (x, angles))
+            (graph,) = compiled.report.graphs
+            found = [op for op in graph.opaque_ops if op.startswith("kiln.region(")]
+            assert len(found) == 3 and all("addmm" not in op for op in found), found
+            assert all(op.count("polar") == 1 for op in found)
+        else:
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend="kiln")
+        torch.testing.assert_close(compiled(x, angles), expected, rtol=1e-5, atol=1e-5)

@@ -19,7 +19,7 @@ from torch._higher_order_ops.effects import with_effects
 
 from kiln.frontend import patches  # noqa: F401 - registers its converters
 from kiln.frontend.aten import CONVERTERS
-from kiln.frontend.regions import Region, RegionError, find_regions, walk_order
+from kiln.frontend.regions import Region, RegionError, find_regions, split_shared, walk_order
 from kiln.frontend.strided import STRIDED_READS, OutsideOperand
 from kiln.ir import attrs as A
 from kiln.ir.builder import GraphBuilder
@@ -90,6 +90,7 @@ class _Importer:
         positions = []
         outputs: list[Value] = []
         template: list[int | Literal] = []
+        split_shared(gm)  # (a shared complex table: each reader's region its own copy)
         nodes = list(gm.graph.nodes)
         placeholders = {n: i for i, n in enumerate(n for n in nodes if n.op == "placeholder")}
         weights = {n: frozen[i][1] for n, i in placeholders.items() if i in frozen}

@@ -14,6 +14,12 @@ own (a region's last op may be a view of its inputs or of a complex value: ``vie
 A region whose values leave the graph, come in as the caller's arguments, or that has an
 effect or a random op cannot be kept apart this way; the caller runs that graph eagerly, as
 before.
+
+A small untypable value that several ops read (a complex rotary table made once and read by
+every layer: DeepSeek-V2's ``freqs_cis``) would join all of them, and with them every node on
+a path between them, into one region: the whole stack of layers. `split_shared` first gives
+each reader its own copy of the value's chain (a few ops on a few elements, recomputed), so
+that each layer's region holds its own few complex ops.
 """
 
 from __future__ import annotations
@@ -31,7 +37,11 @@ import torch.fx
 from kiln.ir import calls
 from kiln.ir.types import DType, UnsupportedDType
 
-__all__ = ["Region", "RegionCall", "find_regions", "walk_order"]
+__all__ = ["Region", "RegionCall", "find_regions", "split_shared", "walk_order"]
+
+# a shared untypable chain is recomputed per reader up to this many ops and elements each
+SHARED_CHAIN_MAX_NODES = 8
+SHARED_CHAIN_MAX_ELEMENTS = 1 << 16
 
 
 @dataclass
@@ -63,6 +73,59 @@ def untypable(val: Any) -> bool:
     except UnsupportedDType:
         return True
     return False
+
+
+def split_shared(gm: torch.fx.GraphModule) -> bool:
+    """Give each reader after the first of a small shared untypable value its own copy of
+    the ops that make it (the value and its untypable ancestors, up to
+    `SHARED_CHAIN_MAX_NODES` ops of at most `SHARED_CHAIN_MAX_ELEMENTS` elements each, made
+    from typable values only), so that the readers' regions stay apart. Whether the graph
+    changed (it is then recompiled)."""
+    nodes = list(gm.graph.nodes)
+    bad = {n for n in nodes if n.op != "output" and untypable(n.meta.get("val"))}
+    changed = False
+    for node in nodes:
+        readers = [u for u in node.users if u.op == "call_function"]
+        if node not in bad or node.op != "call_function" or len(readers) < 2:
+            continue
+        chain = _chain(node, bad)
+        if chain is None:
+            continue
+        for reader in readers[1:]:
+            copies: dict[torch.fx.Node, torch.fx.Node] = {}
+            with gm.graph.inserting_before(reader):
+                for member in chain:
+                    copies[member] = gm.graph.node_copy(
+                        member, lambda a, made=copies: made.get(a, a))
+            reader.replace_input_with(node, copies[node])
+        changed = True
+    if changed:
+        gm.graph.lint()
+        gm.recompile()
+    return changed
+
+
+def _chain(node: torch.fx.Node, bad: set[torch.fx.Node]) -> list[torch.fx.Node] | None:
+    """``node`` and its untypable ancestors, in graph order; None where they are too many or
+    too large, or one is not an op (an untypable weight or input stays one shared value)."""
+    chain: dict[torch.fx.Node, None] = {}
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if n in chain:
+            continue
+        val = n.meta.get("val")
+        cheap = (n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+                 and calls.pure_target(n.target) and isinstance(val, torch.Tensor)
+                 and val.numel() <= SHARED_CHAIN_MAX_ELEMENTS)
+        if not cheap:
+            return None
+        chain[n] = None
+        if len(chain) > SHARED_CHAIN_MAX_NODES:
+            return None
+        todo.extend(src for src in n.all_input_nodes if src in bad)
+    order = {n: i for i, n in enumerate(node.graph.nodes)}
+    return sorted(chain, key=order.__getitem__)
 
 
 def find_regions(gm: torch.fx.GraphModule, constants: Mapping[torch.fx.Node, torch.Tensor]
