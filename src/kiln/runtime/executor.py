@@ -280,8 +280,24 @@ def _inputs_made_dense(graph: Graph, kernels: Sequence[Built], writes: frozenset
     source to be contiguous), so a strided input (a graph torch.compile split off passes
     its neighbour's permuted or expanded tensor) is copied dense once at entry, where every
     such kernel would run its library ops instead. Not an input the graph writes into, nor
-    one the caller gets back (a copy would break the aliasing), nor an NHWC one."""
+    one the caller gets back (a copy would break the aliasing), nor an NHWC one, nor one a
+    library op reads too (directly or through views): that op gets the input as eager mode
+    does, since some of ATen's ops give other values in another layout (the erf form of
+    GELU is inf at inf in its scalar loop, over a strided input, and NaN vectorized)."""
     keep = escaping(graph, writes) | nhwc
+    generated = {n for gk in kernels if gk.generated for n in gk.group.nodes}
+    users = graph.users()
+
+    def library_reads(node: Node) -> bool:
+        todo = list(users.get(node, []))
+        while todo:
+            user = todo.pop()
+            if user.op.is_a(OpGroup.VIEW):
+                todo.extend(users.get(user, []))
+            elif user not in generated:
+                return True
+        return False
+
     for node in writes:  # (the base a scatter writes into)
         value = node.inputs[0]
         while value.node.op.is_a(OpGroup.VIEW):
@@ -297,7 +313,7 @@ def _inputs_made_dense(graph: Graph, kernels: Sequence[Built], writes: frozenset
             if value.node.op is Op.INPUT and value not in keep and \
                     isinstance(value.type, TensorType):
                 found[value.node] = None
-    return list(found)
+    return [node for node in found if not library_reads(node)]
 
 
 def _library_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value],
