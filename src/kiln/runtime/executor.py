@@ -182,7 +182,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # a library op's result that a generated kernel reads (through views) is taken to be
     # contiguous there (`kiln.kernels.strides`); ATen may keep an operand's layout, so it is
     # made so
-    made_dense = _library_results_read_by_kernels(kernels, nhwc_values, writes)
+    made_dense = _library_results_read_by_kernels(graph, kernels, nhwc_values, writes)
     # an elementwise library op's slot laid out as ATen would lay out its result
     slot_layouts = SlotLayouts(graph, [v for gk in kernels if gk.generated for v in gk.inputs])
     # strides fixed by the IR, and the views between generated kernels that need not run
@@ -285,18 +285,7 @@ def _inputs_made_dense(graph: Graph, kernels: Sequence[Built], writes: frozenset
     does, since some of ATen's ops give other values in another layout (the erf form of
     GELU is inf at inf in its scalar loop, over a strided input, and NaN vectorized)."""
     keep = escaping(graph, writes) | nhwc
-    generated = {n for gk in kernels if gk.generated for n in gk.group.nodes}
-    users = graph.users()
-
-    def library_reads(node: Node) -> bool:
-        todo = list(users.get(node, []))
-        while todo:
-            user = todo.pop()
-            if user.op.is_a(OpGroup.VIEW):
-                todo.extend(users.get(user, []))
-            elif user not in generated:
-                return True
-        return False
+    library_reads = _read_by_library(graph, kernels)
 
     for node in writes:  # (the base a scatter writes into)
         value = node.inputs[0]
@@ -313,18 +302,40 @@ def _inputs_made_dense(graph: Graph, kernels: Sequence[Built], writes: frozenset
             if value.node.op is Op.INPUT and value not in keep and \
                     isinstance(value.type, TensorType):
                 found[value.node] = None
-    return [node for node in found if not library_reads(node)]
+    return [node for node in found if not library_reads(node.out())]
 
 
-def _library_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value],
+def _read_by_library(graph: Graph, kernels: Sequence[Built]) -> Callable[[Value], bool]:
+    """Whether a library op (not a generated kernel) reads a value, directly or through
+    views."""
+    generated = {n for gk in kernels if gk.generated for n in gk.group.nodes}
+    users = graph.users()
+
+    def reads(value: Value) -> bool:
+        todo = [u for u in users.get(value.node, []) if value in u.inputs]
+        while todo:
+            user = todo.pop()
+            if user.op.is_a(OpGroup.VIEW):
+                todo.extend(users.get(user, []))
+            elif user not in generated:
+                return True
+        return False
+
+    return reads
+
+
+def _library_results_read_by_kernels(graph: Graph, kernels: Sequence[Built], nhwc: set[Value],
                                      writes: frozenset[Node]) -> set[Value]:
     """The single results of library ops (opaque calls, ATen ops no generated kernel took)
     that generated kernels read, directly or through views, other than NHWC ones: each such
     kernel is compiled for the value's contiguous layout (`kiln.kernels.strides`), where ATen
     may keep an operand's (slice_scatter clones its input: Funnel's relative attention; an
     average pool or a product of a transposed view keeps its strides: SEW-D's and Encodec's
-    front ends failed their kernels' layout checks on every call)."""
+    front ends failed their kernels' layout checks on every call). Not, besides an opaque
+    call's, a result a library op reads too: that op gets it as eager mode does (see
+    `_inputs_made_dense`)."""
     generated = {n for gk in kernels if gk.generated for n in gk.group.nodes}
+    library_reads = _read_by_library(graph, kernels)
     found: set[Value] = set()
     laid_out: set[Value] = set()  # read in place with other strides (an NHWC operand)
     for gk in kernels:
@@ -342,6 +353,8 @@ def _library_results_read_by_kernels(kernels: Sequence[Built], nhwc: set[Value],
                 continue
             if node.op is Op.CALL and results_alias_operands(node):
                 continue  # (a copy would break the alias)
+            if node.op is not Op.CALL and library_reads(value):
+                continue
             found.add(value)
     return found - laid_out
 
