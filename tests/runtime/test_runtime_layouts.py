@@ -190,3 +190,28 @@ def test_a_library_result_atens_strides_made_dense_for_the_kernel_reading_it(ent
             torch.compile(model, backend="kiln")
         for _ in range(2):
             torch.testing.assert_close(fast(x), model(x))
+
+
+def test_a_library_op_reads_a_strided_input_as_eager_mode_does(kernel_options) -> None:  # noqa: ANN001
+    """A strided input that a kernel and a library op both read is not copied dense for the
+    kernel: ATen's erf-form GELU is inf at inf in its scalar loop (a strided input) and NaN
+    vectorized (a dense one), so the library op must see eager's layout (fuzz seed 0, graph
+    402, after strided inputs were first made dense for the kernels)."""
+    from kiln.engine import compile_graph
+
+    graph = parse_graph("""\
+graph(%x: f32[9], %b: f32[9], %w: f32[17, 9]) {
+  %ln = layer_norm(%w, %x, %b) {normalized_shape=(9,), eps=1e-12} : (f32[17, 9], f32[17, 1], f32[17, 1])
+  %g = gelu(%b) {approximate='none'} : f32[9]
+  return %ln#0, %g
+}""")  # noqa: E501
+    x, w = torch.randn(9), torch.randn(17, 9)
+    b = torch.randn(18)[::2]  # every other element of a buffer twice as large
+    b[6] = float("inf")
+    compiled = compile_graph(graph, kernel_options, range(3))
+    assert any(k.kind == "generated" for k in compiled.report.kernels)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", KernelFallbackWarning)
+        ln, g = compiled([x, b, w])
+    torch.testing.assert_close(g, torch.nn.functional.gelu(b), equal_nan=True)
+    torch.testing.assert_close(ln, torch.nn.functional.layer_norm(w, (9,), x, b, 1e-12))
