@@ -277,3 +277,28 @@ def test_an_activation_between_nhwc_convolutions_keeps_their_layout(
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4,
                                        equal_nan=True)
     assert compiled.report.graphs[0].details.fallbacks == {}
+
+
+def test_the_check_compares_nonfinite_values_by_place_and_the_rest_by_relative_error() -> None:
+    want = torch.tensor([[1.0, -float("inf"), 3.0], [float("nan"), 5.0, 6.0]])
+    close = validate._close
+    assert close(want.clone(), want)
+    assert close(want.t().contiguous().t(), want)  # another layout, the same values
+    moved = want.clone()
+    moved[0, 1], moved[0, 2] = 3.0, -float("inf")  # the same values, the infinity elsewhere
+    assert not close(moved, want)
+    flipped = want.clone()
+    flipped[0, 1] = float("inf")  # the sign of an infinity
+    assert not close(flipped, want)
+    nan_for_inf = want.clone()
+    nan_for_inf[0, 1] = float("nan")
+    assert not close(nan_for_inf, want)
+    off = want.clone()
+    off[1, 2] += 1e-3  # relative L2 ~1.2e-4 over the finite values
+    assert not close(off, want)
+    near = want.clone()
+    near[1, 2] += 1e-5
+    assert close(near, want)
+    finite = torch.randn(64, 33)
+    assert close(finite * (1 + 1e-7), finite)
+    assert not close(finite * (1 + 1e-4), finite)

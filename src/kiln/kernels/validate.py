@@ -116,12 +116,16 @@ def agrees_with_library(graph: Graph, built: Built) -> bool:
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
     """Infinities and NaNs at the same places (masks put -inf in), finite values within
-    CHECK_TOLERANCE in relative L2."""
+    CHECK_TOLERANCE in relative L2. Where every value is finite (nearly always) no mask is
+    gathered: boolean indexing took 54 ms a check of Swin2SR's 4096-row GEMMs, half of its
+    cold compile's checking time."""
     finite = torch.isfinite(want)
     if not torch.equal(finite, torch.isfinite(got)):
         return False
-    if not torch.equal(got[~finite].nan_to_num(), want[~finite].nan_to_num()):
-        return False
-    a, b = got[finite].double(), want[finite].double()
+    if not bool(finite.all()):
+        if not torch.equal(got[~finite].nan_to_num(), want[~finite].nan_to_num()):
+            return False
+        got, want = got.where(finite, 0.0), want.where(finite, 0.0)
+    a, b = got.double(), want.double()
     err = torch.linalg.vector_norm(a - b) / torch.linalg.vector_norm(b).clamp_min(1e-30)
     return float(err) < CHECK_TOLERANCE
