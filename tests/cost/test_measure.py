@@ -99,3 +99,23 @@ def test_a_timing_is_steady_when_its_spread_is_small() -> None:
     assert not Timing([1.0, 1.1, 2.0]).steady()  # spread 1.0 > 0.5 x median 1.1
     assert Timing([1.0, 1.1, 2.0]).steady(1.0)
     assert not Timing().steady()
+
+
+def test_a_long_call_is_a_sample_alone_without_a_trial_batch_or_settle_call() -> None:
+    """A call of 12 ms against 2 ms samples, settle calls only below 5 ms: the warm-up and
+    one call a round; the short contender keeps its settle calls and its batches."""
+    calls: list[str] = []
+
+    def long() -> None:
+        calls.append("long")
+        time.sleep(12e-3)
+
+    def short() -> None:
+        calls.append("short")
+    budget = Budget(min_rounds=2, max_rounds=2, min_sample_s=2e-3, warmup=1, settle_calls=1,
+                    settle_below_s=5e-3)
+    slow, fast = interleaved([long, short], budget)
+    assert calls.count("long") == 1 + 2 and len(slow.samples) == 2
+    assert slow.median_s >= 12e-3
+    assert calls.count("short") > 1 + 2 * 2 * 16  # batched, with a settle call a round
+    assert fast.median_s < 1e-3

@@ -23,6 +23,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+# an untimed call this many times a sample's minimum length: one call a sample, no trial
+# batch (one-time costs may have lengthened the untimed call, but not fivefold)
+ONE_CALL_ENOUGH = 5
+
 __all__ = ["Budget", "Timing", "evict_caches", "interleaved", "last_level_cache_bytes"]
 
 
@@ -41,6 +45,10 @@ class Budget:
     # threads (ORT's pool, an OpenMP team) spin for a while after its call and would slow this
     # one's first call; this also wakes this contender's own pool
     settle_calls: int = 0
+    # settle calls only for a contender whose untimed call took less: a spinning pool costs a
+    # call at most a fraction of a millisecond, nothing against a long one, whose settle call
+    # only doubles the time spent (a 512x512 image's convolutions at compile time)
+    settle_below_s: float = math.inf
     # a pause before each contender's settle calls, long enough for the previous contender's
     # idle threads to stop spinning and sleep: ORT's pool and an OpenMP team spin after a
     # call, and a settle call does not outlast that (`kiln bench` on the MLP: kiln 7.8 ms
@@ -63,7 +71,7 @@ class Budget:
         """For one kernel against its library call at compile time: short and robust (3
         rounds where the caller's ``settled`` says the ranking is already clear, else 5)."""
         return Budget(min_rounds=3, target_s=0.0, cap_s=2.0, max_rounds=5, min_sample_s=2e-3,
-                      settle_calls=1, collect_first=False)
+                      settle_calls=1, settle_below_s=5e-3, collect_first=False)
 
 
 @dataclass
@@ -110,6 +118,8 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
             live.remove(i)
         untimed_s[i] = (time.perf_counter() - start) / budget.warmup if budget.warmup else 0.0
     batches = {i: _batch(fns[i], budget.min_sample_s, untimed_s[i]) for i in live}
+    settles = {i: budget.settle_calls if untimed_s.get(i, 0.0) < budget.settle_below_s else 0
+               for i in live}
     started = time.perf_counter()
     rounds = 0
     if budget.collect_first:
@@ -122,7 +132,7 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
                 try:
                     if budget.quiet_s:
                         time.sleep(budget.quiet_s)
-                    for _ in range(budget.settle_calls):
+                    for _ in range(settles[i]):
                         fns[i]()
                     if before_sample is not None:
                         before_sample()
@@ -163,7 +173,10 @@ def _untimed(fn: Callable[[], object], count: int, timing: Timing) -> bool:
 def _batch(fn: Callable[[], object], min_sample_s: float, call_s: float = 0.0) -> int:
     """Calls per sample so that a sample lasts at least ``min_sample_s``: a first guess from
     ``call_s`` (an untimed call's seconds, which its one-time costs can only lengthen: the
-    guess errs short), then doubled until a timed batch lasts long enough."""
+    guess errs short), then doubled until a timed batch lasts long enough. A call that took
+    `ONE_CALL_ENOUGH` times the sample's length is a sample alone, without a trial batch."""
+    if min_sample_s > 0 and call_s >= ONE_CALL_ENOUGH * min_sample_s:
+        return 1
     n = max(int(min_sample_s / call_s), 1) if call_s > 0 else 1
     while min_sample_s > 0:
         start = time.perf_counter()
