@@ -68,3 +68,38 @@ def test_the_trace_leaves_torchs_decompositions_as_they_were() -> None:
     torch.testing.assert_close(F.interpolate(x, scale_factor=2, mode="bilinear"),
                                F.interpolate(x.double(), scale_factor=2,
                                              mode="bilinear").float(), equal_nan=True)
+
+
+class Shifted(nn.Module):
+    """Swin's shifted window (a roll over two dims) and a reflection and a replication pad."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rolled = torch.roll(x, shifts=(3, -2), dims=(2, 3)) * 2.0
+        reflected = F.pad(rolled, (1, 2, 2, 1), mode="reflect")
+        return F.pad(reflected + 1.0, (1, 1, 1, 1), mode="replicate").tanh()
+
+
+def test_roll_and_reflection_padding_are_captured_in_one_trace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.export import ExportedProgram
+
+    def second_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the capture traced the model a second time")
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+    program = capture(Shifted(), (_input(),))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert {"aten.roll.default", "aten.reflection_pad2d.default",
+            "aten.replication_pad2d.default"} <= targets
+    assert "aten.index_select.default" not in targets and "aten.index.Tensor" not in targets
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+def test_compiled_roll_and_padding_match_eager(entry: str) -> None:
+    model, x = Shifted().eval(), _input()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        torch.testing.assert_close(fast(x), model(x), equal_nan=True)
+    if entry == "kiln.compile":
+        assert "aten.roll.default" in fast.report.graphs[0].opaque_ops

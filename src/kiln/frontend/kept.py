@@ -30,7 +30,17 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               # decomposition is four opaque index gathers and their blend: 4x eager's time
               # (ZoeDepth's eight 384x384 upsamplings 300 ms against 92)
               aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec,
-              aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec)
+              aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+              # and roll (Swin's shifted windows) and reflection and replication padding
+              # (super-resolution and vocoder convolutions), whose decompositions are an
+              # index gather per dimension; kiln converts none of them, and one left in the
+              # single trace made `kiln.frontend.export.capture` trace the model a second
+              # time through the whole decomposition table (Swin2SR: 36 rolls and a
+              # reflection pad, ~10 s of its capture)
+              aten.roll.default,
+              aten.reflection_pad1d.default, aten.reflection_pad2d.default,
+              aten.reflection_pad3d.default, aten.replication_pad1d.default,
+              aten.replication_pad2d.default, aten.replication_pad3d.default)
 
 
 @contextlib.contextmanager
