@@ -276,7 +276,12 @@ class Fills(nn.Module):
 
 class HardSwish(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.hardswish(x) * 2
+        return nn.functional.hardswish(x) * 2 + nn.functional.hardsigmoid(x - 1)
+
+
+class Softplus(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.softplus(x) * 2
 
 
 def _count_decompositions(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -303,10 +308,21 @@ def test_capture_traces_once_where_kiln_converts_every_op(monkeypatch):
 def test_capture_decomposes_an_op_kiln_has_no_converter_for(monkeypatch):
     calls = _count_decompositions(monkeypatch)
     x = torch.randn(3, 5) * 4
-    compiled = kiln.compile(HardSwish(), (x,))
+    compiled = kiln.compile(Softplus(), (x,))
     assert calls == [1] and not compiled.report.fallbacks
-    assert not any(g.opaque_ops for g in compiled.report.graphs)  # hardswish's parts
-    torch.testing.assert_close(compiled(x), HardSwish()(x))
+    opaque = {op for g in compiled.report.graphs for op in g.opaque_ops}
+    assert "aten.softplus.default" not in opaque  # its parts (log1p a call of ATen's)
+    torch.testing.assert_close(compiled(x), Softplus()(x))
+
+
+def test_hardswish_and_hardsigmoid_are_converted_in_one_trace(monkeypatch):
+    calls = _count_decompositions(monkeypatch)
+    x = torch.linspace(-5, 5, 40).reshape(4, 10)
+    x[0, :4] = torch.tensor([float("nan"), float("inf"), -float("inf"), -0.0])
+    compiled = kiln.compile(HardSwish(), (x,))
+    assert not calls and not compiled.report.fallbacks
+    assert not any(g.opaque_ops for g in compiled.report.graphs)
+    torch.testing.assert_close(compiled(x), HardSwish()(x), equal_nan=True)
 
 
 def test_capture_takes_torch_exports_path_where_the_one_trace_fails(monkeypatch):

@@ -122,12 +122,23 @@ def _where(ctx: Context, cond: Value, a: Value, b: Value) -> Any:
     return ctx.emit(Op.WHERE, cond, a, b)
 
 
-# the next two as torch's core-ATen decompositions spell them (kiln.frontend.export reads
+# the next ones as torch's core-ATen decompositions spell them (kiln.frontend.export reads
 # graphs these were not decomposed in)
 @converts(aten.silu.default)
 def _silu(ctx: Context, x: Value) -> Any:
     (s,) = ctx.emit(Op.SIGMOID, x)
     return ctx.emit(Op.MUL, x, s)
+
+
+@converts(aten.hardsigmoid.default, aten.hardswish.default)
+def _hard(ctx: Context, x: Value) -> Any:
+    """clamp(x + 3, 0, 6) / 6, times x for hardswish (MobileNetV3, LeViT): left to the
+    decomposition table, one of these made the capture trace the model twice."""
+    (shifted,) = ctx.emit(Op.ADD, x, ctx.operand(3))
+    (gate,) = ctx.emit(Op.CLAMP, shifted, attrs=A.ClampAttrs(0, 6))
+    if ctx.target is aten.hardswish.default:
+        (gate,) = ctx.emit(Op.MUL, x, gate)
+    return ctx.emit(Op.DIV, gate, ctx.operand(6), attrs=A.DivAttrs(None))
 
 
 @converts(aten.masked_fill.Scalar)
