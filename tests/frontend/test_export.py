@@ -325,6 +325,39 @@ def test_hardswish_and_hardsigmoid_are_converted_in_one_trace(monkeypatch):
     torch.testing.assert_close(compiled(x), HardSwish()(x), equal_nan=True)
 
 
+class StackedAttention(nn.Module):
+    """_safe_softmax (DETR's attention: a fully masked row gives zeros), stack, unbind,
+    zeros_like and ones_like: ops the core-ATen table would rewrite, converted by kiln."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        probs = torch.ops.aten._safe_softmax(x.masked_fill(mask, float("-inf")), -1)
+        a, b, c = torch.stack([x, x * 2, x + 1], dim=1).unbind(1)
+        filled = torch.zeros_like(x) + torch.ones_like(x) * 3
+        return probs + a * b - c + filled, torch.stack([x, probs], -1)
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+def test_safe_softmax_stack_and_unbind_are_converted_in_one_trace(monkeypatch, entry):
+    calls = _count_decompositions(monkeypatch)
+    x = torch.randn(2, 4, 5)
+    x[1, 3, 0], x[0, 2, 1] = float("nan"), float("inf")
+    mask = torch.zeros(2, 4, 5, dtype=torch.bool)
+    mask[0, 1] = True  # a row of -inf: zeros, where softmax gives NaN
+    mask[1, 2, :3] = True
+    model = StackedAttention()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        compiled = kiln.compile(model, (x, mask)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        got, want = compiled(x, mask), model(x, mask)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert torch.equal(want[1][0, 1, :, 1], torch.zeros(5))  # (softmax's would be NaN)
+    if entry == "kiln.compile":
+        assert not calls and not compiled.report.fallbacks
+        assert not any(g.opaque_ops for g in compiled.report.graphs)
+
+
 def test_capture_takes_torch_exports_path_where_the_one_trace_fails(monkeypatch):
     real = torch.export._trace._export
 

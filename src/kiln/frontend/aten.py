@@ -265,6 +265,21 @@ def _softmax(ctx: Context, x: Value, dim: int, half_to_float: bool) -> Any:
     return ctx.emit(op, x, attrs=A.SoftmaxAttrs(_dim(dim, max(_rank(x), 1))))
 
 
+@converts(aten._safe_softmax.default)
+def _safe_softmax(ctx: Context, x: Value, dim: int, dtype: Any = None) -> Any:
+    """softmax, 0 over a row that is all -inf (attention with every key masked), as ATen's
+    kernel: where(all(x == -inf), 0, softmax(x)). all(x == -inf) is amax(x) == -inf (a NaN
+    makes both false); an empty row, where amax has no value, and a 0-d x are left to ATen."""
+    if dtype is not None or not x.type.shape or x.type.shape[_dim(dim, _rank(x))] == 0:
+        return None
+    d = _dim(dim, _rank(x))
+    (soft,) = ctx.emit(Op.SOFTMAX, x, attrs=A.SoftmaxAttrs(d))
+    (top,) = ctx.emit(Op.AMAX, x, attrs=A.ReduceAttrs((d,), True))
+    (dead,) = ctx.emit(Op.EQ, top, ctx.operand(float("-inf")))
+    (zero,) = ctx.emit(Op.FULL, attrs=A.FullAttrs((), 0.0, x.type.dtype))
+    return ctx.emit(Op.WHERE, dead, zero, soft)
+
+
 @converts(aten.native_layer_norm.default)
 def _layer_norm(ctx: Context, x: Value, shape: Any, weight: Any, bias: Any, eps: float) -> Any:
     # without an affine (data2vec-audio's positional convolutions): ones and zeros, exact
@@ -359,6 +374,20 @@ def _split(ctx: Context, x: Value, sizes: Any, dim: int = 0) -> Any:
 def _cat(ctx: Context, tensors: list[Value], dim: int = 0) -> Any:
     rank = max(_rank(t) for t in tensors)
     return ctx.emit(Op.CAT, *tensors, attrs=A.DimAttrs(_dim(dim, rank)))
+
+
+@converts(aten.stack.default)
+def _stack(ctx: Context, tensors: list[Value], dim: int = 0) -> Any:
+    d = _dim(dim, _rank(tensors[0]) + 1)
+    parts = [ctx.emit(Op.UNSQUEEZE, t, attrs=A.DimAttrs(d))[0] for t in tensors]
+    return ctx.emit(Op.CAT, *parts, attrs=A.DimAttrs(d))
+
+
+@converts(aten.unbind.int)
+def _unbind(ctx: Context, x: Value, dim: int = 0) -> Any:
+    d = _dim(dim, _rank(x))
+    return tuple(ctx.emit(Op.SELECT, x, attrs=A.SelectAttrs(d, i))[0]
+                 for i in range(x.type.shape[d]))
 
 
 @converts(aten.constant_pad_nd.default)
@@ -464,6 +493,14 @@ def _full_like(ctx: Context, x: Value, fill_value: Any, *, dtype: Any = None, la
         return None  # channels-last strides: kiln's FULL is contiguous
     out = ctx.out_types[0]  # x's shape; x's dtype unless dtype says otherwise
     return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, fill_value, out.dtype))
+
+
+@converts(aten.zeros_like.default, aten.ones_like.default)
+def _fill_like(ctx: Context, x: Value, *, dtype: Any = None, layout: Any = None,
+               device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> Any:
+    value = 1 if ctx.target is aten.ones_like.default else 0  # type: ignore[attr-defined]
+    return _full_like(ctx, x, value, dtype=dtype, layout=layout, device=device,
+                      pin_memory=pin_memory, memory_format=memory_format)
 
 
 @converts(aten.scalar_tensor.default)
