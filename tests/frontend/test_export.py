@@ -1,5 +1,6 @@
 """kiln.compile: ahead-of-time compile, report, and clear errors for wrong calls."""
 
+import logging
 import re
 import warnings
 
@@ -76,6 +77,27 @@ def test_wrong_dtype_is_rejected():
 def test_non_tensor_example_input_is_a_clear_error():
     with pytest.raises(TypeError, match="example input 1 is a int"):
         kiln.compile(_model(), (torch.randn(2, 8), 3))
+
+
+class FailsOnlyInTheTrace(nn.Module):
+    """A shape rule that raises under torch.export only (as Informer's attention does)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_exporting():
+            return torch.mm(x, x)  # a 1-d x: the fake kernel's shape check raises
+        return x * 2
+
+
+def test_a_failed_capture_is_reported_once_without_torchs_logged_traceback(caplog):
+    torch._dynamo.reset()
+    x = torch.randn(3)
+    with caplog.at_level(logging.DEBUG):
+        compiled = kiln.compile(FailsOnlyInTheTrace(), (x,))
+    assert not [r for r in caplog.records if r.name.startswith("torch._subclasses")]
+    assert any("torch.export could not capture" in f and "must be 2D" in f
+               for f in compiled.report.fallbacks)
+    assert torch.equal(compiled(x), x * 2)
+    assert logging.getLogger("torch._subclasses.fake_tensor").level == logging.NOTSET
 
 
 def test_model_export_cannot_capture_falls_back_to_dynamo(caplog):

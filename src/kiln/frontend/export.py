@@ -304,8 +304,22 @@ def capture(model: torch.nn.Module, inputs: tuple[Any, ...], dynamic_shapes: Any
     converter, that program is decomposed as the public path's is. Captures, repeated in one
     process: ResNet-50 0.8 against 1.8 s; at the zoo's quick sizes Inception v3 0.7 against
     1.7 s, a Llama 0.5 against 1.5 s."""
-    with _no_stack_traces(), _state_kept(model):
+    with _no_stack_traces(), _fake_kernel_errors_unlogged(), _state_kept(model):
         return _capture(model, inputs, dynamic_shapes, whole)
+
+
+@contextlib.contextmanager
+def _fake_kernel_errors_unlogged() -> Iterator[None]:
+    """torch's fake-tensor mode logs the traceback of a shape rule that raises (Informer's
+    ProbSparse attention: ~60 lines on stderr) before the error reaches the trace's caller;
+    kiln's caller reports that error itself, once, with what it does instead."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    before = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 @contextlib.contextmanager
