@@ -54,7 +54,8 @@ def test_a_transpose_between_two_kernels_is_read_through_its_source(kernel_optio
     # library call, which needs the tensor
     assert in_place == {by_name["p"]: by_name["r"]}
     run, source = build_executor(graph, plan, range(3), kernels)
-    assert ".permute(" not in source and ".reshape((4, 80))" in source
+    # no permute; the view of the first kernel's slot made once (no kernel falls back)
+    assert ".permute(" not in source and re.search(r"v\d+_v = buf\[\d+\]", source), source
     second = next(line for line in source.splitlines() if "data_ptr()" in line
                   and re.search(r"v\d+_r\.data_ptr\(\), \w+\.data_ptr\(\)\)$", line.strip()))
     assert "is_contiguous" not in second
@@ -67,28 +68,57 @@ def test_a_transpose_between_two_kernels_is_read_through_its_source(kernel_optio
         torch.testing.assert_close(c, r.reshape(4, 80) @ w, equal_nan=True)
 
 
-def test_a_kernel_given_a_strided_operand_runs_its_library_ops_counted_and_warned_once(
+def test_a_strided_operand_is_read_from_a_dense_copy_not_the_library_ops(
         kernel_options, monkeypatch) -> None:  # noqa: ANN001
-    """A graph input that comes strided (a transposed tensor) fails the first kernel's layout
-    check: its group's library ops give the result, the call is counted per kernel, and the
-    first such call warns (naming the node and its ops); a contiguous input runs the kernel."""
+    """A graph input that comes strided (a transposed tensor) to a kernel compiled to read it
+    dense: the kernel reads a dense copy; it failed its layout check on every call and ran
+    its group's library ops (BigBird's key and value after a torch.compile graph break)."""
     graph, plan, kernels = _compiled(kernel_options)
     fallbacks = Fallbacks()
-    # (no entry copy of the strided input: the fallback is tested)
-    monkeypatch.setattr(executor, "_inputs_made_dense", lambda *args: [])
-    run, _ = build_executor(graph, plan, range(3), kernels, fallbacks=fallbacks)
+    monkeypatch.setattr(executor, "_inputs_made_dense", lambda *args: [])  # (no entry copy)
+    run, source = build_executor(graph, plan, range(3), kernels, fallbacks=fallbacks)
+    assert "is_contiguous" not in source
     x, y, w = torch.randn(40, 8).t(), torch.randn(8, 40), torch.randn(80, 3)
     r = torch.relu(x + y)
-    with pytest.warns(KernelFallbackWarning, match=r"node 'r' \(add\+relu\)"):
-        t, c = run([x, y, w])
-    torch.testing.assert_close(t, torch.tanh(torch.exp(r.t())))
-    torch.testing.assert_close(c, r.reshape(4, 80) @ w)
     with warnings.catch_warnings():
         warnings.simplefilter("error", KernelFallbackWarning)
-        run([x, y, w])  # (counted, not warned again)
-        assert fallbacks.counts == {"r": 2}
-        run([x.contiguous(), y, w])
-    assert fallbacks.counts == {"r": 2}
+        for inputs in ([x, y, w], [x.contiguous(), y, w]):
+            t, c = run(inputs)
+            torch.testing.assert_close(t, torch.tanh(torch.exp(r.t())))
+            torch.testing.assert_close(c, r.reshape(4, 80) @ w)
+    assert fallbacks.counts == {}
+
+
+def test_a_kernel_reading_a_view_in_place_given_other_strides_runs_its_library_ops(
+        kernel_options, monkeypatch) -> None:  # noqa: ANN001
+    """A row kernel reads a permuted view where it lies (its buffer has the view's strides):
+    a view with other strides at run time (its source, a graph input, came transposed) fails
+    the kernel's layout check; its group's library ops give the result, the call is counted
+    per kernel, and the first such call warns (naming the node and its ops)."""
+    graph = parse_graph("""\
+graph(%x: f32[4, 8, 16], %y: f32[8, 4, 16]) {
+  %p = permute(%y) {dims=(1, 0, 2)} : f32[4, 8, 16]
+  %s = add(%x, %p) : f32[4, 8, 16]
+  %m = softmax(%s) {dim=-1} : f32[4, 8, 16]
+  return %m
+}""")
+    built = build_kernels(graph, partition(graph), kernel_options)
+    moved = gather(graph, [k.group for k in built.kernels])
+    plan = plan_memory(moved, [fused_call(k) for k in built.kernels])
+    monkeypatch.setattr(executor, "_inputs_made_dense", lambda *args: [])  # (no entry copy)
+    fallbacks = Fallbacks()
+    run, source = build_executor(moved, plan, range(2), built.kernels, fallbacks=fallbacks)
+    assert "LAYOUT_OK" in source
+    x, y = torch.randn(4, 8, 16), torch.randn(16, 4, 8).permute(2, 1, 0)
+    want = torch.softmax(x + y.permute(1, 0, 2), -1)
+    with pytest.warns(KernelFallbackWarning, match=r"node 'm' \(add\+softmax\)"):
+        torch.testing.assert_close(run([x, y])[0], want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KernelFallbackWarning)
+        run([x, y])  # (counted, not warned again)
+        assert fallbacks.counts == {"m": 2}
+        torch.testing.assert_close(run([x, y.contiguous()])[0], want)
+    assert fallbacks.counts == {"m": 2}
 
 
 def test_a_row_kernels_matrix_makes_its_value_row_major(kernel_options) -> None:  # noqa: ANN001

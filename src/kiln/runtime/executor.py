@@ -31,7 +31,6 @@ from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
 from kiln.ir.types import TensorType
 from kiln.kernels.outcome import Built
-from kiln.kernels.strides import runtime_strides
 from kiln.passes.layout import channels_last_values
 from kiln.runtime.layouts import known_strides, laid_out_as, views_read_in_place
 from kiln.runtime.memory import OUT_VARIANTS, MemoryPlan, escaping, lifetimes
@@ -148,7 +147,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         lines.append(f"    {unpack}, = {fetch},")
     lines.append("    args.clear()")  # the caller's references go; ours die at last use
     nhwc_values = channels_last_values(graph)
-    for node in _inputs_made_dense(graph, kernels, writes, nhwc_values):
+    entry_dense = _inputs_made_dense(graph, kernels, writes, nhwc_values)
+    for node in entry_dense:
         name = names[node]
         lines.append(f"    {name} = {name} if {name}.is_contiguous() else {name}.contiguous()")
     compiled = [gk.kernel for gk in kernels if gk.generated]
@@ -186,7 +186,8 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
     # an elementwise library op's slot laid out as ATen would lay out its result
     slot_layouts = SlotLayouts(graph, [v for gk in kernels if gk.generated for v in gk.inputs])
     # strides fixed by the IR, and the views between generated kernels that need not run
-    known = known_strides(graph, kernels, slot, nhwc_slots)
+    known = {**known_strides(graph, kernels, slot, nhwc_slots),
+             **{n.out(): contiguous_strides(n.out().type.shape) for n in entry_dense}}
     in_place = views_read_in_place(graph, kernels, known, outputs)
 
     dies_at: dict[int, list[str]] = {}
@@ -365,11 +366,12 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                   known: Mapping[Value, tuple[int, ...]],
                   in_place: Mapping[Value, Value], dense: dict[str, str],
                   slot_strides: dict[int, tuple[int, ...]], fixed: FixedViews) -> list[str]:
-    """The kernel call, behind a layout check of the operands whose strides are not
-    ``known`` to be the kernel's (`kiln.runtime.layouts`); if the check fails (rare: a
-    strided graph input), the group's library calls run instead; an operand that the IR
-    makes a strided view, read dense by the kernel, is copied dense before the first such
-    call (``dense``: a view's name -> its copy's, dropped where the view dies). One of the
+    """The kernel call. An operand the kernel reads dense whose strides are not ``known``
+    to be so (`kiln.runtime.layouts`: a strided view by the IR, a graph input or a library
+    result that may come strided) is read from ``.contiguous()``, a copy only where it is
+    not dense, made before the first such call (``dense``: a value's name -> its copy's,
+    dropped where the value dies). One read with other strides (a view where it lies, NHWC)
+    is checked: if the check fails, the group's library calls run instead. One of the
     views ``in_place`` is read through its source's pointer. A library kernel (a library entry
     point on prepared weights) takes tensors and returns its output: no check, no slot."""
     if not gk.generated:
@@ -404,20 +406,21 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         if v.node.op is Op.CONSTANT or laid_out_as(v, buffer, known):
             continue
         strides = _strides(buffer)
-        if strides is None and v not in in_place and runtime_strides(graph, v) is not None:
-            # by its IR a strided view, which the kernel reads dense: one copy, shared by
-            # the kernels after it (T5's position bias, a permute of an embedding, in each
-            # layer's softmax prologue: the check failed on every call and the library ops
-            # ran, 200 us against a 74 us kernel); a copy of a tensor already dense is none
+        if strides is None and v not in in_place:
+            # read dense by the kernel, not known to be: one copy where it is not (none
+            # where it is), shared by the kernels after it. By its IR a strided view (T5's
+            # position bias, a permute of an embedding, in each layer's softmax prologue),
+            # or strided at run time only (BigBird's key and value, transposed graph inputs
+            # after a torch.compile graph break, which a library op reads too): the check
+            # failed on every call and the library ops ran instead (T5: 200 us against a 74
+            # us kernel; BigBird-Pegasus through torch.compile 1.04x eager, 1.96x without)
             pointer = f"{ref(v)}.data_ptr()"
             if ref(v) not in dense:
                 dense[ref(v)] = f"{ref(v)}_dense"
                 copies.append(f"    {dense[ref(v)]} = {ref(v)}.contiguous()")
             pointers = [f"{dense[ref(v)]}.data_ptr()" if p == pointer else p for p in pointers]
             continue
-        if strides is None:
-            checks.append(f"{ref(v)}.is_contiguous()")
-        elif strides is not None and len(strides) == 4 and \
+        if strides is not None and len(strides) == 4 and \
                 strides == channels_last_strides(buffer.shape):
             fmt = _bind(env, "CHANNELS_LAST", torch.channels_last)
             checks.append(f"{ref(v)}.is_contiguous(memory_format={fmt})")
