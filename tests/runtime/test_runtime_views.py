@@ -59,9 +59,9 @@ def test_views_of_a_slot_are_made_once_and_follow_its_values() -> None:
         torch.testing.assert_close(got, expected, equal_nan=True)
 
 
-CHECKED = """graph(%x: f32[8, 40], %y: f32[40, 8], %w: f32[80, 3]) {
-  %p = permute(%y) {dims=(1, 0)} : f32[8, 40]
-  %s = add(%x, %p) : f32[8, 40]
+CHECKED = """graph(%x: f32[8, 40], %y: f32[1, 40], %w: f32[80, 3]) {
+  %e = expand(%y) {shape=(8, 40)} : f32[8, 40]
+  %s = add(%x, %e) : f32[8, 40]
   %r = relu(%s) : f32[8, 40]
   %v = view(%r) {shape=(4, 80)} : f32[4, 80]
   %c = mm(%v, %w) : f32[4, 3]
@@ -71,10 +71,10 @@ CHECKED = """graph(%x: f32[8, 40], %y: f32[40, 8], %w: f32[80, 3]) {
 
 def test_a_view_of_a_kernel_output_behind_a_layout_check_runs_every_call(
         kernel_options, monkeypatch) -> None:  # noqa: ANN001
-    """The add + relu kernel reads a transposed view where it lies, behind a check of its
-    strides, and may run its library ops instead, which allocate: its result is then not in
-    its slot, so the view of it must run on every call (a view made once would read the
-    slot's stale values)."""
+    """The add + relu kernel reads an expanded view where it lies (a 0 stride, which no
+    copy can have), behind a check of its strides, and may run its library ops instead,
+    which allocate: its result is then not in its slot, so the view of it must run on
+    every call (a view made once would read the slot's stale values)."""
     graph = parse_graph(CHECKED)
     built = build_kernels(graph, partition(graph), kernel_options)
     moved = gather(graph, [k.group for k in built.kernels])
@@ -83,9 +83,9 @@ def test_a_view_of_a_kernel_output_behind_a_layout_check_runs_every_call(
     monkeypatch.setattr(executor, "_inputs_made_dense", lambda *args: [])
     run, source = build_executor(moved, plan, range(3), built.kernels)
     assert ".reshape((4, 80))" in source
-    x, y, w = torch.randn(8, 40), torch.randn(40, 8), torch.randn(80, 3)
-    torch.testing.assert_close(run([x, y, w])[0], torch.relu(x + y.t()).reshape(4, 80) @ w)
-    strided = (-y).t().contiguous().t()  # other values, and a layout the kernel refuses
+    x, y, w = torch.randn(8, 40), torch.randn(1, 40), torch.randn(80, 3)
+    torch.testing.assert_close(run([x, y, w])[0], torch.relu(x + y).reshape(4, 80) @ w)
+    strided = (-torch.randn(1, 80))[:, ::2]  # other values, and a layout the kernel refuses
     with pytest.warns(KernelFallbackWarning):
         got = run([x, strided, w])[0]
-    torch.testing.assert_close(got, torch.relu(x + strided.t()).reshape(4, 80) @ w)
+    torch.testing.assert_close(got, torch.relu(x + strided).reshape(4, 80) @ w)

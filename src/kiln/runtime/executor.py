@@ -401,7 +401,7 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
             size = repr(tuple(v.type.shape)) + ("" if strides is None else f", {strides!r}")
             allocs.append(f"{ref(v)} = {empty}({size}, dtype={dtype})")
         pointers.append(f"{ref(v)}.data_ptr()")
-    checks, copies = [], []
+    checks, copies, temps = [], [], []
     for v, buffer in dict(zip(gk.inputs, params.inputs)).items():
         if v.node.op is Op.CONSTANT or laid_out_as(v, buffer, known):
             continue
@@ -420,8 +420,22 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                 copies.append(f"    {dense[ref(v)]} = {ref(v)}.contiguous()")
             pointers = [f"{dense[ref(v)]}.data_ptr()" if p == pointer else p for p in pointers]
             continue
-        if strides is not None and len(strides) == 4 and \
-                strides == channels_last_strides(buffer.shape):
+        channels_last = strides is not None and len(strides) == 4 and \
+            strides == channels_last_strides(buffer.shape)
+        if strides is not None and not channels_last and v not in in_place and \
+                disjoint(buffer.shape, strides):
+            # read with strides of the kernel's own (a view where it lies): where it
+            # comes otherwise (a view of an input that came transposed: BigBird's bmm
+            # operands after a torch.compile graph break), a copy laid out so; the check
+            # failed there on every call and the library ops ran instead
+            relay = _bind(env, "RELAID", relaid(buffer, layout_check(buffer)))
+            temp = f"{ref(v)}_relaid{len(temps)}"
+            copies.append(f"    {temp} = {relay}({ref(v)})")
+            temps.append(temp)
+            pointer = f"{ref(v)}.data_ptr()"
+            pointers = [f"{temp}.data_ptr()" if p == pointer else p for p in pointers]
+            continue
+        if channels_last:  # (NCHW where the IR could not foresee it: ATen's ops, as eager)
             fmt = _bind(env, "CHANNELS_LAST", torch.channels_last)
             checks.append(f"{ref(v)}.is_contiguous(memory_format={fmt})")
         elif strides is not None:  # any other strides: the kernel's own test of them
@@ -431,7 +445,8 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         for v, buffer in zip(gk.outputs, params.outputs):
             if v in slot:
                 fixed.fix_slot(v, slot[v], slot_strides.get(slot[v], _strides(buffer)))
-        return copies + [f"    {a}" for a in allocs] + [f"    {call}"]
+        gone = [f"    del {', '.join(temps)}"] if temps else []
+        return copies + [f"    {a}" for a in allocs] + [f"    {call}"] + gone
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
     ops = "+".join(n.op.text for n in gk.group.nodes)
     fallback = [f"FELL_BACK({gk.group.last.name!r}, {ops!r})"]
@@ -440,8 +455,31 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
                  if v not in strided_outputs(gk)]  # (those may have any layout after it)
     named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
     fallback += [f"del {', '.join(named)}"] if named else []
+    gone = [f"    del {', '.join(temps)}"] if temps else []
     return (copies + [f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]
-            + [f"        {call}", "    else:"] + [f"        {line}" for line in fallback])
+            + [f"        {call}", "    else:"] + [f"        {line}" for line in fallback] + gone)
+
+
+def disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
+    """Whether no two elements of a tensor with these strides share memory (an expanded
+    view's 0 strides do): only then can a copy be laid out so."""
+    extent = 1
+    for stride, size in sorted((s, n) for n, s in zip(shape, strides) if n > 1):
+        if stride < extent:
+            return False
+        extent = stride * size
+    return True
+
+
+def relaid(buffer: TirBuffer, laid_out: Callable[[torch.Tensor], bool]
+           ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A tensor as ``buffer`` lays it out: itself where ``laid_out`` says so, else a copy
+    with the buffer's (disjoint) strides."""
+    shape, strides = tuple(buffer.shape), tuple(buffer.strides or ())
+
+    def relay(t: torch.Tensor) -> torch.Tensor:
+        return t if laid_out(t) else torch.empty_strided(shape, strides, dtype=t.dtype).copy_(t)
+    return relay
 
 
 # views run as Tensor methods, which dispatch faster than the op's kernel from Python (1.8 us
