@@ -245,3 +245,40 @@ def test_a_view_nhwc_cannot_give_reads_a_copy_under_dynamo() -> None:
     fast = torch.compile(model, backend="kiln", options={"strict": True})
     with torch.no_grad():
         torch.testing.assert_close(fast(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+class _UpsampledHead(torch.nn.Module):
+    """ViTPose's head (an NCHW view of tokens, upsampled 4x, a 3x3 convolution) and a
+    U-Net-like step (a convolution, upsampled, another)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.head = torch.nn.Conv2d(8, 4, 3, padding=1)
+        self.down = torch.nn.Conv2d(4, 6, 3, padding=1, stride=2)
+        self.up = torch.nn.Conv2d(6, 5, 3, padding=1)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        image = tokens.transpose(1, 2).reshape(1, 8, 6, 6).relu()
+        y = self.head(torch.nn.functional.interpolate(image, scale_factor=4, mode="bilinear"))
+        z = self.down(y)
+        return self.up(torch.nn.functional.interpolate(z, scale_factor=2, mode="nearest"))
+
+
+def test_an_upsampling_before_convolutions_runs_nhwc(monkeypatch) -> None:
+    """The upsampling reads an NHWC copy of its input and gives NHWC: no copy of its (16x
+    larger) result before the convolution; one after another convolution reads its NHWC
+    result as it is."""
+    monkeypatch.setattr(layout, "_measured_faster", lambda convs, options: True)
+    model, tokens = _UpsampledHead().eval(), torch.randn(1, 36, 8)
+    tokens[0, 3, 2], tokens[0, 7, 1] = float("nan"), float("inf")
+    compiled = kiln.compile(model, (tokens,), kiln.Options(opt_level=3, strict=True))
+    graph = compiled.report.graphs[0].details.optimized
+    upsamplings = [n for n in graph.nodes if n.op is layout.Op.CALL
+                   and n.attrs.target in layout.RELAYOUT_CALLS]
+    assert len(upsamplings) == 2
+    nhwc = layout.channels_last_values(graph)
+    assert all(n.out() in nhwc for n in upsamplings)
+    converted = {n.inputs[0].node.op for n in graph.nodes if n.op is layout.Op.TO_LAYOUT}
+    assert layout.Op.CALL not in converted  # (no upsampled result copied)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(tokens), model(tokens), equal_nan=True)

@@ -42,6 +42,13 @@ CONVS = frozenset({Op.CONVOLUTION, Op.CONV_ACT})
 # ops whose result takes the layout of their (4-d) operands at run time (ATen 2.13's
 # constant_pad_nd too: TF-style explicit pads before MobileNetV2's stride-2 convolutions)
 KEEPS_LAYOUT = frozenset({Op.CONV_ACT, Op.CONVOLUTION, Op.CAT, Op.BATCH_NORM, Op.PAD})
+# opaque calls that run NHWC on an NHWC input and return NHWC (ATen's upsamplings): one
+# that feeds convolutions only upsamples NHWC from its input's copy, where the copy of its
+# output was the larger (ViTPose's head: a 4x bilinear upsampling before a 3x3
+# convolution, 9.8 ms of copy after an 18 ms upsampling)
+_aten = torch.ops.aten
+RELAYOUT_CALLS = frozenset({_aten.upsample_bilinear2d.default, _aten.upsample_bilinear2d.vec,
+                            _aten.upsample_nearest2d.default, _aten.upsample_nearest2d.vec})
 REQUIRED_GAIN = 0.95
 # per convolution, both layouts; no full garbage collection first: at compile time, with the
 # compiler's objects alive, one costs more than the timing (0.35 s each on Inception)
@@ -115,8 +122,25 @@ def _evaluated(graph: Graph, value: Value, depth: int) -> object:
         return evaluate_node(node, args, graph)[value.index]
 
 
+def _relayout_call(node: Node) -> bool:
+    return node.op is Op.CALL and node.attrs.target in RELAYOUT_CALLS  # type: ignore
+
+
+def _upsampled_for_convs(graph: Graph, convs: set[Node]) -> set[Node]:
+    """The upsamplings (`RELAYOUT_CALLS`) whose result only ``convs`` read, as their input:
+    those upsample the NHWC copy of their input (several times smaller) instead."""
+    users = graph.users()
+    returned = {v.node for v in graph.outputs}
+    return {node for node in graph.nodes if _relayout_call(node) and node not in returned
+            and len(node.types) == 1 and len(node.types[0].shape) == 4
+            and users.get(node) and all(u in convs and u.inputs[0] == node.out()
+                                        and node.out() not in u.inputs[1:]
+                                        for u in users[node])}
+
+
 def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
-    nhwc = _channels_last_values(graph, convs)
+    lifted = _upsampled_for_convs(graph, convs)
+    nhwc = _channels_last_values(graph, convs | lifted)
     made: dict[tuple[Value, bool], Value] = {}
 
     def converted(value: Value, to_nhwc: bool) -> Value:
@@ -133,6 +157,9 @@ def _rewrite(graph: Graph, convs: set[Node]) -> Graph:
             if node.inputs[0] not in nhwc:
                 new[0] = converted(inputs[0], True)
             new[1] = converted(inputs[1], True)
+        elif node in lifted:
+            if node.inputs[0] not in nhwc:
+                new[0] = converted(inputs[0], True)
         else:
             # a convolution kept NCHW for its padding must also read NCHW: ATen picks the
             # algorithm by its input's layout
@@ -205,6 +232,8 @@ def _nhwc_values(graph: Graph, convs: set[Node]) -> set[Value]:
         elif (node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
               or node.op.is_a(OpGroup.POOLING)) and any(v in nhwc for v in node.inputs):
             nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
+        elif _relayout_call(node) and node.inputs and node.inputs[0] in nhwc:
+            nhwc.update(v for v in node.outputs if len(v.type.shape) == 4)
         elif node.op is Op.PERMUTE and tuple(node.attrs.dims) == (0, 2, 3, 1) \
                 and node.inputs[0] in nhwc:  # type: ignore[attr-defined]
             dense.add(node.out())
@@ -228,6 +257,8 @@ def _nhwc_view(node: Node, graph: Graph, dense: set[Value]) -> bool:
 
 def _needs_standard_layout(node: Node, index: int) -> bool:
     """Could ``node`` misbehave if its ``index``-th operand were NHWC?"""
+    if _relayout_call(node) and index == 0:
+        return False  # (NHWC in, NHWC out: the values that follow it say so)
     if node.op is Op.CALL or node.op is Op.TO_LAYOUT:
         return True
     if node.op in CONVS and index == 0 and _one_channel(node):
