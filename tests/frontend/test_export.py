@@ -380,6 +380,27 @@ def test_safe_softmax_stack_and_unbind_are_converted_in_one_trace(monkeypatch, e
         assert not any(g.opaque_ops for g in compiled.report.graphs)
 
 
+class ReversedSubtractions(nn.Module):
+    """``1.0 - mask`` (HF's extended attention masks), rsub of two tensors, an int rsub."""
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (1.0 - x) * 3, torch.rsub(x, y), 0.0 - x, 2 - x.int()
+
+
+def test_rsub_is_converted_in_one_trace_with_the_signs_of_zeros(monkeypatch):
+    calls = _count_decompositions(monkeypatch)
+    x = torch.tensor([0.0, -0.0, 1.0, float("inf"), -float("inf"), float("nan"), -2.5])
+    y = torch.randn(7)
+    compiled = kiln.compile(ReversedSubtractions(), (x, y))
+    assert not calls and not compiled.report.fallbacks
+    assert not any(g.opaque_ops for g in compiled.report.graphs)
+    for got, want in zip(compiled(x, y), ReversedSubtractions()(x, y)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+        assert got.dtype == want.dtype
+        number = ~torch.isnan(want.float())  # (a NaN's sign means nothing)
+        assert torch.equal(torch.signbit(got)[number], torch.signbit(want)[number])  # 0-0 = +0
+
+
 def test_capture_takes_torch_exports_path_where_the_one_trace_fails(monkeypatch):
     real = torch.export._trace._export
 

@@ -99,6 +99,18 @@ for _packet, _op in _BINARY.items():
         CONVERTERS[getattr(_packet, _overload)] = _binary(_op)
 
 
+@converts(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(ctx: Context, x: Value, other: Any, alpha: Any = 1) -> Any:
+    """other - x (``1.0 - attention_mask``): with a number, -x + other, the same value
+    (IEEE subtraction adds the negation), since kiln's ops take a number second."""
+    if alpha != 1 or isinstance(alpha, float):
+        return None
+    if isinstance(other, Value):
+        return ctx.emit(Op.SUB, other, x)
+    (negated,) = ctx.emit(Op.NEG, x)
+    return ctx.emit(Op.ADD, negated, ctx.operand(other))
+
+
 @converts(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(ctx: Context, a: Any, b: Any, *, rounding_mode: str | None) -> Any:
     return ctx.emit(Op.DIV, a, ctx.operand(b), attrs=A.DivAttrs(rounding_mode))
