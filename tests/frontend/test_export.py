@@ -381,13 +381,16 @@ def test_safe_softmax_stack_and_unbind_are_converted_in_one_trace(monkeypatch, e
 
 
 class ReversedSubtractions(nn.Module):
-    """``1.0 - mask`` (HF's extended attention masks), rsub of two tensors, an int rsub."""
+    """``1.0 - mask`` (HF's extended attention masks), rsub of two tensors, an int rsub,
+    floor_divide (MoE routers) and empty_like."""
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return (1.0 - x) * 3, torch.rsub(x, y), 0.0 - x, 2 - x.int()
+        empty = torch.empty_like(y).copy_(y)
+        return (1.0 - x) * 3, torch.rsub(x, y), 0.0 - x, 2 - x.int(), \
+            torch.floor_divide(x, y) + empty, torch.floor_divide(7 - x.int(), 2)
 
 
-def test_rsub_is_converted_in_one_trace_with_the_signs_of_zeros(monkeypatch):
+def test_rsub_floor_divide_and_empty_like_are_converted_in_one_trace(monkeypatch):
     calls = _count_decompositions(monkeypatch)
     x = torch.tensor([0.0, -0.0, 1.0, float("inf"), -float("inf"), float("nan"), -2.5])
     y = torch.randn(7)

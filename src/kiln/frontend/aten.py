@@ -116,6 +116,13 @@ def _div_mode(ctx: Context, a: Any, b: Any, *, rounding_mode: str | None) -> Any
     return ctx.emit(Op.DIV, a, ctx.operand(b), attrs=A.DivAttrs(rounding_mode))
 
 
+@converts(aten.floor_divide.default, aten.floor_divide.Scalar)
+def _floor_divide(ctx: Context, a: Value, b: Any) -> Any:
+    """a // b: torch's floor_divide rounds toward -inf, as div(rounding_mode='floor') does
+    (MoE routers' expert indices)."""
+    return ctx.emit(Op.DIV, a, ctx.operand(b), attrs=A.DivAttrs("floor"))
+
+
 @converts(aten.pow.Tensor_Scalar, aten.pow.Tensor_Tensor)
 def _pow(ctx: Context, a: Any, b: Any) -> Any:
     return ctx.emit(Op.POW, a, ctx.operand(b))
@@ -507,9 +514,10 @@ def _full_like(ctx: Context, x: Value, fill_value: Any, *, dtype: Any = None, la
     return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, fill_value, out.dtype))
 
 
-@converts(aten.zeros_like.default, aten.ones_like.default)
+@converts(aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default)
 def _fill_like(ctx: Context, x: Value, *, dtype: Any = None, layout: Any = None,
                device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> Any:
+    # (empty_like's values are unspecified: zeros are some)
     value = 1 if ctx.target is aten.ones_like.default else 0  # type: ignore[attr-defined]
     return _full_like(ctx, x, value, dtype=dtype, layout=layout, device=device,
                       pin_memory=pin_memory, memory_format=memory_format)
