@@ -103,3 +103,31 @@ def test_compiled_roll_and_padding_match_eager(entry: str) -> None:
         torch.testing.assert_close(fast(x), model(x), equal_nan=True)
     if entry == "kiln.compile":
         assert "aten.roll.default" in fast.report.graphs[0].opaque_ops
+
+
+class WeightNormed(nn.Module):
+    """wav2vec2's positional convolution: a grouped Conv1d under weight normalization."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from torch.nn.utils.parametrizations import weight_norm
+
+        self.conv = weight_norm(nn.Conv1d(16, 16, 5, padding=2, groups=4), dim=2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.conv(x))
+
+
+def test_weight_normalization_is_folded_without_a_second_trace(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.export import ExportedProgram
+
+    def second_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the capture traced the model a second time")
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+    model, x = WeightNormed().eval(), torch.randn(1, 16, 50)
+    with torch.no_grad():
+        compiled = kiln.compile(model, (x,))
+        torch.testing.assert_close(compiled(x), model(x))
+    assert not compiled.report.fallbacks
+    assert "call" not in compiled.report.graphs[0].ops  # folded into the weight

@@ -40,7 +40,11 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               aten.roll.default,
               aten.reflection_pad1d.default, aten.reflection_pad2d.default,
               aten.reflection_pad3d.default, aten.replication_pad1d.default,
-              aten.replication_pad2d.default, aten.replication_pad3d.default)
+              aten.replication_pad2d.default, aten.replication_pad3d.default,
+              # and weight normalization (wav2vec2's positional convolution, vocoders): a
+              # function of constants, which folding then computes once, as it does the
+              # decomposition, without the second trace
+              aten._weight_norm_interface.default)
 
 
 @contextlib.contextmanager
