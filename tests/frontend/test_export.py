@@ -404,6 +404,26 @@ def test_rsub_floor_divide_and_empty_like_are_converted_in_one_trace(monkeypatch
         assert torch.equal(torch.signbit(got)[number], torch.signbit(want)[number])  # 0-0 = +0
 
 
+class Baddbmm(nn.Module):
+    def forward(self, bias: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        return (torch.baddbmm(bias, q, k, alpha=0.125), torch.baddbmm(bias, q, k),
+                torch.baddbmm(bias, q, k, beta=0.5, alpha=2.0),
+                torch.baddbmm(bias, q, k, beta=0.0))
+
+
+def test_baddbmm_is_converted_in_one_trace(monkeypatch):
+    calls = _count_decompositions(monkeypatch)
+    bias, q, k = torch.randn(3, 5, 7), torch.randn(3, 5, 4), torch.randn(3, 4, 7)
+    bias[0, 0, 0], q[1, 2, 3] = float("nan"), float("inf")
+    compiled = kiln.compile(Baddbmm(), (bias, q, k))
+    assert not calls and not compiled.report.fallbacks
+    assert not any(g.opaque_ops for g in compiled.report.graphs)
+    for got, want in zip(compiled(bias, q, k), Baddbmm()(bias, q, k)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    assert not torch.isnan(compiled(bias, q, k)[3][0, 0, 0])  # beta = 0 ignores the NaN
+
+
 def test_capture_takes_torch_exports_path_where_the_one_trace_fails(monkeypatch):
     real = torch.export._trace._export
 

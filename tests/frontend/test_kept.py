@@ -15,7 +15,7 @@ from kiln.frontend.export import capture
 from kiln.frontend.kept import KEPT_WHOLE, traced_whole
 
 aten = torch.ops.aten
-MODES = [("bilinear", False), ("bilinear", True), ("nearest", None)]
+MODES = [("bilinear", False), ("bilinear", True), ("nearest", None), ("bicubic", False)]
 
 
 class Upsample(nn.Module):

@@ -428,6 +428,25 @@ def _bmm(ctx: Context, a: Value, b: Value) -> Any:
     return ctx.emit(Op.BMM, a, b)
 
 
+@converts(aten.baddbmm.default)
+def _baddbmm(ctx: Context, x: Value, b1: Value, b2: Value, *, beta: Any = 1,
+             alpha: Any = 1) -> Any:
+    """beta * x + alpha * (b1 @ b2) (WavLM's relative position bias), spelled as torch's
+    decomposition: the product, scaled where alpha != 1, x (scaled where beta != 1) added
+    where beta != 0 (a NaN in x is then ignored, as ATen ignores it)."""
+    if x.type.dtype is not DType.F32 or not all(
+            isinstance(c, (int, float)) and not isinstance(c, bool) for c in (beta, alpha)):
+        return None
+    (result,) = ctx.emit(Op.BMM, b1, b2)
+    if alpha != 1:
+        (result,) = ctx.emit(Op.MUL, result, ctx.operand(alpha))
+    if beta == 0:
+        return (result,)
+    if beta != 1:
+        (x,) = ctx.emit(Op.MUL, x, ctx.operand(beta))
+    return ctx.emit(Op.ADD, x, result)
+
+
 @converts(aten.addmm.default)
 def _addmm(ctx: Context, bias: Value, a: Value, b: Value, *, beta: Any = 1,
            alpha: Any = 1) -> Any:

@@ -31,6 +31,8 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               # (ZoeDepth's eight 384x384 upsamplings 300 ms against 92)
               aten.upsample_bilinear2d.default, aten.upsample_bilinear2d.vec,
               aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
+              aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.vec,  # (YOLOS's 32
+              # gathers of its position embeddings)
               # and roll (Swin's shifted windows) and reflection and replication padding
               # (super-resolution and vocoder convolutions), whose decompositions are an
               # index gather per dimension; kiln converts none of them, and one left in the
