@@ -385,7 +385,7 @@ class ReversedSubtractions(nn.Module):
     floor_divide (MoE routers) and empty_like."""
 
     def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        empty = torch.empty_like(y).copy_(y)
+        empty = torch.empty_like(y).copy_(y) + y.new_empty(y.shape).fill_(2.0)
         return (1.0 - x) * 3, torch.rsub(x, y), 0.0 - x, 2 - x.int(), \
             torch.floor_divide(x, y) + empty, torch.floor_divide(7 - x.int(), 2)
 

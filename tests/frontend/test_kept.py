@@ -131,3 +131,33 @@ def test_weight_normalization_is_folded_without_a_second_trace(
         torch.testing.assert_close(compiled(x), model(x))
     assert not compiled.report.fallbacks
     assert "call" not in compiled.report.graphs[0].ops  # folded into the weight
+
+
+class Gated(nn.Module):
+    """Mamba's step sizes (softplus) and causal masks (tril, triu) of an activation."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dt = F.softplus(x * 2.0)
+        return torch.tril(dt, -1) + torch.triu(x.exp(), 2) * 0.5
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+def test_softplus_and_triangles_are_one_call_each_in_one_trace(
+        entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.export import ExportedProgram
+
+    def second_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the capture traced the model a second time")
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+    x = torch.randn(2, 6, 6) * 20  # (softplus' linear branch above 20 too)
+    x[0, 1, 0], x[1, 4, 2], x[0, 5, 1] = float("nan"), float("inf"), -float("inf")
+    model = Gated().eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        torch.testing.assert_close(fast(x), model(x), equal_nan=True)
+    if entry == "kiln.compile":
+        assert not fast.report.fallbacks
+        assert {"aten.softplus.default", "aten.tril.default", "aten.triu.default"} <= set(
+            fast.report.graphs[0].opaque_ops)

@@ -510,7 +510,7 @@ def _full(ctx: Context, size: Any, fill_value: Any, *, dtype: Any = None, layout
 
 
 _FILLS = {aten.zeros.default: 0, aten.ones.default: 1, aten.new_zeros.default: 0,
-          aten.new_ones.default: 1}
+          aten.new_ones.default: 1, aten.new_empty.default: 0}  # (unspecified: zeros)
 
 
 @converts(*_FILLS)
@@ -521,6 +521,13 @@ def _fill(ctx: Context, *sizes: Any, dtype: Any = None, layout: Any = None, devi
         return None
     out = ctx.out_types[0]
     return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, _FILLS[ctx.target], out.dtype))
+
+
+@converts(aten.fill.Scalar)
+def _fill_scalar(ctx: Context, x: Value, value: Any) -> Any:
+    """x.fill_(value), functionalized: a new tensor of x's shape and dtype."""
+    out = ctx.out_types[0]
+    return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, value, out.dtype))
 
 
 @converts(aten.full_like.default)

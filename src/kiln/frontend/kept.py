@@ -46,7 +46,11 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               # and weight normalization (wav2vec2's positional convolution, vocoders): a
               # function of constants, which folding then computes once, as it does the
               # decomposition, without the second trace
-              aten._weight_norm_interface.default)
+              aten._weight_norm_interface.default,
+              # and softplus (Mamba's step sizes), whose decomposition holds log1p, which
+              # kiln does not model either, and tril / triu (masks), a comparison of iotas
+              # decomposed: one ATen kernel each, as eager, and no second trace
+              aten.softplus.default, aten.tril.default, aten.triu.default)
 
 
 @contextlib.contextmanager
