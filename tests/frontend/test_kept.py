@@ -161,3 +161,39 @@ def test_softplus_and_triangles_are_one_call_each_in_one_trace(
         assert not fast.report.fallbacks
         assert {"aten.softplus.default", "aten.tril.default", "aten.triu.default"} <= set(
             fast.report.graphs[0].opaque_ops)
+
+
+class Assorted(nn.Module):
+    """Ops the sweeps' models left to the decomposition table: glu (Conformer), std,
+    masked_fill with a tensor value, logsumexp (Reformer), log-sigmoid (xLSTM), all
+    (RT-DETR), index_add, and the constants linspace and eye."""
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        gated = F.glu(x, dim=-1) + x.std(-1, keepdim=True)
+        filled = x.masked_fill(mask, torch.tensor(-3.0))
+        ramp = torch.linspace(0, 1, x.shape[-1]) + torch.eye(x.shape[-1])[0]
+        added = torch.zeros(4, x.shape[-1]).index_add(0, torch.tensor([0, 2, 2]), x[0, :3])
+        return (gated, filled * ramp, torch.logsumexp(x, -1), F.logsigmoid(x),
+                (x > 0).all(-1), added)
+
+
+@pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
+def test_assorted_ops_are_captured_in_one_trace(entry: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.export import ExportedProgram
+
+    def second_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the capture traced the model a second time")
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+    torch.manual_seed(0)
+    x, mask = torch.randn(2, 5, 8), torch.rand(2, 5, 8) > 0.7
+    x[0, 1, 2], x[1, 3, 5], x[1, 0, 0] = float("nan"), float("inf"), -float("inf")
+    model = Assorted().eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = kiln.compile(model, (x, mask)) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        for got, want in zip(fast(x, mask), model(x, mask)):
+            torch.testing.assert_close(got, want, equal_nan=True)
+    if entry == "kiln.compile":
+        assert not fast.report.fallbacks

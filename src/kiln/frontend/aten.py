@@ -149,6 +149,27 @@ def _silu(ctx: Context, x: Value) -> Any:
     return ctx.emit(Op.MUL, x, s)
 
 
+@converts(aten.glu.default)
+def _glu(ctx: Context, x: Value, dim: int = -1) -> Any:
+    """a * sigmoid(b), a and b x's halves along ``dim`` (Conformer's convolution module)."""
+    d = _dim(dim, _rank(x))
+    half = x.type.shape[d] // 2
+    if x.type.shape[d] % 2:
+        return None  # (ATen raises: left to it)
+    a, b = ctx.emit(Op.SPLIT, x, attrs=A.SplitAttrs((half, half), d))
+    (gate,) = ctx.emit(Op.SIGMOID, b)
+    return ctx.emit(Op.MUL, a, gate)
+
+
+@converts(aten.masked_fill.Tensor)
+def _masked_fill_tensor(ctx: Context, x: Value, mask: Value, value: Value) -> Any:
+    """masked_fill with a 0-d tensor of x's dtype: where(mask, value, x)."""
+    if mask.type.dtype is not DType.BOOL or value.type.shape != () or \
+            value.type.dtype is not x.type.dtype:
+        return None
+    return ctx.emit(Op.WHERE, mask, value, x)
+
+
 @converts(aten.hardsigmoid.default, aten.hardswish.default)
 def _hard(ctx: Context, x: Value) -> Any:
     """clamp(x + 3, 0, 6) / 6, times x for hardswish (MobileNetV3, LeViT): left to the
@@ -274,6 +295,14 @@ def _var(ctx: Context, x: Value, dim: Any = None, *, correction: Any = None,
          keepdim: bool = False) -> Any:
     return ctx.emit(Op.VAR, x, attrs=A.VarAttrs(_dims(x, dim),
                                                 1 if correction is None else correction, keepdim))
+
+
+@converts(aten.std.correction)
+def _std(ctx: Context, x: Value, dim: Any = None, *, correction: Any = None,
+         keepdim: bool = False) -> Any:
+    """sqrt(var(x)), as torch's decomposition spells it."""
+    (var,) = _var(ctx, x, dim, correction=correction, keepdim=keepdim)
+    return ctx.emit(Op.SQRT, var)
 
 
 @converts(aten._softmax.default, aten._log_softmax.default)

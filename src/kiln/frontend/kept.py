@@ -50,7 +50,12 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               # and softplus (Mamba's step sizes), whose decomposition holds log1p, which
               # kiln does not model either, and tril / triu (masks), a comparison of iotas
               # decomposed: one ATen kernel each, as eager, and no second trace
-              aten.softplus.default, aten.tril.default, aten.triu.default)
+              aten.softplus.default, aten.tril.default, aten.triu.default,
+              # and the rest the sweeps' models left to the table: log-sum-exp (Reformer),
+              # log-sigmoid (xLSTM), all (RT-DETR), index_add, and the constants linspace
+              # and eye, which folding computes
+              aten.logsumexp.default, aten.log_sigmoid_forward.default, aten.all.dim,
+              aten.index_add.default, aten.linspace.default, aten.eye.default)
 
 
 @contextlib.contextmanager
