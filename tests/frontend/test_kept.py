@@ -35,6 +35,30 @@ def _input() -> torch.Tensor:
     return x
 
 
+def _compiled(model: nn.Module, inputs: tuple[torch.Tensor, ...], entry: str) -> object:
+    """``model`` compiled through ``entry`` ("kiln.compile" or "torch.compile"), its
+    results checked equal to eager's (NaN where eager has NaN)."""
+    torch._dynamo.reset()
+    with torch.no_grad():
+        fast = kiln.compile(model, inputs) if entry == "kiln.compile" else \
+            torch.compile(model, backend="kiln")
+        got, want = fast(*inputs), model(*inputs)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,), strict=True):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    return fast
+
+
+@pytest.fixture
+def one_trace(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The capture may not trace the model a second time (through the decomposition table)."""
+    from torch.export import ExportedProgram
+
+    def second_trace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the capture traced the model a second time")
+    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+
+
 @pytest.mark.parametrize(("mode", "align_corners"), MODES)
 def test_an_upsampling_is_captured_as_one_call(mode: str, align_corners: bool | None) -> None:
     program = capture(Upsample(mode, align_corners), (_input(),))
@@ -47,12 +71,7 @@ def test_an_upsampling_is_captured_as_one_call(mode: str, align_corners: bool | 
 @pytest.mark.parametrize(("mode", "align_corners"), MODES)
 def test_a_compiled_upsampling_matches_eager(mode: str, align_corners: bool | None,
                                              entry: str) -> None:
-    model, x = Upsample(mode, align_corners).eval(), _input()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
-            torch.compile(model, backend="kiln")
-        torch.testing.assert_close(fast(x), model(x), equal_nan=True)
+    fast = _compiled(Upsample(mode, align_corners).eval(), (_input(),), entry)
     if entry == "kiln.compile":
         assert f"aten.upsample_{mode}2d.default" in fast.report.graphs[0].opaque_ops
 
@@ -79,13 +98,7 @@ class Shifted(nn.Module):
         return F.pad(reflected + 1.0, (1, 1, 1, 1), mode="replicate").tanh()
 
 
-def test_roll_and_reflection_padding_are_captured_in_one_trace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.export import ExportedProgram
-
-    def second_trace(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the capture traced the model a second time")
-    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+def test_roll_and_reflection_padding_are_captured_in_one_trace(one_trace: None) -> None:
     program = capture(Shifted(), (_input(),))
     targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     assert {"aten.roll.default", "aten.reflection_pad2d.default",
@@ -95,12 +108,7 @@ def test_roll_and_reflection_padding_are_captured_in_one_trace(
 
 @pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
 def test_compiled_roll_and_padding_match_eager(entry: str) -> None:
-    model, x = Shifted().eval(), _input()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
-            torch.compile(model, backend="kiln")
-        torch.testing.assert_close(fast(x), model(x), equal_nan=True)
+    fast = _compiled(Shifted().eval(), (_input(),), entry)
     if entry == "kiln.compile":
         assert "aten.roll.default" in fast.report.graphs[0].opaque_ops
 
@@ -118,17 +126,8 @@ class WeightNormed(nn.Module):
         return F.gelu(self.conv(x))
 
 
-def test_weight_normalization_is_folded_without_a_second_trace(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.export import ExportedProgram
-
-    def second_trace(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the capture traced the model a second time")
-    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
-    model, x = WeightNormed().eval(), torch.randn(1, 16, 50)
-    with torch.no_grad():
-        compiled = kiln.compile(model, (x,))
-        torch.testing.assert_close(compiled(x), model(x))
+def test_weight_normalization_is_folded_without_a_second_trace(one_trace: None) -> None:
+    compiled = _compiled(WeightNormed().eval(), (torch.randn(1, 16, 50),), "kiln.compile")
     assert not compiled.report.fallbacks
     assert "call" not in compiled.report.graphs[0].ops  # folded into the weight
 
@@ -142,21 +141,11 @@ class Gated(nn.Module):
 
 
 @pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
-def test_softplus_and_triangles_are_one_call_each_in_one_trace(
-        entry: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.export import ExportedProgram
-
-    def second_trace(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the capture traced the model a second time")
-    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+def test_softplus_and_triangles_are_one_call_each_in_one_trace(entry: str,
+                                                               one_trace: None) -> None:
     x = torch.randn(2, 6, 6) * 20  # (softplus' linear branch above 20 too)
     x[0, 1, 0], x[1, 4, 2], x[0, 5, 1] = float("nan"), float("inf"), -float("inf")
-    model = Gated().eval()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        fast = kiln.compile(model, (x,)) if entry == "kiln.compile" else \
-            torch.compile(model, backend="kiln")
-        torch.testing.assert_close(fast(x), model(x), equal_nan=True)
+    fast = _compiled(Gated().eval(), (x,), entry)
     if entry == "kiln.compile":
         assert not fast.report.fallbacks
         assert {"aten.softplus.default", "aten.tril.default", "aten.triu.default"} <= set(
@@ -178,22 +167,10 @@ class Assorted(nn.Module):
 
 
 @pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])
-def test_assorted_ops_are_captured_in_one_trace(entry: str,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from torch.export import ExportedProgram
-
-    def second_trace(*args: object, **kwargs: object) -> None:
-        raise AssertionError("the capture traced the model a second time")
-    monkeypatch.setattr(ExportedProgram, "run_decompositions", second_trace)
+def test_assorted_ops_are_captured_in_one_trace(entry: str, one_trace: None) -> None:
     torch.manual_seed(0)
     x, mask = torch.randn(2, 5, 8), torch.rand(2, 5, 8) > 0.7
     x[0, 1, 2], x[1, 3, 5], x[1, 0, 0] = float("nan"), float("inf"), -float("inf")
-    model = Assorted().eval()
-    torch._dynamo.reset()
-    with torch.no_grad():
-        fast = kiln.compile(model, (x, mask)) if entry == "kiln.compile" else \
-            torch.compile(model, backend="kiln")
-        for got, want in zip(fast(x, mask), model(x, mask)):
-            torch.testing.assert_close(got, want, equal_nan=True)
+    fast = _compiled(Assorted().eval(), (x, mask), entry)
     if entry == "kiln.compile":
         assert not fast.report.fallbacks
