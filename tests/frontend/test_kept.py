@@ -155,15 +155,18 @@ def test_softplus_and_triangles_are_one_call_each_in_one_trace(entry: str,
 class Assorted(nn.Module):
     """Ops the sweeps' models left to the decomposition table: glu (Conformer), std,
     masked_fill with a tensor value, logsumexp (Reformer), log-sigmoid (xLSTM), all
-    (RT-DETR), index_add, and the constants linspace and eye."""
+    (RT-DETR), index_add, the constants linspace and eye, fill with a tensor (ZoeDepth) and
+    linear upsampling (SAM's relative positions)."""
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
         gated = F.glu(x, dim=-1) + x.std(-1, keepdim=True)
         filled = x.masked_fill(mask, torch.tensor(-3.0))
         ramp = torch.linspace(0, 1, x.shape[-1]) + torch.eye(x.shape[-1])[0]
         added = torch.zeros(4, x.shape[-1]).index_add(0, torch.tensor([0, 2, 2]), x[0, :3])
+        constant = torch.empty_like(x).fill_(x[0, 0, 1]) + torch.empty(3).fill_(x[1, 1, 1])[0]
+        stretched = F.interpolate(x, scale_factor=2, mode="linear")
         return (gated, filled * ramp, torch.logsumexp(x, -1), F.logsigmoid(x),
-                (x > 0).all(-1), added)
+                (x > 0).all(-1), added, constant, stretched)
 
 
 @pytest.mark.parametrize("entry", ["kiln.compile", "torch.compile"])

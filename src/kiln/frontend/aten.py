@@ -559,6 +559,17 @@ def _fill_scalar(ctx: Context, x: Value, value: Any) -> Any:
     return ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, value, out.dtype))
 
 
+@converts(aten.fill.Tensor)
+def _fill_tensor(ctx: Context, x: Value, value: Value) -> Any:
+    """x.fill_(value) with a 0-d tensor of x's dtype: ones times the value (exact for every
+    value, -0 and NaN included, where zeros plus it would turn -0 into +0)."""
+    if value.type.shape != () or value.type.dtype is not x.type.dtype:
+        return None
+    out = ctx.out_types[0]
+    (ones,) = ctx.emit(Op.FULL, attrs=A.FullAttrs(out.shape, 1, out.dtype))
+    return ctx.emit(Op.MUL, ones, value)
+
+
 @converts(aten.full_like.default)
 def _full_like(ctx: Context, x: Value, fill_value: Any, *, dtype: Any = None, layout: Any = None,
                device: Any = None, pin_memory: Any = None, memory_format: Any = None) -> Any:

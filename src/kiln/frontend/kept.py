@@ -33,6 +33,8 @@ KEPT_WHOLE = (aten.scaled_dot_product_attention.default,
               aten.upsample_nearest2d.default, aten.upsample_nearest2d.vec,
               aten.upsample_bicubic2d.default, aten.upsample_bicubic2d.vec,  # (YOLOS's 32
               # gathers of its position embeddings)
+              aten.upsample_linear1d.default, aten.upsample_linear1d.vec,  # (SAM's and
+              # SegGPT's relative positions: 16 gathers)
               # and roll (Swin's shifted windows) and reflection and replication padding
               # (super-resolution and vocoder convolutions), whose decompositions are an
               # index gather per dimension; kiln converts none of them, and one left in the
