@@ -490,6 +490,24 @@ def symbolic_axioms(alg: Symbolic, axioms: tuple[Axiom, ...] = AXIOMS) -> list[z
     return out
 
 
+_PREPARED: dict[tuple[Axiom, ...], tuple[dict, dict, list[z3.BoolRef]]] = {}
+
+
+def prepared_axioms(axioms: tuple[Axiom, ...] = AXIOMS) -> tuple[Symbolic, list[z3.BoolRef]]:
+    """A fresh `Symbolic` that already holds the axioms' interned attribute values, and the
+    axioms as `symbolic_axioms` gives them. Building the ForAlls walks every pattern in
+    Python (most of an easy proof's time), so it happens once per process; a law's own
+    values intern after the axioms', which keeps the axioms' numbers valid for every law."""
+    if axioms not in _PREPARED:
+        alg = Symbolic()
+        formulas = symbolic_axioms(alg, axioms)
+        _PREPARED[axioms] = (dict(alg.perms), dict(alg.values), formulas)
+    perms, values, formulas = _PREPARED[axioms]
+    alg = Symbolic()
+    alg.perms, alg.values = dict(perms), dict(values)
+    return alg, formulas
+
+
 @dataclass(frozen=True)
 class Example:
     """One axiom on concrete values: the two sides, what must hold, and a description."""
