@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import z3
 
-from kiln.synth.axioms import AXIOMS, Axiom, Symbolic, _vars, symbolic_axioms
+from kiln.synth.axioms import AXIOMS, Axiom, Symbolic, _vars, prepared_axioms, symbolic_axioms
 from kiln.synth.prove import ProofStatus, check_axioms
 
 
@@ -42,3 +42,15 @@ def test_axioms_become_quantified_formulas():
     assert all(z3.is_quantifier(f) for f in formulas)
     with_patterns = [f for f in formulas if f.num_patterns() > 0]
     assert len(with_patterns) >= len(AXIOMS) - 2
+
+
+def test_prepared_axioms_are_built_once_and_a_laws_values_intern_after_theirs() -> None:
+    alg, formulas = prepared_axioms()
+    fresh = Symbolic()
+    assert [str(f) for f in formulas] == [str(f) for f in symbolic_axioms(fresh)]
+    assert alg.perms == fresh.perms and alg.values == fresh.values
+    law_value = alg.perm((3, 1, 0, 2))  # a law's own permutation: a new number
+    assert law_value.as_long() not in fresh.perms.values()
+    again, same = prepared_axioms()
+    assert same is formulas
+    assert (3, 1, 0, 2) not in again.perms  # the first law's values are not the next one's

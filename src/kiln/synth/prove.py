@@ -2,27 +2,35 @@
 a counterexample when it is satisfiable, and *unknown* when z3 gives up within the limit.
 
     prove_real(law, instances)   does the law hold for real numbers?
+    prove_by_axioms(law, ...)    TASO's method alone
     prove_exact(law)             is it bit-identical in float32?
     check_axioms()               does each axiom of kiln.synth.axioms hold concretely?
 
-prove_real tries two methods in turn:
+prove_real tries, in turn (the cheap and the strong first):
 
-1. **axioms** (TASO's method): tensors are an uninterpreted sort, ops uninterpreted
-   functions, constrained by the ∀-axioms of `kiln.synth.axioms`; the law's variables are
-   free constants; z3 searches by E-matching within a fixed count of resource units
-   (AXIOM_RLIMIT: deterministic, unlike a time). Unsat under the axioms alone: the law
-   holds for *every* shape (and every value of an attribute the law leaves as a ?variable),
-   detail "holds for every shape". Otherwise, given an instance, the shapes of the law's
-   subterms on it are asserted too (guarded axioms and splits need them), and unsat means
-   the law holds for those shapes ("holds for the shapes ..."). The axioms themselves are
-   checked on small shapes by check_axioms; laws are type-checked by kiln.synth.instance.
-2. **reals on shapes**: each tensor variable becomes an array of z3 Reals of the instance's
+1. **axioms for every shape** (TASO's method): tensors are an uninterpreted sort, ops
+   uninterpreted functions, constrained by the ∀-axioms of `kiln.synth.axioms`; the law's
+   variables are free constants; z3 searches by E-matching within a fixed count of resource
+   units (EVERY_SHAPE_RLIMIT: deterministic, unlike a time). Unsat: the law holds for
+   *every* shape (and every value of an attribute the law leaves as a ?variable), detail
+   "holds for every shape". The axioms themselves are checked on small shapes by
+   check_axioms; laws are type-checked by kiln.synth.instance.
+2. **integer points**: every element and number fixed to a small integer, a few times; z3
+   then only evaluates, exactly, and a difference refutes the law ("at an integer point").
+   This finds what the symbolic search stalls on: relu(s*y) = s*relu(y) is false for s < 0.
+3. **reals on shapes**: each tensor variable becomes an array of z3 Reals of the instance's
    shape, both sides are computed element by element (`kiln.synth.concrete`), and some
    element is asserted to differ. Unsat on every instance proves the law *for those shapes*
    (and those attribute values); a law that uses only elementwise ops is checked on
    one-element tensors without an instance, which proves it for every shape. Sat gives a
    counterexample; where the law uses an opaque function (exp, tanh, ...) the difference may
-   come from treating it as arbitrary, and the result is unknown instead.
+   come from treating it as arbitrary, and the result is unknown instead. Where z3 does not
+   decide in half its time (products of many variables under relu), the sides are tried
+   again with each product of variables as a free variable (`kiln.synth.linearize`): unsat
+   there proves the law too.
+4. **axioms on shapes**, only where the reals did not decide: the shapes of the law's
+   subterms on the first instance are asserted too (guarded axioms and splits need them),
+   and unsat means the law holds for those shapes ("holds for the shapes ...").
 
 Real semantics establishes equality up to rounding: ``(x+y)+z -> x+(y+z)`` is proven. Number
 operands are symbolic Reals, constrained by the conditions (finite-nonzero, pow2 and
@@ -61,9 +69,8 @@ from kiln.synth.axioms import (
     TENSOR,
     Axiom,
     Example,
-    Symbolic,
     concrete_examples,
-    symbolic_axioms,
+    prepared_axioms,
 )
 from kiln.synth.concrete import (
     Domain,
@@ -76,6 +83,7 @@ from kiln.synth.concrete import (
     symbolic_tensor,
 )
 from kiln.synth.instance import Instance, roles
+from kiln.synth.linearize import Linearizer
 
 
 class ProofStatus(enum.Enum):
@@ -97,9 +105,12 @@ class Proof:
 
 def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float = 10.0
                ) -> Proof:
-    """Does ``law`` hold over the reals? Axioms first, then concrete shapes (module doc)."""
+    """Does ``law`` hold over the reals? The axioms for every shape first, then a few
+    integer points and the reals on the instances' shapes, then the axioms on an instance's
+    shapes where the reals did not decide (module doc)."""
     start = time.monotonic()
-    axioms = _prove_by_axioms(law, instances, time_limit_s / 2)
+    axioms = _by_axioms(law, instances[0] if instances else None, False, EVERY_SHAPE_RLIMIT,
+                        time_limit_s / 4)
     if axioms.status is ProofStatus.PROVEN:
         return _timed(axioms, start)
     cases = _one_element_instance(law, instances) or list(instances)
@@ -108,13 +119,38 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
                             "instances for the reals on shapes"), start)
     method = _shapes_method(law, cases, instances)
     for instance in cases:
-        left = time_limit_s - (time.monotonic() - start)
+        point = _refute_at_points(law, instance)
+        if point is not None:
+            return _timed(Proof(ProofStatus.REFUTED, method,
+                                f"at an integer point: {point.detail}"), start)
+    proof = Proof(ProofStatus.PROVEN, "")
+    for instance in cases:
+        left = time_limit_s / 2 - (time.monotonic() - start)
         proof = _prove_on_instance(law, instance, RealDomain(), _real_numbers, left)
         if proof.status is not ProofStatus.PROVEN:
-            detail = proof.detail + (f" (axioms: {axioms.detail})" if proof.status is
-                                     ProofStatus.UNKNOWN else "")
-            return _timed(Proof(proof.status, method, detail), start)
-    return _timed(Proof(ProofStatus.PROVEN, method, f"axioms: {axioms.detail}"), start)
+            break
+    if proof.status is ProofStatus.PROVEN:
+        detail = "; ".join(filter(None, [proof.detail, f"axioms: {axioms.detail}"]))
+        return _timed(Proof(ProofStatus.PROVEN, method, detail), start)
+    if proof.status is not ProofStatus.REFUTED and instances:
+        left = time_limit_s - (time.monotonic() - start)
+        shapes = _by_axioms(law, instances[0], True, AXIOM_RLIMIT, left)
+        if shapes.status is ProofStatus.PROVEN:
+            return _timed(shapes, start)
+    detail = proof.detail + (f" (axioms: {axioms.detail})" if proof.status is
+                             ProofStatus.UNKNOWN else "")
+    return _timed(Proof(proof.status, method, detail), start)
+
+
+def prove_by_axioms(law: Law, instances: Sequence[Instance] = (), time_limit_s: float = 10.0
+                    ) -> Proof:
+    """TASO's method alone: unsat under the axioms is PROVEN for every shape; else, with the
+    first instance's shapes asserted, PROVEN for those shapes; else UNKNOWN."""
+    instance = instances[0] if instances else None
+    every = _by_axioms(law, instance, False, AXIOM_RLIMIT, time_limit_s / 2)
+    if every.status is not ProofStatus.UNKNOWN or instance is None:
+        return every
+    return _by_axioms(law, instance, True, AXIOM_RLIMIT, time_limit_s / 2)
 
 
 def prove_exact(law: Law, time_limit_s: float = 10.0, instances: Sequence[Instance] = ()
@@ -191,40 +227,45 @@ def _check_example(example: Example, time_limit_s: float) -> Proof:
 
 # --- method 1: axioms ------------------------------------------------------------------------
 
-def _prove_by_axioms(law: Law, instances: Sequence[Instance], time_limit_s: float) -> Proof:
-    """Unsat under the axioms alone: every shape. Else, with the shapes of the first instance
-    asserted (shape_of, rank and size of the law's subterms, which guarded axioms and
-    splits need): the law follows for those shapes."""
-    encoder = _AxiomEncoder(law, instances[0] if instances else None)
+def _by_axioms(law: Law, instance: Instance | None, with_shapes: bool, rlimit: int,
+               time_limit_s: float) -> Proof:
+    """Unsat under the axioms: the law holds for every shape. ``with_shapes``: the
+    instance's shapes asserted too (shape_of, rank and size of the law's subterms, which
+    guarded axioms and splits need): it holds for those shapes."""
+    encoder = _AxiomEncoder(law, instance)
     try:
         src = [encoder.term(t) for t in law.src]
         dst = [encoder.term(t) for t in law.dst]
     except Unsupported as err:
         return Proof(ProofStatus.UNSUPPORTED, "axioms", str(err))
     goal = z3.Not(z3.And([a == b for a, b in zip(src, dst)]))
-    base = symbolic_axioms(encoder.alg) + encoder.alg.ground_facts() + encoder.conditions
-    result, reason = _axiom_check(base + encoder.structural + [goal], time_limit_s / 2)
-    if result == z3.unsat:
+    assertions = encoder.axioms + encoder.alg.ground_facts() + encoder.conditions + \
+        encoder.structural
+    facts = encoder.shape_facts() if with_shapes else []
+    if with_shapes and not facts:
+        return Proof(ProofStatus.UNKNOWN, "axioms", "no shapes to assert")
+    result, reason = _axiom_check(assertions + facts + [goal], rlimit, time_limit_s)
+    if result != z3.unsat:
+        return Proof(ProofStatus.UNKNOWN, "axioms", f"not decided by the axioms ({reason})")
+    if not with_shapes:
         return Proof(ProofStatus.PROVEN, "axioms", "holds for every shape")
-    facts = encoder.shape_facts()
-    if facts:
-        result, reason = _axiom_check(base + encoder.structural + facts + [goal],
-                                      time_limit_s / 2)
-        if result == z3.unsat:
-            shapes = _describe_shapes(instances[0])
-            return Proof(ProofStatus.PROVEN, "axioms", f"holds for the shapes {shapes}")
-    return Proof(ProofStatus.UNKNOWN, "axioms", f"not decided by the axioms ({reason})")
+    return Proof(ProofStatus.PROVEN, "axioms",
+                 f"holds for the shapes {_describe_shapes(instance)}")
 
 
-# z3's resource units for one axiom search: the proofs of kiln's laws take under 200,000;
-# 1,000,000 is about 0.7 s here. A count, not a time, so that a proof does not come and go
-# with the machine's load.
+# z3's resource units for one axiom search: a count, not a time, so that a proof does not
+# come and go with the machine's load (a wall-clock limit stays as a backstop). Every law
+# the axioms prove for every shape (kiln's hand laws, the generated ones) takes under
+# 200,000 (about 0.1 s here, where a failing search spends all of it); the search with
+# an instance's shapes asserted runs only where the reals did not decide, and gets more.
+EVERY_SHAPE_RLIMIT = 200_000
 AXIOM_RLIMIT = 1_000_000
 
 
-def _axiom_check(assertions: list[z3.BoolRef], time_limit_s: float) -> tuple[Any, str]:
+def _axiom_check(assertions: list[z3.BoolRef], rlimit: int, time_limit_s: float
+                 ) -> tuple[Any, str]:
     solver = z3.Solver()
-    solver.set("rlimit", AXIOM_RLIMIT)
+    solver.set("rlimit", rlimit)
     solver.set("timeout", max(1, int(time_limit_s * 1000)))
     # E-matching on the axioms' patterns only; the instance limit also keeps z3 out of a
     # loop that its timeout does not interrupt (seen with relu(x+y) = relu(x)+relu(y))
@@ -239,7 +280,7 @@ class _AxiomEncoder:
     """A law's terms as terms of the axioms' vocabulary (kiln.synth.axioms)."""
 
     def __init__(self, law: Law, instance: Instance | None) -> None:
-        self.alg = Symbolic()
+        self.alg, self.axioms = prepared_axioms()
         self.instance = instance
         role = roles(law)
         self.numbers = set(role.numbers) | set(instance.numbers if instance else ())
@@ -487,8 +528,65 @@ def _prove_on_instance(law: Law, instance: Instance, domain: Domain,
         return Proof(ProofStatus.UNKNOWN, "", f"the sides do not evaluate on "
                      f"{_describe_shapes(instance)}: {err}")
     names = dict(env.tensors, **env.numbers)
-    return _compare(src, dst, domain.assumptions, domain, time_limit_s,
-                    lambda m: _show_variables(domain, m, names))
+    if not isinstance(domain, RealDomain):
+        return _compare(src, dst, domain.assumptions, domain, time_limit_s,
+                        lambda m: _show_variables(domain, m, names))
+    direct = _compare(src, dst, domain.assumptions, domain, time_limit_s / 2,
+                      lambda m: _show_variables(domain, m, names))
+    if direct.status is not ProofStatus.UNKNOWN:
+        return direct
+    return _linear_compare(src, dst, domain.assumptions, time_limit_s / 2) or direct
+
+
+def _linear_compare(src: list[Any], dst: list[Any], assumptions: list[z3.BoolRef],
+                    time_limit_s: float) -> Proof | None:
+    """PROVEN where the sides cannot differ with their products of variables as free
+    variables (kiln.synth.linearize), else None."""
+    pairs = [(a[idx], b[idx]) for a, b in zip(src, dst) if not isinstance(a, int)
+             for idx in np.ndindex(a.shape)]
+    rewrite = Linearizer()
+    solver = z3.Solver()
+    solver.set("timeout", max(1, int(time_limit_s * 1000)))
+    solver.add([rewrite(a) for a in assumptions])
+    solver.add(z3.Or([rewrite(a) != rewrite(b) for a, b in pairs]))
+    if solver.check() == z3.unsat:
+        return Proof(ProofStatus.PROVEN, "", f"with its {len(rewrite.monomials)} products "
+                     "of variables as free variables")
+    return None
+
+
+POINTS = 3  # integer points tried before the reals on shapes
+POINT_RANGE = 3  # their elements and numbers are integers in [-3, 3]
+
+
+def _refute_at_points(law: Law, instance: Instance, seed: int = 0) -> Proof | None:
+    """A counterexample at a few integer points, or None. Each point fixes every element
+    and number, so z3 only evaluates (exactly: rationals) where the symbolic search may
+    stall on nonlinear terms, e.g. relu(s*y) = s*relu(y), false for s < 0, on the outputs
+    of a convolution. Not tried where an opaque function (exp, tanh, ...) is involved."""
+    domain = RealDomain()
+    env = _real_env(law, instance, domain)
+    try:
+        src = [evaluate(t, env) for t in law.src]
+        dst = [evaluate(t, env) for t in law.dst]
+    except (Unsupported, ValueError, IndexError):
+        return None
+    if domain.opaque:
+        return None
+    variables = [e for t in env.tensors.values() for e in np.asarray(t).flat]
+    variables += [np.asarray(t).item() for t in env.numbers.values()]
+    variables = [v for v in variables if z3.is_const(v) and
+                 v.decl().kind() == z3.Z3_OP_UNINTERPRETED]
+    rng = np.random.default_rng(seed)
+    names = dict(env.tensors, **env.numbers)
+    for _ in range(POINTS):
+        values = rng.integers(-POINT_RANGE, POINT_RANGE + 1, len(variables))
+        point = [v == int(n) for v, n in zip(variables, values)]
+        proof = _compare(src, dst, domain.assumptions + point, domain, 1.0,
+                         lambda m: _show_variables(domain, m, names))
+        if proof.status is ProofStatus.REFUTED:
+            return proof
+    return None
 
 
 def _compare(src: list[Any], dst: list[Any], assumptions: list[z3.BoolRef], domain: Domain,
@@ -577,4 +675,5 @@ def _timed(proof: Proof, start: float) -> Proof:
     return Proof(proof.status, proof.method, proof.detail, time.monotonic() - start)
 
 
-__all__ = ["Proof", "ProofStatus", "check_axioms", "prove_exact", "prove_real"]
+__all__ = ["Proof", "ProofStatus", "check_axioms", "prove_by_axioms", "prove_exact",
+           "prove_real"]
