@@ -69,6 +69,22 @@ def test_a_seed_gives_the_same_rules(small: GenerationResult) -> None:
     assert small.laws and small.graphs > 100
 
 
+def test_proofs_in_worker_processes_beside_the_enumeration_give_the_same_rules(
+        small: GenerationResult) -> None:
+    progress: list[tuple[str, int, int]] = []
+    parallel = generate(max_ops=2, ops=(en.MM, en.TRANSPOSE, en.ADD, en.RELU), seed=0,
+                        pool=POOL_2D, workers=2,
+                        progress=lambda *step: progress.append(step))
+    assert print_rules(parallel.laws) == print_rules(small.laws)
+    assert [o.law.name for o in parallel.unproven] == [o.law.name for o in small.unproven]
+    # the enumeration finishes before the proofs are counted, each proof counted once
+    stages = [stage for stage, _, _ in progress]
+    assert stages.index("prove") > max(i for i, s in enumerate(stages) if s == "enumerate")
+    total = len(parallel.laws) + len(parallel.unproven)
+    assert [done for stage, done, _ in progress if stage == "prove"] == \
+        list(range(1, total + 1))
+
+
 def test_transpose_of_transpose(small: GenerationResult) -> None:
     assert has_rule(small, "(permute :dims (1 0) (permute :dims (1 0) ?w1))", "?w1")
 

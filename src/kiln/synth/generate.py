@@ -26,9 +26,10 @@ import multiprocessing
 import os
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -109,20 +110,26 @@ def generate(max_ops: int = 3, ops: Sequence[OpSpec] = DEFAULT_OPS, seed: int = 
              ) -> GenerationResult:
     """Generate and prove the rules of up to ``max_ops`` ops (module doc). ``time_limit_s``
     is per proof (z3's limits are wall-clock: on a busy machine a law near the limit may
-    come out unknown); ``workers`` proof processes (default: the CPUs, at most 2)."""
+    come out unknown); ``workers`` proof processes (default: the CPUs, at most 2). A pair
+    is final when the enumeration finds it (later graphs prune only later pairs), so its
+    proof starts then, beside the enumeration."""
     start = time.perf_counter()
-    pairs, graphs, pruned = enumerate_pairs(max_ops, ops, seed, pool, progress)
-    enumerated = time.perf_counter()
-    # named before the proofs: a proof that flips (a z3 time limit on a busy machine) moves
-    # no other rule's name
-    laws = name_laws([to_law(pair, pool) for pair in pairs])
-    outcomes = prove_all(laws, pool, time_limit_s, progress, workers)
+    counts = _Counts()
+    namer = _Namer()
+    with _Provers(workers or min(2, os.cpu_count() or 1), time_limit_s) as provers:
+        for pair in iter_pairs(max_ops, ops, seed, pool, progress, counts):
+            # named in the enumeration's order: a proof that flips (a z3 time limit on a
+            # busy machine) moves no other rule's name
+            law = namer(to_law(pair, pool))
+            provers.submit(law, instance_of(law, pool))
+        enumerated = time.perf_counter()
+        outcomes = provers.outcomes(progress)
     done = time.perf_counter()
     proven = [o.law for o in outcomes if o.proven]
     result = GenerationResult(
         max_ops, seed, tuple(s.name for s in ops), tuple(pool), time_limit_s, proven,
-        [o for o in outcomes if not o.proven], graphs=graphs, candidates=len(pairs),
-        pruned=pruned)
+        [o for o in outcomes if not o.proven], graphs=counts.graphs,
+        candidates=len(outcomes), pruned=counts.pruned)
     result.by_mix = dict(Counter(op_mix(law) for law in proven).most_common())
     result.by_status = dict(Counter(o.status for o in outcomes).most_common())
     result.by_safety = dict(Counter(law.safety.value for law in proven).most_common())
@@ -131,24 +138,46 @@ def generate(max_ops: int = 3, ops: Sequence[OpSpec] = DEFAULT_OPS, seed: int = 
     return result
 
 
+@dataclass
+class _Counts:
+    graphs: int = 0
+    pruned: dict[str, int] = field(default_factory=dict)
+
+
 def enumerate_pairs(max_ops: int, ops: Sequence[OpSpec], seed: int, pool: Sequence[Var],
                     progress: Progress | None = None) -> tuple[list[Pair], int, dict[str, int]]:
     """Candidate rules (pruned pairs), the number of graphs, and the pruning counts."""
+    counts = _Counts()
+    pairs = list(iter_pairs(max_ops, ops, seed, pool, progress, counts))
+    return pairs, counts.graphs, counts.pruned
+
+
+def iter_pairs(max_ops: int, ops: Sequence[OpSpec], seed: int, pool: Sequence[Var],
+               progress: Progress | None = None, counts: _Counts | None = None
+               ) -> Iterator[Pair]:
+    """Each candidate rule (a pruned pair, renamed) as soon as the enumeration finds it;
+    ``counts`` gets the number of graphs and the pruning counts at the end."""
     inputs = draw_inputs(pool, seed)
     enumerator = Enumerator(pool, ops, inputs, evaluate, fingerprint)
     pairing = Pairing(pool, seed)
     for zero_ops in _variable_graphs(enumerator):
         pairing.add(zero_ops)
+    yield from (renamed(p) for p in pairing.pairs)
+    found = len(pairing.pairs)
     graphs = 0
     for num_ops in range(1, max_ops + 1):
         for candidate in enumerator.graphs(num_ops):
             graphs += 1
             pairing.add(candidate)
+            if len(pairing.pairs) > found:
+                yield from (renamed(p) for p in pairing.pairs[found:])
+                found = len(pairing.pairs)
             if progress is not None and graphs % 2000 == 0:
                 progress("enumerate", graphs, 0)
     if progress is not None:
         progress("enumerate", graphs, graphs)
-    return [renamed(p) for p in pairing.pairs], graphs, dict(pairing.pruned)
+    if counts is not None:
+        counts.graphs, counts.pruned = graphs, dict(pairing.pruned)
 
 
 def _variable_graphs(enumerator: Enumerator) -> list[Candidate]:
@@ -225,14 +254,21 @@ def _op_names(term: Term) -> set[str]:
 def name_laws(laws: Sequence[Law]) -> list[Law]:
     """gen-<op mix>-<n>, n counting within the mix in the laws' order (the candidates', so
     that the rule file's numbers have gaps where a candidate was not proven)."""
-    counts: Counter[str] = Counter()
-    named = []
-    for law in laws:
+    namer = _Namer()
+    return [namer(law) for law in laws]
+
+
+class _Namer:
+    """name_laws one law at a time."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, law: Law) -> Law:
         mix = op_mix(law).replace("+", ".")
-        counts[mix] += 1
-        named.append(Law(f"gen-{mix}-{counts[mix]}", law.src, law.dst, law.safety, law.when,
-                         law.provenance))
-    return named
+        self.counts[mix] += 1
+        return Law(f"gen-{mix}-{self.counts[mix]}", law.src, law.dst, law.safety, law.when,
+                   law.provenance)
 
 
 # --- proofs and tags -------------------------------------------------------------------------
@@ -240,20 +276,52 @@ def name_laws(laws: Sequence[Law]) -> list[Law]:
 def prove_all(laws: Sequence[Law], pool: Sequence[Var], time_limit_s: float,
               progress: Progress | None, workers: int | None) -> list[Outcome]:
     """Each law proven and tagged, in worker processes; the outcomes in the laws' order."""
-    jobs = [(law, instance_of(law, pool), time_limit_s) for law in laws]
-    workers = workers or min(2, os.cpu_count() or 1)
-    outcomes: list[Outcome] = []
-    if workers <= 1 or len(jobs) < 20:
-        for job in jobs:
+    with _Provers(workers or min(2, os.cpu_count() or 1), time_limit_s) as provers:
+        for law in laws:
+            provers.submit(law, instance_of(law, pool))
+        return provers.outcomes(progress)
+
+
+class _Provers:
+    """Proofs run as laws are submitted: in ``workers`` processes (forked when entered,
+    before the enumeration has grown the parent), or at the end in this one for a single
+    worker. `outcomes` waits for all of them, in submission order."""
+
+    def __init__(self, workers: int, time_limit_s: float) -> None:
+        self.workers = workers
+        self.time_limit_s = time_limit_s
+        self.jobs: list[tuple[Law, Instance, float]] = []
+        self.pending: list[Any] = []
+        self.pool: Any = None
+
+    def __enter__(self) -> _Provers:
+        if self.workers > 1:
+            context = multiprocessing.get_context("fork")  # workers inherit the modules
+            self.pool = context.Pool(self.workers, initializer=_worker_init)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def submit(self, law: Law, instance: Instance) -> None:
+        job = (law, instance, self.time_limit_s)
+        if self.pool is None:
+            self.jobs.append(job)
+        else:
+            self.pending.append(self.pool.apply_async(_prove_one, (job,)))
+
+    def outcomes(self, progress: Progress | None) -> list[Outcome]:
+        total = len(self.jobs) + len(self.pending)
+        outcomes: list[Outcome] = []
+        for job in self.jobs:
             outcomes.append(_prove_one(job))
-            _report(progress, len(outcomes), len(jobs))
+            _report(progress, len(outcomes), total)
+        for result in self.pending:
+            outcomes.append(result.get())
+            _report(progress, len(outcomes), total)
         return outcomes
-    context = multiprocessing.get_context("fork")  # workers inherit the imported modules
-    with context.Pool(workers, initializer=_worker_init) as pool_:
-        for outcome in pool_.imap(_prove_one, jobs, chunksize=4):
-            outcomes.append(outcome)
-            _report(progress, len(outcomes), len(jobs))
-    return outcomes
 
 
 def _report(progress: Progress | None, done: int, total: int) -> None:
@@ -421,4 +489,4 @@ def write_rules(result: GenerationResult, path: str | Path) -> None:
 
 
 __all__ = ["GenerationResult", "Outcome", "enumerate_pairs", "generate", "instance_of",
-           "taso_kinds", "to_law", "write_rules"]
+           "iter_pairs", "taso_kinds", "to_law", "write_rules"]
