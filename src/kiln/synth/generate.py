@@ -22,14 +22,12 @@
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
 import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -51,6 +49,7 @@ from kiln.synth.fingerprint import Pair, Pairing, draw_inputs, evaluate, fingerp
 from kiln.synth.instance import Instance, build
 from kiln.synth.prove import Proof, ProofStatus, prove_exact, prove_real
 from kiln.synth.text import ParsedLaw, RuleTextError, check_types, print_rules
+from kiln.synth.workers import DeadlinePool
 
 # progress(stage, done, total): ("enumerate", graphs so far, 0), every 2000 graphs, then
 # ("enumerate", graphs, graphs) when done; ("prove", laws decided so far, candidate laws)
@@ -284,44 +283,55 @@ def prove_all(laws: Sequence[Law], pool: Sequence[Var], time_limit_s: float,
 
 class _Provers:
     """Proofs run as laws are submitted: in ``workers`` processes (forked when entered,
-    before the enumeration has grown the parent), or at the end in this one for a single
-    worker. `outcomes` waits for all of them, in submission order."""
+    before the enumeration has grown the parent; a proof past DEADLINE_FACTOR times its
+    limit, plus DEADLINE_SLACK_S, has its worker killed and runs again, then is unknown),
+    or at the end in this one for a single worker. `outcomes` waits for all of them, in
+    submission order."""
 
     def __init__(self, workers: int, time_limit_s: float) -> None:
-        self.workers = workers
         self.time_limit_s = time_limit_s
         self.jobs: list[tuple[Law, Instance, float]] = []
-        self.pending: list[Any] = []
-        self.pool: Any = None
+        self.pool = DeadlinePool(_prove_one, workers, DEADLINE_FACTOR * time_limit_s +
+                                 DEADLINE_SLACK_S, _stopped, _worker_init) \
+            if workers > 1 else None
 
     def __enter__(self) -> _Provers:
-        if self.workers > 1:
-            context = multiprocessing.get_context("fork")  # workers inherit the modules
-            self.pool = context.Pool(self.workers, initializer=_worker_init)
+        if self.pool is not None:
+            self.pool.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            self.pool.__exit__(*exc)
 
     def submit(self, law: Law, instance: Instance) -> None:
         job = (law, instance, self.time_limit_s)
         if self.pool is None:
             self.jobs.append(job)
         else:
-            self.pending.append(self.pool.apply_async(_prove_one, (job,)))
+            self.pool.submit(job)
 
     def outcomes(self, progress: Progress | None) -> list[Outcome]:
-        total = len(self.jobs) + len(self.pending)
+        if self.pool is not None:
+            return self.pool.results(lambda done, total: _report(progress, done, total))
         outcomes: list[Outcome] = []
         for job in self.jobs:
             outcomes.append(_prove_one(job))
-            _report(progress, len(outcomes), total)
-        for result in self.pending:
-            outcomes.append(result.get())
-            _report(progress, len(outcomes), total)
+            _report(progress, len(outcomes), len(self.jobs))
         return outcomes
+
+
+# a proof's own limits: prove_real's, prove_exact's in the tag, and the type check (~0.2 s)
+DEADLINE_FACTOR = 2
+DEADLINE_SLACK_S = 3.0
+
+
+def _stopped(job: tuple[Law, Instance, float], why: str) -> Outcome:
+    law, instance, _ = job
+    provenance = law.provenance + (("proof", f"unknown: {why}"),
+                                   ("instance", instance.describe()))
+    return Outcome(Law(law.name, law.src, law.dst, FAST_MATH, law.when, provenance),
+                   Proof(ProofStatus.UNKNOWN, "z3", why))
 
 
 def _report(progress: Progress | None, done: int, total: int) -> None:
