@@ -18,6 +18,7 @@ def f32(*shape: int) -> TensorType:
 
 
 def test_remembered_types_are_the_inferred_ones(monkeypatch) -> None:
+    monkeypatch.setattr(infer, "_KNOWN", {})  # nothing remembered from other tests
     b = GraphBuilder()
     x, w = b.input("x", f32(3, 4)), b.input("w", f32(4, 5))
     assert infer_types(Op.MM, NO_ATTRS, [x, w]) == (f32(3, 5),)
@@ -39,7 +40,8 @@ def test_remembered_types_are_the_inferred_ones(monkeypatch) -> None:
     assert len(calls) == 2
 
 
-def test_a_failure_is_remembered_with_its_message() -> None:
+def test_a_failure_is_remembered_with_its_message(monkeypatch) -> None:
+    monkeypatch.setattr(infer, "_KNOWN", {})
     b = GraphBuilder()
     x, w = b.input("x", f32(3, 4)), b.input("w", f32(5, 5))
     with pytest.raises(InferenceError) as first:
