@@ -3,6 +3,8 @@ cost against ILP DAG cost, no cycles chosen, ill-typed rewrites never trusted.""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -149,3 +151,18 @@ def test_a_number_operand_law_matches_numbers_only() -> None:
     assert run.matches.get("double") == 1  # x * 2.0, not (x * 2.0) * y
     cost = GraphCost(MODEL)
     assert cost.seconds(optimize(graph, [double], MODEL).graph) <= cost.seconds(graph)
+
+
+def test_the_ilp_solver_prints_nothing() -> None:
+    # HiGHS prints its banner on the C stdout when a process makes its first solver:
+    # only a fresh process shows it
+    import subprocess
+    import sys
+    here = str(Path(__file__).parent)
+    code = (f"import sys; sys.path[:0] = [{here!r}]\n"
+            "from test_saturate import test_ilp_counts_a_shared_term_once_where_greedy_counts"
+            "_it_per_use as run\nrun()\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""

@@ -26,6 +26,8 @@ all computable from weights and numbers alone: constant folding computes it at c
 from __future__ import annotations
 
 import math
+import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -210,6 +212,24 @@ def extract_greedy(typed: Typed, roots: Sequence[str]) -> dict[str, ENode] | Non
 
 # --- ILP extraction --------------------------------------------------------------------------
 
+def _quiet_highs(highspy: Any) -> Any:
+    """A Highs instance with its output off. The first one in a process prints HiGHS's
+    banner to the C stdout before any option can be set (two lines in the middle of a
+    user's compile or `kiln explain`), so stdout's descriptor points at /dev/null while
+    it is made."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            h = highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+    h.setOptionValue("output_flag", False)
+    return h
+
+
 def extract_ilp(typed: Typed, roots: Sequence[str], seconds: float,
                 start: dict[str, ENode] | None = None) -> dict[str, ENode] | None:
     """The least DAG cost choice by integer programming (HiGHS), or None without one in
@@ -221,8 +241,7 @@ def extract_ilp(typed: Typed, roots: Sequence[str], seconds: float,
     reach = _reachable(typed, roots)
     nodes = [(c, n) for c in reach for n in typed.valid[c]  # an e-node in its own child class
              if all(k in reach and k != c for k in n.children)]  # is a cycle: never chosen
-    h = highspy.Highs()
-    h.setOptionValue("output_flag", False)
+    h = _quiet_highs(highspy)
     h.setOptionValue("time_limit", float(seconds))
     h.setOptionValue("mip_rel_gap", 1e-4)
     inf = highspy.kHighsInf
