@@ -169,7 +169,7 @@ class Tensor:
     """A pool input or one result of an op application, with its values on every draw."""
 
     __slots__ = ("key", "output", "shape", "values", "fp", "spec", "attrs", "operands", "var",
-                 "roles")
+                 "roles", "at")
 
     def __init__(self, key: str, output: int, shape: Shape, values: Any, fp: bytes,
                  spec: OpSpec | None = None, attrs: AttrPairs = (),
@@ -186,6 +186,7 @@ class Tensor:
         # the roles of the inputs it is computed from: a filter is made of filters
         self.roles = frozenset((var.role,)) if var is not None else \
             frozenset().union(*(o.roles for o in operands))
+        self.at = -1  # the position of its op in the graph being built (-1: an input)
 
     def term(self, rename: Callable[[str], str] = lambda name: name) -> Term:
         """The tensor as a law's term over its inputs (renamed)."""
@@ -342,7 +343,7 @@ class Enumerator:
         key = f"({spec.name} {' '.join(a.key for a in args)})"
         # one order per DAG: an op that could move before the ops after its last operand's
         # producer must sort after them
-        last = max((self._producer(apps, a) for a in args), default=-1)
+        last = max(a.at for a in args)
         if any(app.key >= key for app in apps[last + 1:]):
             return None  # also refuses an op already in the graph (equal keys)
         if any(app.key == key for app in apps[:last + 1]):
@@ -360,16 +361,8 @@ class Enumerator:
             out_key = key if spec.outputs == 1 else f"{key}#{index}"
             outputs.append(Tensor(out_key, index, shape, vals, self.fingerprint(shape, vals),
                                   spec, attrs, args))
+            outputs[-1].at = len(apps)  # where _extend puts its op
         return _App(key, tuple(outputs), operands)
-
-    @staticmethod
-    def _producer(apps: list[_App], tensor: Tensor) -> int:
-        if tensor.spec is None:
-            return -1
-        for at in range(len(apps) - 1, -1, -1):
-            if tensor in apps[at].outputs:
-                return at
-        raise AssertionError(f"{tensor} has no producer")
 
 
 class _TypeCache:
