@@ -266,8 +266,9 @@ AXIOM_RLIMIT = 1_000_000
 def _axiom_check(assertions: list[z3.BoolRef], rlimit: int, time_limit_s: float
                  ) -> tuple[Any, str]:
     # a fresh context: E-matching's order follows the terms' ids, which in the process's
-    # context depend on every term made before (other laws'); a copy numbers them afresh,
-    # so the count of resource units a proof takes, and whether it fits, is reproducible
+    # context depend on every term made before (other laws'); a copy numbers them afresh.
+    # (A law whose search ends near the limit can still come out either way from one
+    # process to the next: z3's order is not fully reproducible.)
     context = z3.Context()
     solver = z3.Solver(ctx=context)
     solver.set("rlimit", rlimit)
