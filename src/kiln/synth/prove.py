@@ -51,55 +51,41 @@ order).
 
 from __future__ import annotations
 
-import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import z3
 
-from kiln.ir.ops import Op, OpGroup
+from kiln.ir.ops import OpGroup
 from kiln.ir.types import DType, TensorType
-from kiln.rewrite.law import App, AttrFn, AttrFnKind, CondKind, Law, Lit, PVar, Term
+from kiln.rewrite.law import CondKind, Law, PVar
 from kiln.synth import fp
 from kiln.synth.axioms import (
     AXIOMS,
-    TENSOR,
     Axiom,
     Example,
     concrete_examples,
-    prepared_axioms,
 )
 from kiln.synth.concrete import (
     Domain,
-    Env,
     RealDomain,
     Tensor,
     Unsupported,
     evaluate,
-    scalar,
-    symbolic_tensor,
 )
 from kiln.synth.instance import Instance, roles
 from kiln.synth.linearize import Linearizer
-
-
-class ProofStatus(enum.Enum):
-    PROVEN = "proven"
-    REFUTED = "refuted"
-    UNKNOWN = "unknown"  # z3 gave up within the time limit, or no method applied
-    UNSUPPORTED = "unsupported"  # an op or condition outside the model (detail says which)
-
-
-@dataclass(frozen=True)
-class Proof:
-    status: ProofStatus
-    method: str  # "axioms", "reals on shapes x:(2, 3) w:(3, 2)", "float32 scalars", ...
-    detail: str = ""  # why unknown/unsupported; for REFUTED, the counterexample
-    seconds: float = 0.0
-
+from kiln.synth.proof import (
+    NumberMaker,
+    Proof,
+    ProofStatus,
+    describe_shapes,
+    real_env,
+    real_numbers,
+)
+from kiln.synth.prove_axioms import AXIOM_RLIMIT, EVERY_SHAPE_RLIMIT, by_axioms
 
 # --- public API ------------------------------------------------------------------------------
 
@@ -110,7 +96,7 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
     shapes where the reals did not decide (module doc)."""
     start = time.monotonic()
     # the resource count decides (~0.1-0.3 s); the time is a backstop for a loaded machine
-    axioms = _by_axioms(law, instances[0] if instances else None, False, EVERY_SHAPE_RLIMIT,
+    axioms = by_axioms(law, instances[0] if instances else None, False, EVERY_SHAPE_RLIMIT,
                         time_limit_s)
     if axioms.status is ProofStatus.PROVEN:
         return _timed(axioms, start)
@@ -127,7 +113,7 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
     proof = Proof(ProofStatus.PROVEN, "")
     for instance in cases:
         left = time_limit_s / 2 - (time.monotonic() - start)
-        proof = _prove_on_instance(law, instance, RealDomain(), _real_numbers, left)
+        proof = _prove_on_instance(law, instance, RealDomain(), real_numbers, left)
         if proof.status is not ProofStatus.PROVEN:
             break
     if proof.status is ProofStatus.PROVEN:
@@ -135,7 +121,7 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
         return _timed(Proof(ProofStatus.PROVEN, method, detail), start)
     if proof.status is not ProofStatus.REFUTED and instances:
         left = time_limit_s - (time.monotonic() - start)
-        shapes = _by_axioms(law, instances[0], True, AXIOM_RLIMIT, left)
+        shapes = by_axioms(law, instances[0], True, AXIOM_RLIMIT, left)
         if shapes.status is ProofStatus.PROVEN:
             return _timed(shapes, start)
     detail = proof.detail + (f" (axioms: {axioms.detail})" if proof.status is
@@ -148,10 +134,10 @@ def prove_by_axioms(law: Law, instances: Sequence[Instance] = (), time_limit_s: 
     """TASO's method alone: unsat under the axioms is PROVEN for every shape; else, with the
     first instance's shapes asserted, PROVEN for those shapes; else UNKNOWN."""
     instance = instances[0] if instances else None
-    every = _by_axioms(law, instance, False, AXIOM_RLIMIT, time_limit_s / 2)
+    every = by_axioms(law, instance, False, AXIOM_RLIMIT, time_limit_s / 2)
     if every.status is not ProofStatus.UNKNOWN or instance is None:
         return every
-    return _by_axioms(law, instance, True, AXIOM_RLIMIT, time_limit_s / 2)
+    return by_axioms(law, instance, True, AXIOM_RLIMIT, time_limit_s / 2)
 
 
 def prove_exact(law: Law, time_limit_s: float = 10.0, instances: Sequence[Instance] = ()
@@ -170,7 +156,7 @@ def prove_exact(law: Law, time_limit_s: float = 10.0, instances: Sequence[Instan
         domain, numbers = _exact_domain(law, cases[0])
     except Unsupported as err:
         return Proof(ProofStatus.UNSUPPORTED, "exact", str(err))
-    where = "scalars" if _elementwise(law) else "on shapes " + _describe_shapes(cases[0])
+    where = "scalars" if _elementwise(law) else "on shapes " + describe_shapes(cases[0])
     proof = _prove_on_instance(law, cases[0], domain, numbers, time_limit_s)
     return _timed(Proof(proof.status, f"{domain.name} {where}", proof.detail), start)
 
@@ -226,310 +212,16 @@ def _check_example(example: Example, time_limit_s: float) -> Proof:
                     lambda m: _show_variables(domain, m, example.values))
 
 
-# --- method 1: axioms ------------------------------------------------------------------------
-
-def _by_axioms(law: Law, instance: Instance | None, with_shapes: bool, rlimit: int,
-               time_limit_s: float) -> Proof:
-    """Unsat under the axioms: the law holds for every shape. ``with_shapes``: the
-    instance's shapes asserted too (shape_of, rank and size of the law's subterms, which
-    guarded axioms and splits need): it holds for those shapes."""
-    encoder = _AxiomEncoder(law, instance)
-    try:
-        src = [encoder.term(t) for t in law.src]
-        dst = [encoder.term(t) for t in law.dst]
-    except Unsupported as err:
-        return Proof(ProofStatus.UNSUPPORTED, "axioms", str(err))
-    goal = z3.Not(z3.And([a == b for a, b in zip(src, dst)]))
-    assertions = encoder.axioms + encoder.alg.ground_facts() + encoder.conditions + \
-        encoder.structural
-    facts = encoder.shape_facts() if with_shapes else []
-    if with_shapes and not facts:
-        return Proof(ProofStatus.UNKNOWN, "axioms", "no shapes to assert")
-    result, reason = _axiom_check(assertions + facts + [goal], rlimit, time_limit_s)
-    if result != z3.unsat:
-        return Proof(ProofStatus.UNKNOWN, "axioms", f"not decided by the axioms ({reason})")
-    if not with_shapes:
-        return Proof(ProofStatus.PROVEN, "axioms", "holds for every shape")
-    return Proof(ProofStatus.PROVEN, "axioms",
-                 f"holds for the shapes {_describe_shapes(instance)}")
-
-
-# z3's resource units for one axiom search: a count, not a time, so that a proof does not
-# come and go with the machine's load (a wall-clock limit stays as a backstop). Every law
-# the axioms prove for every shape (kiln's hand laws, the generated ones) takes under
-# 200,000 (about 0.1 s here, where a failing search spends all of it); the search with
-# an instance's shapes asserted runs only where the reals did not decide, and gets more.
-EVERY_SHAPE_RLIMIT = 200_000
-AXIOM_RLIMIT = 1_000_000
-
-
-def _axiom_check(assertions: list[z3.BoolRef], rlimit: int, time_limit_s: float
-                 ) -> tuple[Any, str]:
-    # a fresh context: E-matching's order follows the terms' ids, which in the process's
-    # context depend on every term made before (other laws'); a copy numbers them afresh.
-    # (A law whose search ends near the limit can still come out either way from one
-    # process to the next: z3's order is not fully reproducible.)
-    context = z3.Context()
-    solver = z3.Solver(ctx=context)
-    solver.set("rlimit", rlimit)
-    solver.set("timeout", max(1, int(time_limit_s * 1000)))
-    # E-matching on the axioms' patterns only; the instance limit also keeps z3 out of a
-    # loop that its timeout does not interrupt (seen with relu(x+y) = relu(x)+relu(y))
-    solver.set("smt.mbqi", False)
-    solver.set("smt.qi.max_instances", 20000)
-    solver.add([a.translate(context) for a in assertions])
-    result = solver.check()
-    if result == z3.sat:
-        return result, "not implied"
-    reason = solver.reason_unknown()
-    # z3 names the same exhausted count "canceled", "push canceled" or "max. resource limit
-    # exceeded" depending on where it stopped: one wording keeps rule files reproducible
-    return result, "its limit reached" if "cancel" in reason or "limit" in reason or \
-        reason == "timeout" else reason
-
-
-class _AxiomEncoder:
-    """A law's terms as terms of the axioms' vocabulary (kiln.synth.axioms)."""
-
-    def __init__(self, law: Law, instance: Instance | None) -> None:
-        self.alg, self.axioms = prepared_axioms()
-        self.instance = instance
-        role = roles(law)
-        self.numbers = set(role.numbers) | set(instance.numbers if instance else ())
-        self.attr_vars = set(role.attrs)  # an attribute used as an operand is a number
-        self.conditions = _real_conditions(law, {n: z3.Real(n) for n in self.numbers})
-        self.encoded: list[tuple[Term, Any]] = []
-        self.structural: list[z3.BoolRef] = []  # true for every shape: ATen's own rules
-        self.law = law
-
-    def term(self, term: Term) -> Any:
-        if isinstance(term, PVar) and term.name not in self.numbers | self.attr_vars:
-            out = z3.Const(term.name, TENSOR)
-        elif isinstance(term, (PVar, Lit, AttrFn)):
-            return self.alg.num(self.number(term))
-        else:
-            out = self.app(term)
-        self.encoded.append((term, out))
-        return out
-
-    def number(self, term: Any) -> Any:
-        if isinstance(term, Lit):
-            return z3.RealVal(int(term.value) if isinstance(term.value, bool) else term.value)
-        if isinstance(term, PVar):
-            return z3.Real(term.name)
-        if isinstance(term, AttrFn) and term.kind is AttrFnKind.INVERSE:
-            return 1 / self.number(term.args[0])
-        if isinstance(term, AttrFn) and term.kind is AttrFnKind.PLUS_ONE:
-            return self.number(term.args[0]) + 1
-        if isinstance(term, (int, float)):
-            return z3.RealVal(term)
-        raise Unsupported(f"{term} is not a number")
-
-    def attr(self, value: Any) -> Any:
-        """An attribute as an Int: a ?variable is a symbol, a value is interned."""
-        if isinstance(value, PVar):
-            return z3.Int(f"attr_{value.name}")
-        if isinstance(value, AttrFn) and value.kind is AttrFnKind.COMPOSE:
-            return self.alg.compose(*[self.attr(a) for a in value.args])
-        if isinstance(value, AttrFn) and value.kind is AttrFnKind.SHAPE_OF:
-            return self.alg.shape_of(self.term(value.args[0]))
-        if isinstance(value, tuple) and any(isinstance(v, (PVar, AttrFn)) for v in value):
-            raise Unsupported("a tuple attribute with ?variables inside")
-        return self.alg.value(value)
-
-    def app(self, t: App) -> Any:
-        a = self.alg
-        args = [self.term(x) for x in t.args]
-        attrs = dict(t.attrs)
-        if t.op in _SIMPLE:
-            return _SIMPLE[t.op](a, *args)
-        if t.op is Op.DIV and attrs.get("rounding_mode") is None:
-            return a.mul(args[0], a.recip(args[1]))
-        if t.op is Op.PERMUTE:
-            dims = _need(t, "dims")
-            p = a.perm(dims) if isinstance(dims, tuple) else self.attr(dims)
-            return a.permute(p, args[0])
-        if t.op is Op.VIEW:
-            return a.view(self.attr(_need(t, "shape")), args[0])
-        if t.op is Op.CAT:
-            return self.cat(self.int_attr(_need(t, "dim")), args)
-        if t.op is Op.SPLIT:
-            return self.split(t, args[0])
-        if t.op in (Op.ADDMM, Op.ADDMM_ACT):
-            return self.addmm(t, args)
-        if t.op in (Op.CONVOLUTION, Op.CONV_ACT):
-            return self.conv(t, args)
-        if t.op is Op.BATCH_NORM:
-            return self.batch_norm(t, args)
-        if t.op.is_a(OpGroup.ELEMENTWISE | OpGroup.UNARY) and len(args) == 1 and \
-                all(not isinstance(v, (PVar, AttrFn)) for v in attrs.values()):
-            return a.unary(t.op.text + "".join(f"_{v}" for v in attrs.values()), args[0])
-        raise Unsupported(f"{t.op.text} is outside the axioms' vocabulary")
-
-    def int_attr(self, value: Any) -> Any:
-        if isinstance(value, PVar):
-            return z3.Int(f"attr_{value.name}")
-        if isinstance(value, AttrFn) and value.kind is AttrFnKind.SIZE:
-            tensor, dim = value.args
-            return self.alg.size(self.term(tensor), self.int_attr(dim))
-        if isinstance(value, int):
-            return z3.IntVal(value)
-        raise Unsupported(f"{value!r} as an integer attribute")
-
-    def scaled(self, x: Any, factor: Any) -> Any:
-        return x if isinstance(factor, (int, float)) and factor == 1 else \
-            self.alg.mul(x, self.alg.num(self.number(factor)))
-
-    def addmm(self, t: App, args: list[Any]) -> Any:
-        bias, x, w = args
-        y = self.alg.add(self.scaled(bias, t.attr("beta", 1)),
-                         self.scaled(self.alg.mm(x, w), t.attr("alpha", 1)))
-        return self.activation(t, y)
-
-    def activation(self, t: App, y: Any) -> Any:
-        act = t.attr("activation")
-        if act is None:
-            return y
-        if isinstance(act, PVar):
-            raise Unsupported("an activation given as a ?variable")
-        if act is Op.RELU:
-            return self.alg.relu(y)
-        args = t.attr("act_args", ())
-        return self.alg.unary(act.text + "".join(f"_{v}" for v in args), y)
-
-    def conv(self, t: App, args: list[Any]) -> Any:
-        a = self.alg
-        if t.attr("transposed", False) is not False:
-            raise Unsupported("a transposed (or possibly transposed) convolution")
-        keys = ("stride", "padding", "dilation", "groups")
-        if any(t.attr(k) is None for k in keys):
-            raise Unsupported(f"{t.op.text} without {', '.join(keys)}")
-        attrs = a.conv_attrs(*[self.attr(t.attr(k)) for k in keys[:3]],
-                             self.int_attr(t.attr("groups")))
-        y = a.conv(attrs, args[0], args[1])
-        rest = args[2:]
-        has_bias = t.attr("has_bias", len(rest) > 0) if t.op is Op.CONV_ACT else bool(rest)
-        if has_bias:
-            y = a.add(y, self.chan(rest[0]))
-        if t.op is Op.CONV_ACT and t.attr("has_residual"):
-            y = a.add(y, rest[-1])
-        return self.activation(t, y) if t.op is Op.CONV_ACT else y
-
-    def batch_norm(self, t: App, args: list[Any]) -> Any:
-        a = self.alg
-        x, gamma, beta, mean, var = args
-        eps = a.num(self.number(t.attr("eps")))
-        scale = a.unary("rsqrt", a.add(var, eps))
-        centred = a.add(x, a.mul(self.chan(mean), a.num(z3.RealVal(-1))))
-        return a.add(a.mul(a.mul(centred, self.chan(scale)), self.chan(gamma)),
-                     self.chan(beta))
-
-    def chan(self, vector: Any) -> Any:
-        """A per-channel operand (a conv bias, a batch norm's parameters): 1-d in ATen."""
-        self.structural.append(self.alg.rank(vector) == 1)
-        return self.alg.chan(vector)
-
-    def cat(self, dim: Any, args: list[Any]) -> Any:
-        out = args[-1]
-        for x in reversed(args[:-1]):
-            out = self.alg.cat(dim, x, out)
-        return out
-
-    def split(self, t: App, x: Any) -> Any:
-        sizes = _need(t, "sizes")
-        if isinstance(sizes, PVar) and self.instance is not None:
-            sizes = self.instance.attrs.get(sizes.name, sizes)
-        if not isinstance(sizes, tuple):
-            raise Unsupported("split sizes as a ?variable without an instance")
-        dim = self.int_attr(_need(t, "dim"))
-        rest = x
-        for size in sizes[:t.output]:
-            rest = self.alg.tail(dim, self.int_attr(size), rest)
-        if t.output == len(sizes) - 1:
-            return rest
-        return self.alg.head(dim, self.int_attr(sizes[t.output]), rest)
-
-    def shape_facts(self) -> list[z3.BoolRef]:
-        """shape_of, rank and size of every encoded subterm on the instance (none without
-        one, or where the instance does not fit the law)."""
-        if self.instance is None:
-            return []
-        env = _real_env(self.law, self.instance, RealDomain())
-        facts = []
-        try:
-            for term, encoded in self.encoded:
-                shape = evaluate(term, env).shape
-                facts += [self.alg.shape_of(encoded) == self.alg.value(tuple(shape)),
-                          self.alg.rank(encoded) == len(shape)]
-                facts += [self.alg.size(encoded, d) == n for d, n in enumerate(shape)]
-        except (Unsupported, ValueError, IndexError):
-            return []
-        return facts
-
-
-def _need(t: App, key: str) -> Any:
-    if t.attr(key) is None:
-        raise Unsupported(f"{t.op.text} without :{key}")
-    return t.attr(key)
-
-
-_SIMPLE: dict[Op, Callable[..., Any]] = {
-    Op.ADD: lambda a, x, y: a.add(x, y),
-    Op.MUL: lambda a, x, y: a.mul(x, y),
-    Op.SUB: lambda a, x, y: a.add(x, a.mul(y, a.num(z3.RealVal(-1)))),
-    Op.NEG: lambda a, x: a.mul(x, a.num(z3.RealVal(-1))),
-    Op.MM: lambda a, x, y: a.mm(x, y),
-    Op.RELU: lambda a, x: a.relu(x),
-    Op.CLONE: lambda a, x: x,
-    Op.TO_LAYOUT: lambda a, x: x,
-}
-
-
-# --- method 2: concrete shapes ---------------------------------------------------------------
-
-NumberMaker = Callable[[Law, str], tuple[Any, list[z3.BoolRef]]]
-
-
-def _real_numbers(law: Law, name: str) -> tuple[Any, list[z3.BoolRef]]:
-    value = z3.Real(name)
-    return value, _real_conditions(law, {name: value})
-
+# --- the reals on shapes ---------------------------------------------------------------
 
 def _float_numbers(law: Law, name: str) -> tuple[Any, list[z3.BoolRef]]:
     kinds = {c.kind for c in law.when if c.args and c.args[0] == PVar(name)}
     return fp.number_variable(name, kinds)
 
 
-def _real_conditions(law: Law, numbers: dict[str, Any]) -> list[z3.BoolRef]:
-    out = []
-    for cond in law.when:
-        arg = cond.args[0] if cond.args else None
-        if not isinstance(arg, PVar) or arg.name not in numbers:
-            continue
-        value = numbers[arg.name]
-        if cond.kind in (CondKind.FINITE_NONZERO, CondKind.POW2, CondKind.NORMAL_RECIPROCAL):
-            out.append(value != 0)
-        elif cond.kind is CondKind.POW2_AT_LEAST_ONE:
-            out.append(value >= 1)
-    return out
-
-
-def _real_env(law: Law, instance: Instance, domain: Domain,
-              make_number: NumberMaker = _real_numbers) -> Env:
-    numbers: dict[str, Tensor] = {}
-    constraints: list[z3.BoolRef] = []
-    for name in sorted(set(roles(law).numbers) | set(instance.numbers)):
-        value, more = make_number(law, name)
-        numbers[name] = scalar(value)
-        constraints += more
-    tensors = {n: symbolic_tensor(domain, n, t.shape) for n, t in instance.tensors.items()}
-    domain.assumptions += constraints
-    return Env(domain, tensors, numbers, dict(instance.attrs))
-
-
 def _prove_on_instance(law: Law, instance: Instance, domain: Domain,
                        make_number: NumberMaker, time_limit_s: float) -> Proof:
-    env = _real_env(law, instance, domain, make_number)
+    env = real_env(law, instance, domain, make_number)
     env.dtypes = {n: t.dtype for n, t in instance.tensors.items()}
     try:
         src = [evaluate(t, env) for t in law.src]
@@ -538,7 +230,7 @@ def _prove_on_instance(law: Law, instance: Instance, domain: Domain,
         return Proof(ProofStatus.UNSUPPORTED, "", str(err))
     except (ValueError, IndexError) as err:  # numpy: the shapes do not fit the ops
         return Proof(ProofStatus.UNKNOWN, "", f"the sides do not evaluate on "
-                     f"{_describe_shapes(instance)}: {err}")
+                     f"{describe_shapes(instance)}: {err}")
     names = dict(env.tensors, **env.numbers)
     if not isinstance(domain, RealDomain):
         return _compare(src, dst, domain.assumptions, domain, time_limit_s,
@@ -577,7 +269,7 @@ def _refute_at_points(law: Law, instance: Instance, seed: int = 0) -> Proof | No
     stall on nonlinear terms, e.g. relu(s*y) = s*relu(y), false for s < 0, on the outputs
     of a convolution. Not tried where an opaque function (exp, tanh, ...) is involved."""
     domain = RealDomain()
-    env = _real_env(law, instance, domain)
+    env = real_env(law, instance, domain)
     try:
         src = [evaluate(t, env) for t in law.src]
         dst = [evaluate(t, env) for t in law.dst]
@@ -671,16 +363,10 @@ def _one_element_instance(law: Law, instances: Sequence[Instance]) -> list[Insta
     return [Instance({n: TensorType((), dtypes[n]) for n in role.tensors}, {}, attrs)]
 
 
-def _describe_shapes(instance: Instance) -> str:
-    parts = [f"{n}:{t.shape}" for n, t in instance.tensors.items()]
-    parts += [f"{n}={v!r}" for n, v in instance.attrs.items()]
-    return " ".join(parts)
-
-
 def _shapes_method(law: Law, cases: Sequence[Instance], given: Sequence[Instance]) -> str:
     if _elementwise(law):
         return "reals on one element (elementwise: that covers every shape)"
-    return "reals on shapes " + "; ".join(_describe_shapes(c) for c in cases)
+    return "reals on shapes " + "; ".join(describe_shapes(c) for c in cases)
 
 
 def _timed(proof: Proof, start: float) -> Proof:
