@@ -250,15 +250,9 @@ def _op_names(term: Term) -> set[str]:
     return {name}.union(*(_op_names(a) for a in term.args))
 
 
-def name_laws(laws: Sequence[Law]) -> list[Law]:
+class _Namer:
     """gen-<op mix>-<n>, n counting within the mix in the laws' order (the candidates', so
     that the rule file's numbers have gaps where a candidate was not proven)."""
-    namer = _Namer()
-    return [namer(law) for law in laws]
-
-
-class _Namer:
-    """name_laws one law at a time."""
 
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
@@ -271,15 +265,6 @@ class _Namer:
 
 
 # --- proofs and tags -------------------------------------------------------------------------
-
-def prove_all(laws: Sequence[Law], pool: Sequence[Var], time_limit_s: float,
-              progress: Progress | None, workers: int | None) -> list[Outcome]:
-    """Each law proven and tagged, in worker processes; the outcomes in the laws' order."""
-    with _Provers(workers or min(2, os.cpu_count() or 1), time_limit_s) as provers:
-        for law in laws:
-            provers.submit(law, instance_of(law, pool))
-        return provers.outcomes(progress)
-
 
 class _Provers:
     """Proofs run as laws are submitted: in ``workers`` processes (forked when entered,
