@@ -112,7 +112,9 @@ def prove_real(law: Law, instances: Sequence[Instance] = (), time_limit_s: float
                                 f"at an integer point: {point.detail}"), start)
     proof = Proof(ProofStatus.PROVEN, "")
     for instance in cases:
-        left = time_limit_s / 2 - (time.monotonic() - start)
+        # at least a quarter of the limit, however long the axiom search took on a busy
+        # machine (its resource count, not the clock, decides it)
+        left = max(time_limit_s / 2 - (time.monotonic() - start), time_limit_s / 4)
         proof = _prove_on_instance(law, instance, RealDomain(), real_numbers, left)
         if proof.status is not ProofStatus.PROVEN:
             break
