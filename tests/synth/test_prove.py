@@ -192,6 +192,18 @@ def test_scale_moved_through_a_convolution_and_relu_proven_as_linear():
     assert "products of variables as free variables" in proof.detail
 
 
+def test_relu_of_a_convolution_of_relus_proven_by_the_products_signs():
+    # every product relu(x_i) * relu(w_j) is >= 0, so their sum is, and relu leaves it
+    text = ("(rule relu-of-nonnegative (src (relu (convolution (relu ?x) (relu ?w) :stride (1 1)"
+            " :padding (1 1) :dilation (1 1) :transposed false :output_padding (0 0)"
+            " :groups 1))) (dst (convolution (relu ?x) (relu ?w) :stride (1 1) :padding (1 1)"
+            " :dilation (1 1) :transposed false :output_padding (0 0) :groups 1))"
+            " (safety fast_math))")
+    proof = prove_real(law(text), CONV_SHAPES, time_limit_s=4.0)
+    assert proof.status is PROVEN, proof
+    assert "products of variables as free variables" in proof.detail
+
+
 def test_a_law_false_for_negative_numbers_refuted_at_an_integer_point():
     # relu(conv(x, w*s)) = relu(conv(x, w))*s holds for s >= 0 only
     proof = prove_scaled_conv("(conv_act ?x (mul ?w ?s) {c})", "(mul (conv_act ?x ?w {c}) ?s)")

@@ -24,6 +24,7 @@ class Linearizer:
 
     def __init__(self) -> None:
         self.monomials: dict[str, z3.ArithRef] = {}
+        self.facts: list[z3.BoolRef] = []  # true of the products' values: m >= 0
         # by AST id; the expression is kept alive with its result so that no id is reused
         self._done: dict[int, tuple[z3.ExprRef, z3.ExprRef]] = {}
 
@@ -42,25 +43,51 @@ class Linearizer:
         return out
 
     def _monomial(self, e: z3.ExprRef) -> z3.ExprRef | None:
-        """A product (or power) of variables as its fresh variable, times its constant."""
+        """A product (or power) of variables, or of relus (If), as its fresh variable times
+        its constant; a product of relus and squares is known to be >= 0."""
         power = z3.is_app_of(e, z3.Z3_OP_POWER)
         if not (z3.is_mul(e) or power):
             return None
         factors = [c for c in e.children() if not z3.is_rational_value(c)]
         if not power and len(factors) < 2:
             return None
-        if any(not _polynomial(f) for f in factors):
-            return None  # a product with an If inside stays as it is
         constants = [c for c in e.children() if z3.is_rational_value(c)] if not power else []
         name = "mono!" + ("*".join(sorted(map(str, factors))) if not power else str(e))
-        fresh = self.monomials.setdefault(name, z3.Real(name))
+        if name not in self.monomials:
+            self.monomials[name] = z3.Real(name)
+            if not power and _nonnegative(factors):
+                self.facts.append(self.monomials[name] >= 0)
+        fresh = self.monomials[name]
         return z3.Product(*constants, fresh) if constants else fresh
 
 
-def _polynomial(e: z3.ExprRef) -> bool:
-    if z3.is_app_of(e, z3.Z3_OP_ITE):
+def _nonnegative(factors: list[z3.ExprRef]) -> bool:
+    """Is a product of these >= 0: each a relu, or a factor that appears an even number of
+    times?"""
+    counts: dict[str, int] = {}
+    for f in factors:
+        if not _relu(f):
+            counts[str(f)] = counts.get(str(f), 0) + 1
+    return all(n % 2 == 0 for n in counts.values())
+
+
+def _relu(e: z3.ExprRef) -> bool:
+    """If(a <= 0, 0, a) or If(a > 0, a, 0): max(a, 0), as relu is written and simplified."""
+    if not z3.is_app_of(e, z3.Z3_OP_ITE):
         return False
-    return all(_polynomial(c) for c in e.children()) if z3.is_app(e) else True
+    cond, then, other = e.children()
+    if cond.num_args() != 2 or not _zero(cond.arg(1)):
+        return False
+    a = cond.arg(0)
+    if z3.is_le(cond) or z3.is_lt(cond):
+        return _zero(then) and z3.eq(other, a)
+    if z3.is_gt(cond) or z3.is_ge(cond):
+        return z3.eq(then, a) and _zero(other)
+    return False
+
+
+def _zero(e: z3.ExprRef) -> bool:
+    return z3.is_rational_value(e) and e.as_fraction() == 0
 
 
 __all__ = ["Linearizer"]

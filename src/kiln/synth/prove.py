@@ -255,6 +255,7 @@ def _linear_compare(src: list[Any], dst: list[Any], assumptions: list[z3.BoolRef
     solver.set("timeout", max(1, int(time_limit_s * 1000)))
     solver.add([rewrite(a) for a in assumptions])
     solver.add(z3.Or([rewrite(a) != rewrite(b) for a, b in pairs]))
+    solver.add(rewrite.facts)
     if solver.check() == z3.unsat:
         return Proof(ProofStatus.PROVEN, "", f"with its {len(rewrite.monomials)} products "
                      "of variables as free variables")
