@@ -218,14 +218,18 @@ def _quiet_highs(highspy: Any) -> Any:
     user's compile or `kiln explain`), so stdout's descriptor points at /dev/null while
     it is made."""
     sys.stdout.flush()
-    saved = os.dup(1)
     try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            h = highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
+        saved = os.dup(1)
+    except OSError:  # no stdout to protect (a closed descriptor 1)
+        h = highspy.Highs()
+    else:
+        try:
+            with open(os.devnull, "w") as null:
+                os.dup2(null.fileno(), 1)
+                h = highspy.Highs()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
     h.setOptionValue("output_flag", False)
     return h
 
