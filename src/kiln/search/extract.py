@@ -25,6 +25,7 @@ all computable from weights and numbers alone: constant folding computes it at c
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -217,7 +218,8 @@ def _quiet_highs(highspy: Any) -> Any:
     banner to the C stdout before any option can be set (two lines in the middle of a
     user's compile or `kiln explain`), so stdout's descriptor points at /dev/null while
     it is made."""
-    sys.stdout.flush()
+    with contextlib.suppress(AttributeError, OSError, ValueError):  # None, or closed
+        sys.stdout.flush()
     try:
         saved = os.dup(1)
     except OSError:  # no stdout to protect (a closed descriptor 1)
