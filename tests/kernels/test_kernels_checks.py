@@ -1,5 +1,6 @@
 """A kernel's correctness check is asked once: its answer is kept in the decisions database
-under a key of everything it depends on, and a changed weight asks again."""
+under a key of everything it depends on; layers with ordinary weights share it, and a weight
+with an infinity, a NaN or a huge value asks on its own values."""
 
 from __future__ import annotations
 
@@ -62,16 +63,52 @@ def test_an_answer_is_kept_across_compiles(kernel_options: Options, tmp_path: Pa
     assert counted == [True]
 
 
-def test_a_changed_weight_is_checked_again(kernel_options: Options, tmp_path: Path,
-                                           counted: list[bool]) -> None:
+def test_layers_with_ordinary_weights_share_one_check(kernel_options: Options, tmp_path: Path,
+                                                      counted: list[bool]) -> None:
+    """Two layers with the same kernel and other finite weights: one check serves both
+    (a model's repeated layers), in one compile and the next."""
     db = tmp_path / "decisions.sqlite"
-    first, second = _graph(torch.randn(24, 40)), _graph(torch.randn(24, 40))
+    first, second = _graph(torch.randn(24, 40)), _graph(torch.randn(24, 40) * 1e6)
     checks = Checks(Decisions(db))
-    assert checks.key(first, _built(first, kernel_options)) != \
+    assert checks.key(first, _built(first, kernel_options)) == \
         checks.key(second, _built(second, kernel_options))
-    for graph in (first, second, first):
+    for graph in (first, second):
         assert checks.agrees(graph, _built(graph, kernel_options))
-    assert counted == [True, True]
+    assert Checks(Decisions(db)).agrees(second, _built(second, kernel_options))
+    assert counted == [True]
+
+
+@pytest.mark.parametrize("special", [float("inf"), float("-inf"), float("nan"), 1e30])
+def test_a_weight_with_a_special_value_is_checked_on_its_values(
+        kernel_options: Options, tmp_path: Path, counted: list[bool], special: float) -> None:
+    """An infinity, a NaN or a value past `ORDINARY_BOUND` keys the check by the weight's
+    values: not the ordinary layers' answer, and another place of the value is another
+    check."""
+    db = tmp_path / "decisions.sqlite"
+    ordinary = torch.randn(24, 40)
+    odd, elsewhere = ordinary.clone(), ordinary.clone()
+    odd[3, 5] = special
+    elsewhere[7, 1] = special
+    checks = Checks(Decisions(db))
+    graphs = [_graph(w) for w in (ordinary, odd, elsewhere, odd.clone())]
+    keys = [checks.key(g, _built(g, kernel_options)) for g in graphs]
+    assert len(set(keys[:3])) == 3 and keys[3] == keys[1]
+    for graph in graphs:
+        checks.agrees(graph, _built(graph, kernel_options))
+    assert len(counted) == 3
+
+
+def test_a_weights_key_follows_its_layout() -> None:
+    """The same ordinary values seen with other strides (a transposed weight) are another
+    key: the kernel's packing reads them through those strides."""
+    from kiln.kernels.checks import weight_key
+
+    w = torch.randn(8, 8)
+    assert weight_key(w) == weight_key(torch.randn(8, 8))
+    assert weight_key(w.t()) != weight_key(w)
+    assert weight_key(torch.empty(0, 3)) == repr((3, 1))  # (no values: its layout alone)
+    index = torch.tensor([0, 2, 1])  # (integers: their values decide what a kernel reads)
+    assert weight_key(index) != weight_key(torch.tensor([0, 1, 2]))
 
 
 def test_a_disagreement_is_kept_too(kernel_options: Options, tmp_path: Path,
