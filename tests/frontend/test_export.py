@@ -278,6 +278,21 @@ def test_full_like_is_a_full():
     assert not compiled.report.graphs[0].opaque_ops
 
 
+def test_and_and_or_of_bool_masks_are_logical_ops_and_of_integers_stay_calls():
+    """HF's attention masks combine a causal and a padding mask with ``&``: on bools it is
+    logical_and (no opaque call left); on integers it works on bits and stays ATen's call."""
+    def masks(x, y, i, j):
+        return (x > 0) & (y < 0.5), (x > 1) | (y < 0), i & j, i | j
+
+    x, y = torch.randn(4, 6), torch.randn(4, 6)
+    i, j = torch.randint(-9, 9, (4, 6)), torch.randint(-9, 9, (4, 6))
+    compiled = kiln.compile(_Function(masks), (x, y, i, j), kiln.Options(strict=True))
+    for got, expected in zip(compiled(x, y, i, j), masks(x, y, i, j)):
+        assert got.dtype == expected.dtype and torch.equal(got, expected)
+    opaque = compiled.report.graphs[0].opaque_ops
+    assert sorted(opaque) == ["aten.bitwise_and.Tensor", "aten.bitwise_or.Tensor"]
+
+
 class _Function(nn.Module):
     def __init__(self, fn):
         super().__init__()

@@ -528,5 +528,15 @@ def _bitwise_not(ctx: Context, x: Value) -> Any:
     return ctx.emit(Op.LOGICAL_NOT, x)
 
 
+@converts(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor)
+def _bitwise_bool(ctx: Context, a: Any, b: Any) -> Any:
+    """On two bool tensors, ``&`` and ``|`` are the logical ops (HF's attention masks combine
+    a causal and a padding mask so); on integers they work on bits: no kiln op means that."""
+    if not all(isinstance(v, Value) and v.type.dtype is DType.BOOL for v in (a, b)):
+        return None
+    op = Op.LOGICAL_AND if ctx.target._opname == "bitwise_and" else Op.LOGICAL_OR  # type: ignore
+    return ctx.emit(op, a, b)
+
+
 # (the creation ops' converters live in their own module; importing it registers them)
 from kiln.frontend import creation  # noqa: E402, F401
