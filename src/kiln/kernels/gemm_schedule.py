@@ -75,6 +75,7 @@ from kiln.kernels.plan import (
     SimplifyIndices,
     Tensorize,
     VersionTails,
+    ZeroPadding,
     shares_dynamically,
 )
 from kiln.tir.nodes import BinOp, Expr, PrimFunc, Scope, Var
@@ -525,8 +526,10 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     program = matmul_func(m, n, k, b_transposed, bias, name, cfg.nr if b_prepacked else 0,
                           bias_matrix, batch, a_strides, b_strides, bias_row)
     sch, tails = schedule_gemm(program, cfg, b_transposed)
-    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), VersionTails(tuple(tails)),
-                                  ShrinkTails(), DropDeadGuards())
+    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices())
+    if not b_prepacked or batch:  # (B packed in the kernel: its padding lanes zeroed)
+        post += (ZeroPadding(f"B_{Scope.GLOBAL.value}"),)
+    post += (VersionTails(tuple(tails)), ShrinkTails(), DropDeadGuards())
     if tails and b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
         tiles = cfg.mc // cfg.mr if SPREAD_PREFETCH else 1  # (the K loop of the micro-kernel,
         # the tile loop over a panel)
