@@ -391,11 +391,11 @@ def test_k_blocks_split_k_exactly_where_a_slightly_longer_block_does() -> None:
     assert kc(128, 512, 1001) == 501  # (1001 = 7 x 11 x 13: no split of 2 to 4 blocks)
 
 
-def _pack_block(func_or_stmt, name: str = "B_global"):
+def _pack_block(func, name: str = "B_global"):
+    """The blocks of ``func`` named ``name`` (the kernel's pack of B)."""
     from kiln.tir.nodes import Block
     from kiln.tir.visit import iter_stmts
-    body = getattr(func_or_stmt, "body", func_or_stmt)
-    return [s for s in iter_stmts(body) if isinstance(s, Block) and s.name == name]
+    return [s for s in iter_stmts(func.body) if isinstance(s, Block) and s.name == name]
 
 
 def test_a_b_packed_in_the_kernel_writes_zeros_in_its_padding_lanes(options: Options) -> None:
