@@ -28,7 +28,9 @@ over its padding (see their docstrings).
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
+from fractions import Fraction
 
 from kiln.tir.arith import bounds, linear
 from kiln.tir.nodes import (
@@ -240,10 +242,7 @@ def shrink_tail_tiles(func: PrimFunc) -> PrimFunc:
                 body = map_stmt(body, lambda b: _without(b, implied))
             return For(s.var, extent, body, s.kind)
         if isinstance(s, IfThenElse):
-            conds = [_less_than_zero(c) for c in conjuncts(s.cond)]
-            then_facts = facts + [c for c in conds if c is not None]
-            negated = _negated(conds[0]) if len(conds) == 1 and conds[0] is not None else None
-            else_facts = facts + ([negated] if negated is not None else [])
+            then_facts, else_facts = _branch_facts(s.cond, facts)
             return IfThenElse(s.cond, walk(s.then_body, loops, then_facts),
                               None if s.else_body is None else
                               walk(s.else_body, loops, else_facts))
@@ -387,17 +386,18 @@ def drop_dead_guards(func: PrimFunc) -> PrimFunc:
 
     Scoped = tuple[Allocate, list[For]]  # an allocation and the loops around it
 
-    def walk(s: Stmt, loops: list[For], allocs: list[Scoped]) -> Stmt:
+    def walk(s: Stmt, loops: list[For], allocs: list[Scoped], facts: list[Affine]) -> Stmt:
         if isinstance(s, For):
-            return For(s.var, s.extent, walk(s.body, [*loops, s], allocs), s.kind)
+            return For(s.var, s.extent, walk(s.body, [*loops, s], allocs, facts), s.kind)
         if isinstance(s, Allocate):
-            return Allocate(s.buffer, walk(s.body, loops, [*allocs, (s, loops)]))
+            return Allocate(s.buffer, walk(s.body, loops, [*allocs, (s, loops)], facts))
         if isinstance(s, SeqStmt):
-            return SeqStmt(tuple(walk(x, loops, allocs) for x in s.stmts))
+            return SeqStmt(tuple(walk(x, loops, allocs, facts) for x in s.stmts))
         if isinstance(s, IfThenElse):
-            return IfThenElse(s.cond, walk(s.then_body, loops, allocs),
+            then_facts, else_facts = _branch_facts(s.cond, facts)
+            return IfThenElse(s.cond, walk(s.then_body, loops, allocs, then_facts),
                               None if s.else_body is None else
-                              walk(s.else_body, loops, allocs))
+                              walk(s.else_body, loops, allocs, else_facts))
         if isinstance(s, Block):
             stores = stores_of(s.body)
             # the blocks that see the same allocation (a versioned copy has its own)
@@ -405,17 +405,62 @@ def drop_dead_guards(func: PrimFunc) -> PrimFunc:
                           and a.buffer == stores[0].buffer), None)
             if scope is not None:
                 others = [b for b in iter_stmts(scope[0]) if isinstance(b, Block)]
-                return _unguarded(s, loops, scope[1], others, params)
+                return _unguarded(s, loops, scope[1], others, params, facts)
         return s
 
-    return func.with_body(walk(func.body, [], []))
+    return func.with_body(walk(func.body, [], [], []))
+
+
+def _branch_facts(cond: Expr, facts: list[Affine]) -> tuple[list[Affine], list[Affine]]:
+    """The facts that hold in the then and the else branch of ``if cond``."""
+    conds = [_less_than_zero(c) for c in conjuncts(cond)]
+    then_facts = facts + [c for c in conds if c is not None]
+    negated = _negated(conds[0]) if len(conds) == 1 and conds[0] is not None else None
+    return then_facts, facts + ([negated] if negated is not None else [])
+
+
+def _upper_bound(e: Expr, ranges: dict[str, int], facts: Sequence[Affine]) -> int | None:
+    """The largest value of affine ``e`` over the loops (name -> extent) where every fact
+    ``f < 0`` holds; None where no fact bounds it. Over the integers ``f <= -1``, so for any
+    ``c > 0``, ``e = (e - c*f) + c*f <= max(e - c*f) - c``; ``c`` is tried at the ratios of
+    ``e``'s coefficients to ``f``'s. The tests of `version_tails` are such facts: a GEMM's
+    full row tiles stop short of M, so a column tail tile under them reads A only in its
+    rows, and ``(jc * 2 + jr) * 16 < 40`` keeps a packed B's panel index below 3."""
+    form = _affine(e)
+    if form is None:
+        return None
+    best = None
+    for fact in map(_tightened, facts):
+        for c in {Fraction(v, fact[k]) for k, v in form.items()
+                  if k and fact.get(k, 0) and Fraction(v, fact[k]) > 0}:
+            diff = {k: Fraction(v) for k, v in form.items()}
+            for k, v in fact.items():
+                diff[k] = diff.get(k, Fraction(0)) - c * v
+            if any(k and v and k not in ranges for k, v in diff.items()):
+                continue
+            top = diff.get("", 0) + sum(max(v, 0) * (ranges[k] - 1)
+                                        for k, v in diff.items() if k) - c
+            best = math.floor(top) if best is None else min(best, math.floor(top))
+    return best
+
+
+def _tightened(fact: Affine) -> Affine:
+    """``g + k < 0`` with the constant moved down to the largest multiple of the gcd of
+    ``g``'s coefficients: ``12*i + 6*j < 50`` is ``12*i + 6*j <= 48`` (the last tile of
+    6 rows starts at row 48 at most)."""
+    step = math.gcd(*(v for k, v in fact.items() if k))
+    if step <= 1:
+        return fact
+    top = (-fact.get("", 0) - 1) // step * step  # the largest g allowed
+    return {**fact, "": -top - 1}
 
 
 def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[Stmt],
-               params: set[Buffer]) -> Block:
+               params: set[Buffer], facts: Sequence[Affine] = ()) -> Block:
     """``block`` with its dead guards dropped; ``loops`` are around it, ``shared`` around the
     allocation it writes (the loops every reader of the allocation sees with the same
-    values), ``others`` the blocks under that allocation."""
+    values), ``others`` the blocks under that allocation, ``facts`` the tests of the ``if``s
+    around it (as ``f < 0``)."""
     conj = conjuncts(block.predicate)
     if not conj or block.init is not None:
         return block
@@ -449,11 +494,17 @@ def _unguarded(block: Block, loops: list[For], shared: list[For], others: list[S
     # (an index in the block's iter vars is bounded through their bindings: a GEMM's A read
     # in place, A[vi0, vk0])
     bound = {iv.var: b for iv, b in zip(block.iter_vars, block.bindings)}
+    extents = {f.var.name: f.extent for f in loops}
     for access in [*stores, *loads]:
         for idx, extent in zip(access.indices, access.buffer.shape):
-            box = bounds(substitute(idx, bound), ranges)
-            if box is None or box[0] < 0 or box[1] >= extent:
+            at = substitute(idx, bound)
+            box = bounds(at, ranges)
+            if box is None or box[0] < 0:
                 return block
+            if box[1] >= extent:
+                top = _upper_bound(at, extents, facts)
+                if top is None or top >= extent:
+                    return block
     freed = set().union(*(vars_of(g) for g in dead))
     ivs = []
     for iv, b in zip(block.iter_vars, block.bindings):
