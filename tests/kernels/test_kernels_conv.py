@@ -257,6 +257,41 @@ def test_conv_default_config_on_16_registers() -> None:
     assert ConvConfig.default(stem, 16).tile == 7
 
 
+def test_conv_guarded_rows_take_no_short_tile() -> None:
+    """AVX-512 with guards: a row that no width of 4 to 8 divides takes tiles of t, then of
+    t - 1 (17 columns: 6 + 6 + 5, where 7 + 7 + 3 ran Inception's 1x7 layers 1.5x slower);
+    rows that one divides keep it, and the padded copy's tiles are left as they were."""
+    def config(size: int, kernel: tuple[int, int], ci: int = 192) -> ConvConfig:
+        pad = (kernel[0] // 2, kernel[1] // 2)
+        return ConvConfig.default(ConvShape(1, ci, size, size, 192, kernel, (1, 1), pad), 16)
+
+    def tiles(c: ConvConfig, ow: int) -> tuple[bool, int, int, int]:
+        return c.pad_copy, c.tile, c.tail_tile, c.split_at(ow)
+
+    assert tiles(config(17, (1, 7)), 17) == (False, 6, 5, 12)
+    assert tiles(config(17, (7, 1)), 17) == (False, 6, 5, 12)
+    assert tiles(config(17, (3, 3)), 17) == (False, 6, 5, 12)
+    assert tiles(config(71, (3, 3), 64), 71) == (False, 8, 7, 64)  # 8 x 8, then a 7
+    assert tiles(config(13, (3, 3)), 13) == (False, 7, 6, 7)
+    assert tiles(config(35, (1, 7)), 35) == (False, 7, 0, 0)
+    assert tiles(config(10, (3, 3)), 10) == (True, 10, 0, 0)  # (the copy: one tile a row)
+
+
+def test_conv_1x7_tail_tiles_match(kernel_options: Options) -> None:
+    """Inception's 1x7 layer over 17 columns (guards on both sides of the row, tiles 6 + 6
+    + 5) matches eager, NaN and inf included."""
+    shape = ConvShape(1, 96, 17, 17, 48, (1, 7), (1, 1), (0, 3), bias=True)  # (no copy)
+    config = dataclasses.replace(ConvConfig.default(shape, 16), lanes=16)
+    assert (config.pad_copy, config.tile, config.tail_tile) == (False, 6, 5)
+    plan = conv_plan(shape, config, name="conv_test_1x7_tails", epilogue=Epilogue(Op.RELU, ()))
+    kernel = compile_kernel(plan.build(), kernel_options)
+    x, weight, bias = _operands(shape, seed=17)
+    x[0, 3, 2, 16], x[0, 5, 9, 12] = float("nan"), float("inf")
+    got = _run(kernel, shape, config, x, weight, bias)
+    torch.testing.assert_close(got, _eager(shape, x, weight, bias, Op.RELU, ()),
+                               rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
 @pytest.mark.parametrize("size", [10, 11, 14])
 def test_conv_avx2_tiles_match(kernel_options: Options, size: int) -> None:

@@ -281,8 +281,16 @@ class ConvConfig:
             tile = 6 if ow % 6 in (0, 4, 5) else 7
         elif guarded or few_channels_wide_window:  # (the 7x7 stem over its padded copy:
             # 1094 us at 7 pixels, 1188 at 14)
-            tile = next((t for t in (7, 8, 6, 5, 4) if t <= largest and ow % t == 0),
-                        min(7, largest))
+            tile = next((t for t in (7, 8, 6, 5, 4) if t <= largest and ow % t == 0), 0)
+            if not tile and guarded:
+                # no width divides the row: tiles of t, then of t - 1, so that no tile is
+                # short (Zen 4, 2 threads, Inception's 1x7 layers over 17 columns, guards on
+                # both sides: 192->192 7 + 7 + 3 pixels 974 us, 6 + 6 + 5 624, oneDNN
+                # 652; 160->192 796, 524, 547)
+                tile, tail_tile = next(((t, t - 1) for t in (8, 7, 6) if t <= largest
+                                        and ConvConfig(t, tail_tile=t - 1).split_at(ow)),
+                                       (0, 0))
+            tile = tile or min(7, largest)
         else:
             dividing = [t for t in range(largest, max(largest // 2, 1) - 1, -1) if ow % t == 0]
             # else the fewest tiles, as even as they go: a last tile of a pixel or three
