@@ -230,3 +230,23 @@ def test_an_activation_stays_off_a_gemm_whose_input_feeds_another() -> None:
   return %s
 }"""
     assert _fires("mm-act", alone, fast_math=False) == 1
+
+
+def test_an_activation_that_feeds_only_a_gemm_fuses_next_to_a_sibling() -> None:
+    """Falcon's parallel attention and MLP read one layer norm: gelu(x @ W_fc) feeds only the
+    down projection (through a view), so nothing joins it with x @ W_qkv, and it rides on
+    its own GEMM. A second use that is not a GEMM's left operand keeps it off."""
+    parallel = """graph(%x: f32[4, 8], %a: f32[8, 6], %b: f32[8, 6], %d: f32[6, 8]) {
+  %q = mm(%x, %a) : f32[4, 6]
+  %f = mm(%x, %b) : f32[4, 6]
+  %s = gelu(%f) {approximate='none'} : f32[4, 6]
+  %v = view(%s) {shape=(4, 6)} : f32[4, 6]
+  %o = mm(%v, %d) : f32[4, 8]
+  return %q, %o
+}"""
+    assert _fires("mm-act", parallel) == 1
+    assert _fires("mm-act", parallel.replace("return %q, %o", "return %q, %o, %s")) == 0
+    weight_side = parallel.replace("%d: f32[6, 8]", "%d: f32[4, 4]").replace(
+        "%o = mm(%v, %d) : f32[4, 8]", "%o = mm(%d, %v) : f32[4, 6]").replace(
+        "%x: f32[4, 8]", "%x: f32[4, 8]")
+    assert _fires("mm-act", weight_side) == 0  # (the activation as a GEMM's right operand)

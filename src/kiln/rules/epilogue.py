@@ -22,7 +22,7 @@ from typing import Any
 from kiln.ir.attrs import AddmmActAttrs, ConvActAttrs, FullAttrs
 from kiln.ir.fused import ACTIVATIONS, activation_args
 from kiln.ir.graph import Node, Value
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, OpGroup
 from kiln.rewrite.law import A, App, AttrFnKind, C, CondKind, F, L, Law, PVar, Term
 from kiln.rewrite.pattern import On, Var
 from kiln.rewrite.rule import EXACT, IEEE, Match, Rule
@@ -55,15 +55,32 @@ def _mm_view_act(m: Match) -> Value:
     return m.op(Op.VIEW, _mm_act(m), attrs=view.attrs, name=view.name)
 
 
+_GEMMS = (Op.MM, Op.ADDMM, Op.ADDMM_ACT)
+
+
 def _no_sibling_gemm(m: Match) -> str | None:
     """The mm's input feeds no other GEMM: siblings are merged into one wide GEMM instead
-    (Llama's gate and up projections), which an activation on one of them would stop."""
+    (Llama's gate and up projections, whose silu(gate) * up is one row kernel over the
+    merged output), which an activation on one of them would stop. Not where the
+    activation only feeds GEMMs (through views): nothing joins it with a sibling, and the
+    merged GEMM would leave the activation a pass of its own over its piece (Falcon's
+    parallel attention and MLP read one layer norm: gelu(x @ W_fc) next to x @ W_qkv)."""
     x = m["x"].node
-    others = [u for u in m.ctx.users.get(x, []) if u is not m["mm"]
-              and u.op in (Op.MM, Op.ADDMM, Op.ADDMM_ACT)]
-    if others:
+    others = [u for u in m.ctx.users.get(x, []) if u is not m["mm"] and u.op in _GEMMS]
+    if others and not _feeds_only_gemms(m, m.root):
         return f"{others[0].name} reads the same input (the GEMMs merge instead)"
     return None
+
+
+def _feeds_only_gemms(m: Match, node: Node) -> bool:
+    """Every use of ``node``'s value, through views, is the left operand of a GEMM."""
+    users = m.ctx.users.get(node, [])
+    outputs = m.ctx.graph.outputs
+    return bool(users) and not any(v in outputs for v in node.outputs) and all(
+        _feeds_only_gemms(m, u) if u.op.is_a(OpGroup.VIEW) and u.inputs[0].node is node
+        else u.op in _GEMMS and u.inputs[0 if u.op is Op.MM else 1].node is node
+        and node not in [v.node for v in u.inputs[(1 if u.op is Op.MM else 2):]]
+        for u in users)
 
 
 def _float_product(m: Match) -> str | None:
