@@ -374,9 +374,10 @@ def test_packed_b_holds_nr_column_panels_the_last_zero_padded(k: int, n: int, nr
 
 
 def test_k_blocks_split_k_exactly_where_a_slightly_longer_block_does() -> None:
-    """A K that balanced blocks of KC split with a shorter last block takes equal blocks of
-    up to 1.5 x KC where K divides into them; exact splits stay as they were; a K with no
-    such split keeps the balanced blocks."""
+    """A K of up to 1.5 x KC is one block (768 on AVX-512, where two of 384 read and wrote
+    C twice); a longer K that balanced blocks of KC split with a shorter last block takes
+    equal blocks of up to 1.5 x KC where K divides into them; exact splits stay as they
+    were; a K with no such split keeps the balanced blocks."""
     from kiln.codegen.isa import Isa
     from kiln.kernels.gemm_schedule import K_BLOCK_STRETCH, default_gemm_config
 
@@ -387,7 +388,8 @@ def test_k_blocks_split_k_exactly_where_a_slightly_longer_block_does() -> None:
 
     assert (kc(128, 512, 1376), kc(1, 1000, 1280)) == (688, 640)  # (459 and 427 before)
     assert 688 <= K_BLOCK_STRETCH * avx512.kc
-    assert (kc(128, 3072, 768), kc(128, 768, 3072), kc(49, 512, 2048)) == (384, 512, 512)
+    assert (kc(128, 3072, 768), kc(128, 768, 3072), kc(49, 512, 2048)) == (768, 512, 512)
+    assert (kc(196, 96, 576), kc(128, 768, 769), kc(128, 768, 1024)) == (576, 385, 512)
     assert kc(128, 512, 1001) == 501  # (1001 = 7 x 11 x 13: no split of 2 to 4 blocks)
 
 

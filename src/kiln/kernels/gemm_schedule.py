@@ -21,7 +21,7 @@ tile sizes), then the lowering post-passes. The program it gives::
                 C_local[i, j] += A_local[ir, p, i] * B_global[jr, p, j]
               unrolled i / vectorized j:  C[...] = C_local[i, j]
 
-With one K block (KC >= K: always with an epilogue, by default for K <= 512, 1024 on AVX2)
+With one K block (KC >= K: always with an epilogue, by default for K <= 768, 1536 on AVX2)
 there is no ``pc`` loop and no init nest: ``cache_write`` + ``decompose_reduction`` at the K
 step start each register tile from the bias (a row, or an [M, N] residual) and store it once,
 where the nest above passes over C three times (init, load, store). Where each row of A is read once
@@ -263,15 +263,21 @@ def default_gemm_config(m: int, n: int, k: int, threads: int | None = None,
 
 
 def _k_block(k: int, limit: int) -> int:
-    """KC: K in balanced blocks of about ``limit``; where those leave a shorter last block,
-    the fewest equal blocks of up to `K_BLOCK_STRETCH` x ``limit`` that K divides into, if
-    a few more blocks find one: a shorter last block pays a tile's set-up for fewer steps
-    (an AVX-512 Xeon, 2 threads, B prepacked: 128x512x1376 in blocks of 459, the last 458,
-    605 us, of 688 581, ATen 589; 1x1000x1280 in blocks of 427 117 us, of 640 107, ATen
-    108. Before `kiln.tir.tails.shrink_tail_tiles` cut the last block's K loop to its
-    steps, that block was no register tile: 723 and 112 us)."""
+    """KC: all of K where it is at most `K_BLOCK_STRETCH` x ``limit`` (Zen 4, 2 threads, B
+    prepacked, K = 768 in one block against two of 384: GPT-2's LM head 128x768x50257 48.9
+    -> 45.3 ms, 512x768x3072 11.7 -> 11.1, 197x768x3072 4.35 -> 4.23, 289x768x192 413 ->
+    401 us, 128x768x768 702 -> 689; 128x768x2304 equal; K = 576: 196x576x96 106 -> 105,
+    49x576x160 56 -> 58). Else K in balanced blocks of about ``limit``; where those leave a
+    shorter last block, the fewest equal blocks of up to `K_BLOCK_STRETCH` x ``limit`` that
+    K divides into, if a few more blocks find one: a shorter last block pays a tile's
+    set-up for fewer steps (an AVX-512 Xeon, 2 threads, B prepacked: 128x512x1376 in
+    blocks of 459, the last 458, 605 us, of 688 581, ATen 589; 1x1000x1280 in blocks of 427
+    117 us, of 640 107, ATen 108. Before `kiln.tir.tails.shrink_tail_tiles` cut the last
+    block's K loop to its steps, that block was no register tile: 723 and 112 us)."""
+    if k <= K_BLOCK_STRETCH * limit:  # one block: C is read and written once
+        return max(k, 1)
     kc = _balanced(k, limit, 1)
-    if k <= 0 or k % kc == 0:
+    if k % kc == 0:
         return kc
     fewest = _ceil_div(k, int(K_BLOCK_STRETCH * limit))
     return next((k // parts for parts in range(fewest, _ceil_div(k, limit) + 3)
