@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -82,6 +83,19 @@ def test_table_has_one_row_per_opt_level_and_notes(mlp_result: Run) -> None:
     assert "| mlp -O0 " in table and "| mlp -O2 " in table
     assert "* mlp, boom: compile failed: RuntimeError: peer exploded" in table
     assert "* mlp, absent: not installed" in table
+
+
+def test_a_rate_above_the_peak_gets_a_note(mlp_result: Run) -> None:
+    """DeBERTa's position projections run in eager but are folded by kiln: its rate over
+    eager's FLOPs can pass the FMA peak, which the table must not leave unexplained."""
+    result, _ = mlp_result
+    kiln_o2 = result.contender("kiln-O2")
+    assert kiln_o2 is not None and kiln_o2.median_ms and result.gflop
+    above = dataclasses.replace(result, peak_gflops=0.5 * result.gflops(kiln_o2))
+    assert "kiln-O2: " in markdown_table([above]) and "above the FMA peak" in \
+        markdown_table([above])
+    below = dataclasses.replace(result, peak_gflops=2.0 * result.gflops(kiln_o2))
+    assert "above the FMA peak" not in markdown_table([below])
 
 
 def test_unknown_model_is_a_result_with_an_error() -> None:

@@ -120,6 +120,12 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
             if c.error is not None or c.note:
                 notes.append(f"{r.model}, {c.name}: {c.error or c.note}")
             notes += [f"{r.model}, {c.name}: {f}" for f in (c.kiln.fallbacks if c.kiln else [])]
+            rate = r.gflops(c) if bench.is_kiln(c.name) else None
+            if rate and r.peak_gflops and rate > r.peak_gflops:
+                notes.append(f"{r.model}, {c.name}: {rate:.0f} GFLOP/s is above the FMA peak "
+                             f"({r.peak_gflops:.0f}): the FLOPs are those of one eager call, "
+                             "and kiln does not run all of them (work on weights alone, such "
+                             "as a projection of a position table, is folded at compile time)")
     table = markdown(header, rows)
     return "\n".join([table] + ([""] + [f"* {n}" for n in notes] if notes else []))
 
