@@ -318,3 +318,45 @@ def test_a_strided_input_a_library_op_reads_too_runs_the_kernel_on_a_copy(tmp_pa
         for given in (v, v, v.contiguous()):
             for got, want in zip(fast(p, given), attend(p, given)):
                 torch.testing.assert_close(got, want)
+
+
+def test_batch_norm_compiles_on_a_graph_with_symbolic_shapes(caplog):
+    """A graph Dynamo hands over with symbolic shapes is retraced per shape, and the retrace
+    keeps batch norm's unused statistics as getitems that nothing reads: the converter's
+    None for them must still agree (it crashed formatting its debug message, and then kept
+    every batch norm a library call)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    fast = torch.compile(model, backend="kiln", dynamic=True)
+    with caplog.at_level(logging.INFO, logger="kiln"), torch.no_grad():
+        for batch in (1, 2):
+            x = torch.randn(batch, 3, 12, 12)
+            assert _rel(fast(x), model(x)) < 1e-5
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "batch_norm" in m or "runs eagerly" in m], messages
+
+
+def test_a_kiln_bug_on_a_graph_costs_speed_not_the_call(monkeypatch, caplog):
+    """An error inside kiln while compiling a graph (here, for the second shape of a graph
+    with symbolic shapes, at call time) runs that graph as captured, with one warning that
+    says it is kiln's bug; Options(strict=True) raises it."""
+    def broken(*args, **kwargs):
+        raise RuntimeError("an internal error")
+
+    model = _mlp()
+    with torch.no_grad():
+        for strict in (False, True):
+            torch._dynamo.reset()
+            fast = torch.compile(model, backend="kiln", dynamic=True,
+                                 options={"strict": strict})
+            monkeypatch.setattr("kiln.frontend.fx_compile.compile_graph", broken)
+            x = torch.randn(3, 8)
+            if strict:
+                with pytest.raises(Exception, match="an internal error"):
+                    fast(x)
+                continue
+            with caplog.at_level(logging.WARNING, logger="kiln"):
+                assert _rel(fast(x), model(x)) < 1e-6
+            (warning,) = [r.getMessage() for r in caplog.records
+                          if r.levelno == logging.WARNING]
+            assert "an internal error" in warning and "a kiln bug" in warning

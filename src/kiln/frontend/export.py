@@ -32,7 +32,7 @@ from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
 from kiln.frontend.aten import CONVERTERS
-from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size
+from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size, first_line
 from kiln.frontend.importer import ImportedGraph, UnsupportedGraph, import_fx
 from kiln.frontend.kept import KEPT_WHOLE, traced_whole
 from kiln.options import Options
@@ -159,13 +159,13 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
         if options.strict:
             raise err from None
         run, signature, check = _fall_back(
-            f"torch.export could not capture {name} as one graph ({_first_line(err)})",
+            f"torch.export could not capture {name} as one graph ({first_line(err)})",
             model, inputs, options, report, dynamic_shapes)
     except Exception as err:  # noqa: BLE001 - a bug of kiln's must cost speed, not the model
         if options.strict:
             raise
         run, signature, check = _fall_back(
-            f"kiln failed on the graph torch.export captured of {name} ({_first_line(err)}; "
+            f"kiln failed on the graph torch.export captured of {name} ({first_line(err)}; "
             f"a kiln bug: please report it)", model, inputs, options, report, dynamic_shapes)
     return CompiledModel(run, signature, report, name, check)
 
@@ -188,10 +188,6 @@ class _CaptureFailed(Exception):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _first_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def _is_onnx(model: Any) -> bool:
@@ -461,7 +457,7 @@ def _eagerly(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...], err: E
     warning. Where eager fails too, its error is the model's and is raised as is."""
     with torch.no_grad():
         model(*inputs)
-    message = (f"torch.compile could not trace the model either ({_first_line(err)}); it runs "
+    message = (f"torch.compile could not trace the model either ({first_line(err)}); it runs "
                f"eagerly")
     log.warning(message)
     report.fallbacks.append(message)

@@ -132,20 +132,32 @@ class FxGraphRunner:
         try:
             with unset_fake_temporarily():  # AOTAutograd may call us inside its fake mode
                 imported = import_fx(gm, self.frozen, self.device)
+                compiled = compile_graph(imported.graph, self.options,
+                                         imported.tensor_positions, imported.opaque,
+                                         started=start)
         except UnsupportedGraph as err:
             if self.options.strict:
                 raise
-            message = f"kiln cannot compile a graph ({err}); that graph runs eagerly"
-            log.warning(message)
-            self.report.fallbacks.append(message)
-            return None
-        with unset_fake_temporarily():
-            compiled = compile_graph(imported.graph, self.options, imported.tensor_positions,
-                                     imported.opaque, started=start)
+            return self._fell_back(f"kiln cannot compile a graph ({err})")
+        except Exception as err:  # noqa: BLE001 - a bug of kiln's must cost speed, not the call
+            if self.options.strict:
+                raise
+            return self._fell_back(f"kiln failed on a graph ({first_line(err)}; a kiln bug: "
+                                   f"please report it)")
         if imported.opaque:
             log.info("kiln: ATen ops run as they are: %s", ", ".join(sorted(set(imported.opaque))))
         self.report.graphs.append(compiled.report)
         return compiled, imported.output_template
+
+    def _fell_back(self, why: str) -> None:
+        message = f"{why}; that graph runs eagerly"
+        log.warning(message)
+        self.report.fallbacks.append(message)
+
+
+def first_line(err: Exception) -> str:
+    """``Type: the message's first line``, for a one-line fallback note."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def frozen_from_sources(names: Sequence[str | None],

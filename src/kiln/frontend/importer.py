@@ -208,15 +208,18 @@ class _Importer:
             return tuple(result)
         if result is not None:
             log.debug("kiln: converter for %s gave %s, capture says %s; kept as a call",
-                      node.target, [str(v.type) for v in result], self.out_types)
+                      node.target, [v if v is None else str(v.type) for v in result],
+                      self.out_types)
         del self.b.nodes[mark:]  # drop whatever the failed attempt built
         return None
 
     def _agrees(self, node: torch.fx.Node, result: tuple[Value | None, ...]) -> bool:
-        """Same output types as captured; outputs left None must be unread."""
+        """Same output types as captured; outputs left None must be unread (a ``getitem``
+        that nothing reads does not count: make_fx's retrace of a graph with symbolic shapes
+        keeps batch norm's unused statistics as such)."""
         if len(result) != len(self.out_types):
             return False
-        read = {u.args[1] for u in node.users if u.target is operator.getitem}
+        read = {u.args[1] for u in node.users if u.target is operator.getitem and u.users}
         return all((v is None and i not in read) or (v is not None and v.type == t)
                    for i, (v, t) in enumerate(zip(result, self.out_types)))
 
