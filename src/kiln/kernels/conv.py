@@ -48,6 +48,7 @@ from kiln.codegen.isa import target_isa
 from kiln.cost.machine import full_rate_512
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
+from kiln.ir.shared import packed
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.conv_schedule import ConvShape, pack_conv_weight
@@ -201,7 +202,7 @@ def plan_conv(graph: Graph, group: KernelGroup, options: Options) -> ConvPlanned
     inputs = (x, w) if bias is None else (x, w, bias)
     residual = conv_residual(node)
     inputs += (residual,) if residual is not None else ()
-    return plan, inputs, {w: pack_conv_weight(graph.constant(w.node), decisions["nr"])}
+    return plan, inputs, {w: packed(pack_conv_weight, graph.constant(w.node), decisions["nr"])}
 
 
 def group_space(graph: Graph, group: KernelGroup, options: Options) -> WindowSpace:

@@ -42,6 +42,7 @@ from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import ConvActAttrs, ConvAttrs, PadAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
+from kiln.ir.shared import packed
 from kiln.ir.types import DType
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
@@ -201,7 +202,7 @@ def plan_depthwise(graph: Graph, group: KernelGroup, options: Options
     bias = conv_bias(node)
     x = node.inputs[0] if pad is None else pad.inputs[0]
     inputs = (x, w) if bias is None else (x, w, bias)
-    return plan, inputs, {w: pack_depthwise_weight(graph.constant(w.node))}
+    return plan, inputs, {w: packed(pack_depthwise_weight, graph.constant(w.node))}
 
 
 def depthwise_space(node: Node, options: Options, pad: Node | None = None) -> WindowSpace:

@@ -25,6 +25,7 @@ from kiln.cost.machine import full_rate_512
 from kiln.ir.attrs import AddmmActAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
+from kiln.ir.shared import packed
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
@@ -99,7 +100,7 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
                                    f"{tuned[1] * 1e6:.1f} us)")
     weights = {}
     if space.b_prepacked:  # packed once, here: the kernel reads B's panels in place
-        weights[b] = pack_b(graph.constant(b.node), config.nr)
+        weights[b] = packed(pack_b, graph.constant(b.node), config.nr)
     operands = (a, b) if bias is None else (a, b, bias)
     if space.bias_row:  # the sum stays in the kernel: its operands are the inputs
         operands = (a, b, *residual_bias(bias, graph.users(), set(graph.outputs)))  # type: ignore

@@ -21,6 +21,7 @@ from kiln.ir import calls
 from kiln.ir.graph import Graph, Node, Value, make_constant, transform
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
+from kiln.ir.shared import shared
 from kiln.options import Options
 
 _MAX_GROWTH_BYTES = 1 << 16  # a folded view may exceed its sources by this much
@@ -74,8 +75,14 @@ def fold_constants(graph: Graph, options: Options | None = None) -> Graph:
     def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
         if not _foldable(node, inputs):
             return None
-        with torch.no_grad():
-            results = evaluate_node(node, [operand(v) for v in inputs], graph)
+        args = [operand(v) for v in inputs]
+
+        def evaluate() -> tuple[object, ...]:
+            with torch.no_grad():
+                return evaluate_node(node, args, graph)
+        # (the tensors an earlier compile of the model folded, where made from the same
+        # weights: a graph compiled once per input shape keeps one copy of them)
+        results = shared((node.op, repr(node.attrs), node.types, graph.device), args, evaluate)
         folded = []
         for i, result in enumerate(results):
             name = _fresh(constants, f"fold.{node.name}" + (f".{i}" if len(results) > 1 else ""))
