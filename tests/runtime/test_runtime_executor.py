@@ -12,6 +12,7 @@ import threading
 import pytest
 import torch
 
+import kiln
 import kiln_test_support as support  # tests/ir/kiln_test_support.py, loaded by conftest.py
 from kiln.engine import compile_graph
 from kiln.ir import Graph, GraphBuilder, Op, TensorType, parse_graph, verify
@@ -335,3 +336,47 @@ def test_an_opaque_calls_result_reaches_its_kernel_contiguous(kernel_options) ->
         warnings.simplefilter("error", KernelFallbackWarning)
         torch.testing.assert_close(compiled(*args), model(*args))
     assert compiled.report.graphs[0].details.fallbacks == {}
+
+
+class _MergedOneByOnes(torch.nn.Module):
+    """HF BiT's bottleneck: a downsampling 1x1 convolution and the first 1x1 read the same
+    input (they merge into one GEMM, whose channel slice feeds the group norm)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = torch.nn.Conv2d(64, 256, 1, bias=False)
+        self.conv1 = torch.nn.Conv2d(64, 64, 1, bias=False)
+        self.gn = torch.nn.GroupNorm(32, 64)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = torch.relu(x)
+        return self.down(h), self.gn(self.conv1(h))
+
+
+class _UnfoldedPatches(torch.nn.Module):
+    """MobileViT-v2: a group norm over a convolution's output unfolded into patches."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.kxk = torch.nn.Conv2d(32, 32, 3, padding=1, bias=False)
+        self.bn = torch.nn.BatchNorm2d(32)
+        self.conv = torch.nn.Conv2d(32, 64, 1, bias=False)
+        self.norm = torch.nn.GroupNorm(1, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(torch.nn.functional.silu(self.bn(self.kxk(x))))
+        patches = torch.nn.functional.unfold(y, kernel_size=(2, 2), stride=(2, 2))
+        return self.norm(patches.reshape(x.shape[0], y.shape[1], 4, -1))
+
+
+@pytest.mark.parametrize("model", [_MergedOneByOnes, _UnfoldedPatches])
+def test_an_opaque_call_gets_an_operand_in_a_layout_it_takes(model):
+    """aten.native_group_norm (an opaque call) raises on a tensor contiguous in no memory
+    format; kiln's merged GEMMs and planned views made such operands (it ran at 2x2)."""
+    torch.manual_seed(0)
+    module = model().eval()
+    x = torch.randn(1, 32 if model is _UnfoldedPatches else 64, 2, 2)
+    compiled = kiln.compile(module, (x,), kiln.Options(measure_kernels=False))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), module(x), rtol=1e-4, atol=1e-5)
+    assert compiled.report.fallbacks == []

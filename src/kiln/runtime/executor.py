@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 
 from kiln.codegen.kernel import layout_check
-from kiln.ir.calls import results_alias_operands
+from kiln.ir.calls import is_pure, results_alias_operands
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.semantics import DEVICE, AtenCall, lower_node
@@ -208,6 +208,10 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
         if node.op in _METHOD_VIEWS:  # the Tensor method: ~1 us a call below the op's kernel
             return f"{targets} = {ref(node.inputs[0])}.{_METHOD_VIEWS[node.op](node.attrs)}"
         out = f"buf[{slot[node.out()]}]" if use_slot and node.out() in slot else None
+        operand = ref
+        if node.op is Op.CALL and is_pure(node):  # (see `dense_operand`)
+            dense_name = _bind(env, "DENSE", dense_operand)
+            operand = lambda v: ref(v) if v.node.op is Op.SCALAR else f"{dense_name}({ref(v)})"  # noqa: E731
         if out is not None and node.out() in nhwc_slots:
             slot_strides[slot[node.out()]] = channels_last_strides(tuple(node.out().type.shape))
         elif out is not None and (strides := slot_layouts.strides(
@@ -217,7 +221,7 @@ def build_executor(graph: Graph, plan: MemoryPlan | None, input_positions: Seque
             fixed.fix_slot(node.out(), slot[node.out()], slot_strides.get(slot[node.out()]))
         unpack = len(node.types) > 1 or (call.returns_list and call.select is None)
         return (f"{targets}{',' if unpack else ''} = "
-                f"{_call_text(env, node, call, ref, out, graph.device)}")
+                f"{_call_text(env, node, call, operand, out, graph.device)}")
 
     if step_timer is not None:
         env["TIMER_start"], env["TIMER_stop"] = step_timer.start, step_timer.stop
@@ -503,6 +507,23 @@ def _strides(buffer: TirBuffer) -> tuple[int, ...] | None:
     if buffer.strides is None or buffer.strides == contiguous_strides(buffer.shape):
         return None
     return tuple(buffer.strides)
+
+
+def dense_operand(t: Any) -> Any:
+    """An opaque ATen call's tensor operand, copied where its strides are neither the
+    standard ones nor, for 4 dims, the channels-last ones (those of dims of size 1
+    included: ATen's kernels judge a layout by all strides). The capture saw the eager
+    operand, and kiln's views may hand the call another: aten.native_group_norm raises on
+    a tensor contiguous in no memory format (HF BiT: a channel slice of two merged 1x1
+    convolutions' GEMM; MobileViT-v2: a reshaped unfold), which eager's group_norm had
+    made contiguous before the capture."""
+    if not isinstance(t, torch.Tensor) or t.numel() == 0:
+        return t
+    shape, strides = tuple(t.shape), t.stride()
+    if strides == contiguous_strides(shape) or (
+            t.dim() == 4 and strides == channels_last_strides(shape)):
+        return t
+    return t.clone(memory_format=torch.contiguous_format)
 
 
 def _call_text(env: dict[str, Any], node: Node, call: AtenCall, ref: Callable[[Value], str],
