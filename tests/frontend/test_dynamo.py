@@ -360,3 +360,24 @@ def test_a_kiln_bug_on_a_graph_costs_speed_not_the_call(monkeypatch, caplog):
             (warning,) = [r.getMessage() for r in caplog.records
                           if r.levelno == logging.WARNING]
             assert "an internal error" in warning and "a kiln bug" in warning
+
+
+def test_a_division_of_two_numbers_stays_the_aten_call():
+    """A graph retraced at a concrete shape divides numbers (Longformer: its padded length
+    over its attention window, ``aten.div.Tensor_mode(512, 256)``); the converter took the
+    first for a value, and the graph ran eagerly with a kiln-bug warning."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.frontend.fx_compile import FxGraphRunner
+    from kiln.options import Options
+    from kiln.report import CompileReport
+
+    def f(x):
+        return (x + torch.ops.aten.div.Tensor_mode(512, 256, rounding_mode="trunc")
+                + torch.ops.aten.floor_divide.default(7, 2))
+
+    gm = make_fx(f)(torch.randn(3))
+    runner = FxGraphRunner(gm, {}, Options(strict=True), CompileReport(), torch.device("cpu"))
+    x = torch.randn(3)
+    (got,) = runner([x])
+    assert torch.equal(got, f(x))

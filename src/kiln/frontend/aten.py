@@ -112,6 +112,9 @@ def _rsub(ctx: Context, x: Value, other: Any, alpha: Any = 1) -> Any:
 
 @converts(aten.div.Tensor_mode, aten.div.Scalar_mode)
 def _div_mode(ctx: Context, a: Any, b: Any, *, rounding_mode: str | None) -> Any:
+    if not isinstance(a, Value):
+        return None  # two numbers (Longformer's padded length over its window, retraced at
+        # a concrete shape): ATen's call takes them
     return ctx.emit(Op.DIV, a, ctx.operand(b), attrs=A.DivAttrs(rounding_mode))
 
 
@@ -119,6 +122,8 @@ def _div_mode(ctx: Context, a: Any, b: Any, *, rounding_mode: str | None) -> Any
 def _floor_divide(ctx: Context, a: Value, b: Any) -> Any:
     """a // b: torch's floor_divide rounds toward -inf, as div(rounding_mode='floor') does
     (MoE routers' expert indices)."""
+    if not isinstance(a, Value):
+        return None  # (two numbers: see _div_mode)
     return ctx.emit(Op.DIV, a, ctx.operand(b), attrs=A.DivAttrs("floor"))
 
 
