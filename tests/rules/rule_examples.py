@@ -368,6 +368,18 @@ def _conv_act(e: Example) -> Graph:
     return e.graph(_activation(e, y))
 
 
+def _conv_view_act(e: Example) -> Graph:
+    """A 1-d convolution run as a 2-d one over a row (`kiln.passes.conv1d`), or a flattened
+    2-d one (a ViT's patch embedding)."""
+    x = _image(e)
+    if e.rng.random() < 0.5:
+        x = e.input((x.type.shape[0], x.type.shape[1], 1, x.type.shape[3]))
+    y = _conv(e, x, e.rng.randint(1, 4), 1, e.rng.random() < 0.5)
+    n, c, h, w = y.type.shape
+    view = e.op(Op.VIEW, y, attrs=ShapeAttrs((n, c, h * w)))
+    return e.graph(_activation(e, view))
+
+
 def _conv_act_epilogue(e: Example) -> Graph:
     x = _image(e)
     c = e.rng.randint(1, 4)
@@ -481,6 +493,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "mm-view-act": _gemm_act(_mm, True),
     "conv-residual": _conv_residual,
     "conv-act": _conv_act,
+    "conv-view-act": _conv_view_act,
     "conv-act-epilogue": _conv_act_epilogue,
     "merge-parallel-addmm": _parallel_addmm,
     "merge-parallel-mm": _parallel_mm,

@@ -64,7 +64,8 @@ def conv_act(x: torch.Tensor, w: torch.Tensor, *rest: torch.Tensor, stride: list
              activation: Op | None, act_args: tuple[Any, ...]) -> torch.Tensor:
     bias = rest[0] if has_bias else None
     residual = rest[1 if has_bias else 0] if len(rest) > int(has_bias) else None
-    y = aten.convolution.default(x, w, bias, stride, padding, dilation, False, [0, 0], groups)
+    y = aten.convolution.default(x, w, bias, stride, padding, dilation, False,
+                                 [0] * len(stride), groups)
     if residual is not None:
         y.add_(residual)
     apply_activation(y, activation, act_args)

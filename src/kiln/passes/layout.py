@@ -226,7 +226,8 @@ def _nhwc_values(graph: Graph, convs: set[Node]) -> set[Value]:
         if not four_d:
             continue
         seed = node in convs or _nhwc_view(node, graph, dense) or (
-            node.op is Op.TO_LAYOUT and getattr(node.attrs, "channels_last", False))
+            node.op is Op.TO_LAYOUT and getattr(node.attrs, "channels_last", False)) or (
+            _viewed_back(node) in nhwc)
         if seed:
             nhwc.add(node.out())
         elif (node.op in KEEPS_LAYOUT or node.op.is_a(OpGroup.ELEMENTWISE)
@@ -253,6 +254,26 @@ def _nhwc_view(node: Node, graph: Graph, dense: set[Value]) -> bool:
     if node.op is not Op.PERMUTE or tuple(node.attrs.dims) != (0, 3, 1, 2):  # type: ignore
         return False
     return node.inputs[0] in dense or dense_result(node.inputs[0], graph)
+
+
+def _viewed_back(node: Node) -> Value | None:
+    """The 4-d value that views which only drop or insert dims of size 1 (so never copy)
+    took away from its shape and back, ``node`` the last of them: a 1-d convolution's
+    result between two 2-d ones (`kiln.passes.conv1d`), ``view(view(y) {[N, C, L]})
+    {[N, C, 1, L]}``. None where there is none."""
+    if node.op is not Op.VIEW:
+        return None
+    shape = node.type.shape
+    source = node.inputs[0]
+    while source.type.shape != shape:
+        if source.node.op is not Op.VIEW or _sizes(source.type.shape) != _sizes(shape):
+            return None
+        source = source.node.inputs[0]
+    return source
+
+
+def _sizes(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
 
 
 def _needs_standard_layout(node: Node, index: int) -> bool:

@@ -12,6 +12,7 @@ from kiln.ir.verify import verify
 from kiln.options import Options
 from kiln.passes.attention import fuse_attention
 from kiln.passes.base import Pass
+from kiln.passes.conv1d import conv1d_as_conv2d
 from kiln.passes.conv_padding import pads_into_convolutions
 from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
@@ -31,6 +32,8 @@ PIPELINE: tuple[Pass | RulePass | PetPass, ...] = (
     RulePass("simplify", rules.SIMPLIFY, 1, "neutral elements, moves, arithmetic: fewer nodes"),
     Pass("attention", fuse_attention, 2, "softmax(Q K^T s + M) V as the library's fused "
          "attention where measured faster; after simplify has cleaned the views around it"),
+    Pass("conv1d", conv1d_as_conv2d, 2, "1-d convolutions as 2-d ones over one row, before "
+         "the rules and passes made for 2-d ones (epilogues, layout, kernels) look for them"),
     RulePass("fuse.weights", rules.FOLD_INTO_WEIGHTS, 2,
              "batch norms, biases, scales into weights, before epilogues claim the convs"),
     RulePass("fuse.epilogue", rules.EPILOGUE, 2,

@@ -5,6 +5,7 @@
     act(mm(x, W))              -> addmm_act(0.0, x, W){act}       (and through a view)
     conv(x, W, B) + r          -> conv_act(x, W, B, r){none}
     act(conv(x, W, B))         -> conv_act(x, W, B){act}
+    act(view(conv(x, W, B)))   -> view(conv_act(x, W, B){act})   (1-d ones run as 2-d ones)
     act(conv_act(...){none})   -> conv_act(...){act}
 
 The fused ops run the same ATen kernels, with the epilogue in place on the contraction's
@@ -112,6 +113,11 @@ def _conv_act(m: Match) -> Value:
     return m.op(Op.CONV_ACT, *conv.inputs, attrs=attrs, name=conv.name)
 
 
+def _conv_view_act(m: Match) -> Value:
+    view = m["view"]
+    return m.op(Op.VIEW, _conv_act(m), attrs=view.attrs, name=view.name)
+
+
 def _add_activation(m: Match) -> Value:
     conv = m["conv"]
     a = conv.attrs
@@ -188,6 +194,13 @@ CONV_ACT_LAWS = tuple(
       act_term(act, conv_term(X, W, B) if bias else conv_term(X, W)),
       _conv_act_term(*((X, W, B) if bias else (X, W)), bias=bias, residual=False, act=act), EXACT)
     for act in _ACTS for bias in (False, True))
+CONV_VIEW_ACT_LAWS = tuple(
+    L(f"conv-view-act.{act.text}.{'bias' if bias else 'no-bias'}",
+      act_term(act, A(Op.VIEW, conv_term(X, W, B) if bias else conv_term(X, W),
+                      shape=PVar("shape"))),
+      A(Op.VIEW, _conv_act_term(*((X, W, B) if bias else (X, W)), bias=bias, residual=False,
+                                act=act), shape=PVar("shape")), EXACT)
+    for act in _ACTS for bias in (False, True))
 CONV_ACT_EPILOGUE_LAWS = tuple(
     L(f"conv-act-epilogue.{act.text}",
       act_term(act, _conv_act_term(X, W, B, R, bias=True, residual=True, act=None)),
@@ -211,6 +224,10 @@ RULES = (
     # conv(x, W, B) + r -> conv_act(x, W, B, r)
     Rule("conv-act", On(ACTIVATIONS, conv), _conv_act, EXACT,
          laws=CONV_ACT_LAWS),  # act(conv) -> conv_act
+    Rule("conv-view-act", On(ACTIVATIONS, On(Op.VIEW, conv, name="view")), _conv_view_act,
+         EXACT, laws=CONV_VIEW_ACT_LAWS),
+    # act(view(conv)) -> view(conv_act): a 1-d convolution run as a 2-d one
+    # (`kiln.passes.conv1d`), a flattened one
     Rule("conv-act-epilogue",
          On(ACTIVATIONS, On(Op.CONV_ACT, Var("x"), exact_arity=False, name="conv",
                             where=_no_activation, describe="without an activation")),
