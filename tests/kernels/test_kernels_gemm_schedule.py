@@ -307,7 +307,15 @@ def test_large_packed_weights_get_their_panels_prefetched() -> None:
     assert step.k_loop == plan.post[2].loops[-1] and "post.prefetch_panels(" in plan.as_python()
     # the 6 tiles of a 72-row block share the next panel's rows between them
     assert (step.tile_loop, step.tiles) == (plan.post[2].loops[-2], 6)
-    assert "__builtin_prefetch(" in render_c(plan.build())
+    # into L1 too (locality 3); a step asked for L2 only (2) says so in the plan and the C
+    source = render_c(plan.build())
+    assert "__builtin_prefetch(" in source and ", 0, 2);" not in source
+    assert source.count(", 0, 3);") == source.count("__builtin_prefetch(")
+    outer = dataclasses.replace(step, locality=2)
+    assert "locality=2" in outer.as_python() and "locality" not in step.as_python()
+    source = render_c(dataclasses.replace(plan, post=tuple(
+        outer if p is step else p for p in plan.post)).build())
+    assert source.count(", 0, 2);") == source.count("__builtin_prefetch(") > 0
 
 
 def test_compute_bound_gemms_share_their_blocks_dynamically() -> None:

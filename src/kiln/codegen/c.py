@@ -357,12 +357,11 @@ class CRenderer:
         return [f"{target} = {_strip(self._expr(stmt.value, scope))};"]
 
     def _prefetch(self, stmt: Prefetch, scope: _Scope) -> list[str]:
-        """One read prefetch per cache line, kept in the outer caches (locality 2): the data
-        is read by the next micro-kernel, not this one."""
+        """One read prefetch per cache line, into the caches its locality names."""
         first = self._index(stmt.buffer, stmt.indices, scope)
         per_line = max(1, 64 // stmt.buffer.dtype.itemsize)
-        return [f"__builtin_prefetch(&{first}{f' + {i * per_line}' if i else ''}, 0, 2);"
-                for i in range(stmt.lines)]
+        return [f"__builtin_prefetch(&{first}{f' + {i * per_line}' if i else ''}, 0, "
+                f"{stmt.locality});" for i in range(stmt.lines)]
 
     def _tensorized(self, stmt: Tensorized, scope: _Scope) -> list[str]:
         """The intrinsic's micro-kernel (`kiln.codegen.c_intrinsics`); a loop that no longer

@@ -456,11 +456,14 @@ class IfThenElse(Stmt):
 @dataclass(frozen=True, slots=True)
 class Prefetch(Stmt):
     """A hint, no effect on values: the ``lines`` cache lines from ``buffer[indices]`` on will
-    be read soon (a GEMM's next weight panel, which a model call finds in DRAM)."""
+    be read soon (a GEMM's next weight panel, which a model call finds in DRAM), into the
+    caches that ``locality`` names as __builtin_prefetch does (3: all levels, L1 included;
+    2: L2 and beyond)."""
 
     buffer: Buffer
     indices: tuple[Expr, ...]
     lines: int = 1
+    locality: int = 3
 
     def __post_init__(self) -> None:
         if len(self.indices) != self.buffer.rank:

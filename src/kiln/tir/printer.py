@@ -98,7 +98,8 @@ def _stmt(s: Stmt, depth: int, out: list[str]) -> None:
     elif isinstance(s, BufferStore):
         out.append(f"{pad}{_access(s.buffer, s.indices)} = {print_expr(s.value)}")
     elif isinstance(s, Prefetch):
-        out.append(f"{pad}prefetch {_access(s.buffer, s.indices)} ({s.lines} lines)")
+        out.append(f"{pad}prefetch {_access(s.buffer, s.indices)} ({s.lines} lines, "
+                   f"locality {s.locality})")
     elif isinstance(s, Tensorized):
         out.append(f"{pad}tensorized {s.intrinsic.value}(lanes={s.lanes}):")
         if s.init is not None:

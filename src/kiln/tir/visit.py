@@ -99,7 +99,7 @@ def map_stmt(stmt: Stmt, fn: StmtFn = lambda s: s, efn: ExprFn | None = None) ->
     elif isinstance(stmt, Prefetch):
         indices = tuple(ex(i) for i in stmt.indices)
         if not _same(indices, stmt.indices):
-            new = Prefetch(stmt.buffer, indices, stmt.lines)
+            new = Prefetch(stmt.buffer, indices, stmt.lines, stmt.locality)
     elif isinstance(stmt, Tensorized):
         init = sub(stmt.init)
         loop = map_stmt(stmt.loop, fn, efn)
