@@ -44,6 +44,7 @@ padding keep theirs), the padded panel's guards dropped
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -124,6 +125,13 @@ SMALL_COPY_BYTES_STRIDE1_16_REGISTERS = 640 * 1024
 # rows at any stride: ResNet's 7x7 stem 807 -> 737 us (oneDNN 1036), Inception's 3x3
 # stride-2 stem over 299x299 242 -> 179 (306), its 35x35x288->384 stride 2 2062 -> 1998
 TWO_ROW_COPY_BYTES = 1024 * 1024
+# A tile reads its pixels' input vectors side by side; where the pixels lie a multiple of
+# 4 KiB apart (CI x stride x 4 bytes), their lines share one L1 set, which holds this many:
+# more pixels than that evict each other in every step of the channel loop. Zen 4 (8-way
+# 32 KiB L1d), 2 threads, ResNet-50's 512->1024 1x1 stride-2 shortcut over 14 output
+# columns (pixels 4 KiB apart): 14-pixel tiles 1204 us, 7-pixel 905 (oneDNN 994);
+# 256->512 stride 2 (2 KiB apart: two sets) 922 at 14, 908 at 7
+L1_WAYS = 8
 
 
 @dataclass(frozen=True)
@@ -260,6 +268,7 @@ class ConvConfig:
         # MobileNetV2's first layer 309 us at 14 pixels, 126 at 7, oneDNN 160; ResNet's
         # 64->64 3x3 1178 us at 14, 1024 at 7, oneDNN 1078)
         largest = 8 if guarded else max((registers - vectors - 1) // vectors, 1)
+        largest = min(largest, _pixels_an_l1_set_holds(shape))
         rows = 2 if two_rows else 1
         largest = max(largest // rows, 1)
         tail_tile = 0
@@ -380,6 +389,15 @@ def conv_shares_dynamically(shape: ConvShape) -> bool:
     elements = (shape.n * shape.ci * shape.h * shape.w + shape.co * shape.group_ci * kh * kw
                 + shape.n * shape.co * oh * ow * (2 if shape.residual else 1))
     return shares_dynamically(2.0 * shape.macs, 4.0 * elements)
+
+
+def _pixels_an_l1_set_holds(shape: ConvShape) -> int:
+    """The most pixels a row tile may take before its input vectors evict each other from
+    L1 (`L1_WAYS`): pixels a multiple of 4 KiB apart (the L1 index's span) share a set."""
+    if shape.x_strides is not None:
+        return 1 << 30  # (an NCHW source: the tile's pixels are adjacent floats)
+    step = 4 * shape.ci * shape.stride[1]  # bytes between a tile's pixels, channels-last
+    return L1_WAYS * (4096 // math.gcd(step, 4096))
 
 
 def pack_conv_weight(weight: torch.Tensor, nr: int) -> torch.Tensor:
