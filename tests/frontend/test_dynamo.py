@@ -381,3 +381,27 @@ def test_a_division_of_two_numbers_stays_the_aten_call():
     x = torch.randn(3)
     (got,) = runner([x])
     assert torch.equal(got, f(x))
+
+
+def test_a_graph_with_symbolic_shapes_keeps_its_most_recent_compiles(monkeypatch):
+    """One compile per input shape, the `MAX_SHAPES` most recently called kept: an evicted
+    shape compiles again when it comes back, a kept one does not."""
+    import functools
+
+    from kiln.frontend import fx_compile
+    from kiln.frontend.dynamo import kiln_backend
+    from kiln.report import CompileReport
+
+    monkeypatch.setattr(fx_compile, "MAX_SHAPES", 2)
+    report = CompileReport()
+    model = _mlp()
+    fast = torch.compile(model, backend=functools.partial(kiln_backend, report=report),
+                         dynamic=True)
+    compiles = []
+    with torch.no_grad():
+        for batch in (2, 3, 4, 3, 2, 4):
+            x = torch.randn(batch, 8)
+            assert _rel(fast(x), model(x)) < 1e-6
+            compiles.append(len(report.graphs))
+    # 2, 3, 4 compile (2 goes); 3 is kept; 2 compiles again (4 goes); 4 compiles again
+    assert compiles == [1, 2, 3, 3, 4, 5]

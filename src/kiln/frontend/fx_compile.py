@@ -1,7 +1,8 @@
 """Compile one ATen-level fx graph: import it, run the engine, or fall back to running it as is.
 
 Shapes: a graph captured with symbolic shapes is specialized per concrete input signature
-(retraced at the shapes of the call, compiled once, cached); static graphs compile at once.
+(retraced at the shapes of the call, compiled once, cached: the `MAX_SHAPES` most recently
+called); static graphs compile at once.
 Weights: inputs listed in ``frozen`` become constants; if the caller changes one in place
 (an optimizer step, ``load_state_dict``) its version counter moves and the graph recompiles
 with the new values, so results never go stale. A call that passes other tensors in those
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -34,6 +36,11 @@ log = logging.getLogger("kiln")
 
 Frozen = Mapping[int, tuple[str, torch.Tensor]]
 _Compiled = tuple[CompiledGraph, tuple[Any, ...]]  # the graph and its output template
+# a graph with symbolic shapes keeps this many of its compiles, one per input shape, the
+# most recently called: each holds its kernels, arena and the weights oneDNN reordered for
+# its sizes (HF BERT: 2-170 MB a sequence length, the weights kiln packs being shared,
+# `kiln.ir.shared`), so a server that sees every length would otherwise grow without end
+MAX_SHAPES = 32
 # graphs compiled for other weights in the frozen places (module instances sharing a
 # captured graph), at most this many; past it, the weights are plain inputs
 MAX_WEIGHT_SETS = 256
@@ -76,7 +83,7 @@ class FxGraphRunner:
         self.device = device
         self._versions = [(i, t, t._version) for i, (_, t) in self.frozen.items()]
         self._static = is_static(gm)
-        self._by_signature: dict[tuple[Any, ...], _Compiled | None] = {}
+        self._by_signature: OrderedDict[tuple[Any, ...], _Compiled | None] = OrderedDict()
         self._single: _Compiled | None = None
         # the runners for other tensors in the frozen places, by those tensors
         self._others: list[tuple[tuple[torch.Tensor, ...], FxGraphRunner]] = []
@@ -115,10 +122,14 @@ class FxGraphRunner:
     def _specialized(self, args: list[Any]) -> _Compiled | None:
         key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
                     for a in args)
-        if key not in self._by_signature:
-            traced = make_fx(self.gm, tracing_mode="fake")(*args)
-            self._by_signature[key] = self._compile(traced)
-        return self._by_signature[key]
+        if key in self._by_signature:
+            self._by_signature.move_to_end(key)
+            return self._by_signature[key]
+        traced = make_fx(self.gm, tracing_mode="fake")(*args)
+        compiled = self._by_signature[key] = self._compile(traced)
+        if len(self._by_signature) > MAX_SHAPES:  # (the least recently called goes)
+            self._by_signature.popitem(last=False)
+        return compiled
 
     def _refreeze(self) -> None:
         log.info("kiln: a frozen weight changed in place; recompiling with the new values")
