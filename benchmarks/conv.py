@@ -27,7 +27,8 @@ from kiln.codegen.isa import target_isa
 from kiln.codegen.kernel import compile_kernel
 from kiln.cost.machine import full_rate_512
 from kiln.ir.ops import Op
-from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
+from kiln.kernels.conv_config import ConvConfig, ConvShape
+from kiln.kernels.conv_schedule import conv_plan, pack_conv_weight
 from kiln.kernels.plan import Epilogue
 from kiln.options import Options
 

@@ -20,15 +20,14 @@ from kiln.ir.fused import apply_activation
 from kiln.ir.ops import Op
 from kiln.kernels.contractions import build_contraction_kernels, contraction_groups
 from kiln.kernels.conv import MAX_REDUCTION, NCHW_MAX_CI, conv_groups, refusal, source_strides
-from kiln.kernels.conv_schedule import (
+from kiln.kernels.conv_config import (
     PAD_COPY_BYTES,
     SMALL_COPY_BYTES,
     ConvConfig,
     ConvShape,
-    conv_plan,
-    pack_conv_weight,
     panel_within_group,
 )
+from kiln.kernels.conv_schedule import conv_plan, pack_conv_weight
 from kiln.kernels.decide import Decisions
 from kiln.kernels.outcome import Measured
 from kiln.kernels.plan import Epilogue, Recipe, Serial
@@ -182,7 +181,7 @@ def test_conv_default_config_where_512_bit_fmas_run_at_full_rate() -> None:
     """Stride 1 over two vectors of channels: two rows of up to 7 pixels over the padded
     copy (28 accumulators) where the copy is small enough or there is no padding; stride 2,
     one vector of channels, a first layer's few channels and large copies as before."""
-    from kiln.kernels.conv_schedule import TWO_ROW_COPY_BYTES
+    from kiln.kernels.conv_config import TWO_ROW_COPY_BYTES
 
     def default(shape: ConvShape) -> ConvConfig:
         return ConvConfig.default(shape, 16, full_rate=True)

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from kiln.codegen.c import render_c
 from kiln.codegen.c_intrinsics import FMA_CHAINS
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
-from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan, pack_conv_weight
+from kiln.kernels.conv_config import ConvConfig, ConvShape
+from kiln.kernels.conv_schedule import conv_plan, pack_conv_weight
 from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan, pack_b
 from kiln.kernels.plan import Compact, ShrinkTails, SimplifyIndices, VersionTails
 from kiln.options import Options

@@ -14,7 +14,8 @@ from kiln.codegen.c import render_c
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
 from kiln.ir.ops import Op
 from kiln.ir.types import DType
-from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
+from kiln.kernels.conv_config import ConvConfig, ConvShape
+from kiln.kernels.conv_schedule import conv_plan
 from kiln.kernels.depthwise_schedule import DepthwiseConfig, DepthwiseShape, depthwise_plan
 from kiln.kernels.gemm_schedule import GemmConfig, gemm_func, gemm_plan, pack_b
 from kiln.kernels.plan import Epilogue, Tensorize

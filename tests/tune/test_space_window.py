@@ -16,7 +16,8 @@ from torch import nn
 import kiln
 from kiln.codegen.isa import Isa
 from kiln.ir.ops import Op
-from kiln.kernels.conv_schedule import ConvConfig, ConvShape, conv_plan
+from kiln.kernels.conv_config import ConvConfig, ConvShape
+from kiln.kernels.conv_schedule import conv_plan
 from kiln.kernels.depthwise_schedule import DepthwiseConfig, DepthwiseShape, depthwise_plan
 from kiln.kernels.plan import Epilogue
 from kiln.kernels.pool_schedule import PoolShape, pool_plan

@@ -51,7 +51,8 @@ from kiln.ir.ops import Op
 from kiln.ir.shared import packed
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
-from kiln.kernels.conv_schedule import ConvShape, pack_conv_weight
+from kiln.kernels.conv_config import ConvShape
+from kiln.kernels.conv_schedule import pack_conv_weight
 from kiln.kernels.depthwise import (
     conv_bias,
     conv_residual,
@@ -145,7 +146,7 @@ def _is_direct(node: Node) -> bool:
 
 def grouped_refusal(node: Node, lanes: int) -> str | None:
     """Why a grouped convolution's groups do not suit the kernel: each group's output
-    channels must fill whole vectors (`kiln.kernels.conv_schedule.panel_within_group`).
+    channels must fill whole vectors (`kiln.kernels.conv_config.panel_within_group`).
     ResNeXt-50's 3x3 layers have 4, 8, 16 and 32 output channels a group: with 8 lanes
     (AVX2) the last three qualify; its first stage keeps the library's kernel."""
     groups = node.attrs.groups  # type: ignore[attr-defined]

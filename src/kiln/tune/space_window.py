@@ -30,15 +30,13 @@ import torch.nn.functional as F
 
 from kiln.codegen.isa import Isa
 from kiln.ir.fused import apply_activation
-from kiln.kernels.conv_schedule import (
+from kiln.kernels.conv_config import (
     ConvConfig,
     ConvShape,
-    conv_func,
-    conv_plan,
     conv_shares_dynamically,
-    pack_conv_weight,
     panel_within_group,
 )
+from kiln.kernels.conv_schedule import conv_func, conv_plan, pack_conv_weight
 from kiln.kernels.depthwise_schedule import (
     DepthwiseConfig,
     DepthwiseShape,
