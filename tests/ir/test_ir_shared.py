@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import weakref
 
 import torch
 import torch.nn as nn
@@ -93,3 +94,22 @@ def test_compiles_for_new_shapes_pack_no_weight_again(monkeypatch):
             torch.testing.assert_close(fast(x), model(x), rtol=1e-4, atol=1e-5)
     torch._dynamo.reset()
     assert first >= 2 and len(calls) == first, [t.shape for t in calls]
+
+
+def test_forgetting_the_dead_survives_a_compile_on_another_thread(monkeypatch):
+    """Another thread may add an entry while this one forgets the dead: simulated by a
+    reference whose call adds one (iterating the live dict raised)."""
+    from kiln.ir import shared as module
+
+    table: dict = {}
+    monkeypatch.setattr(module, "_MADE", table)
+    keep = torch.zeros(2)
+
+    class Busy(weakref.ref):
+        def __call__(self):
+            table[("another", len(table))] = ((weakref.ref(keep),), (weakref.ref(keep),), None)
+            return super().__call__()
+
+    table["entry"] = ((Busy(keep),), (weakref.ref(keep),), None)
+    module._drop_dead()
+    assert "entry" in table and len(table) > 1

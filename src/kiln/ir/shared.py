@@ -86,7 +86,9 @@ def _key(recipe: Hashable, sources: Sequence[Any]) -> Hashable | None:
 
 
 def _drop_dead() -> None:
-    dead = [k for k, (owners, made, _) in _MADE.items()
+    """Forget the entries whose owner or result is gone. Over a copy of the entries, and
+    tolerant of keys gone meanwhile: another thread may compile at the same time."""
+    dead = [k for k, (owners, made, _) in list(_MADE.items())
             if any(r() is None for r in owners) or any(r() is None for r in made)]
     for k in dead:
-        del _MADE[k]
+        _MADE.pop(k, None)
