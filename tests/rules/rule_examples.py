@@ -25,6 +25,7 @@ from kiln.ir.attrs import (
     LeakyReluAttrs,
     PermuteAttrs,
     ShapeAttrs,
+    SoftmaxAttrs,
     SqueezeAttrs,
 )
 from kiln.ir.builder import GraphBuilder
@@ -137,6 +138,19 @@ def _binary_example(op: Op, operand: float, dtype: DType = F32, swap: bool = Tru
         args = (c, x) if swap and e.rng.random() < 0.5 else (x, c)
         attrs = DivAttrs(None) if op is Op.DIV else None
         return e.graph(e.op(op, *args, attrs=attrs))
+    return build
+
+
+def _softmax_of_zero_sum(op: Op):
+    """softmax(x + zeros) over any dim, the zeros a number or a weight broadcast into x
+    (attention's folded mask: one row of zeros for every head)."""
+    def build(e: Example) -> Graph:
+        x = e.input(e.dims(e.rng.randint(1, 3)))
+        shape = tuple(e.pick(1, n) for n in x.type.shape)
+        zero = e.pick(lambda: e.number(0.0), lambda: e.weight(shape, fill=0.0))
+        args = (zero, x) if e.rng.random() < 0.5 else (x, zero)
+        dim = e.rng.randrange(-len(x.type.shape), len(x.type.shape))
+        return e.graph(e.op(op, e.op(Op.ADD, *args), attrs=SoftmaxAttrs(dim)))
     return build
 
 
@@ -441,6 +455,8 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "add-neg-zero": _binary_example(Op.ADD, -0.0),
     "add-zero-int": _binary_example(Op.ADD, 0, I64),
     "add-zero": _binary_example(Op.ADD, 0.0),
+    "softmax-add-zero": _softmax_of_zero_sum(Op.SOFTMAX),
+    "log_softmax-add-zero": _softmax_of_zero_sum(Op.LOG_SOFTMAX),
     "sub-zero": _binary_example(Op.SUB, 0.0, swap=False),
     "mul-zero-int": _binary_example(Op.MUL, 0, I64),
     "mul-zero": _binary_example(Op.MUL, 0.0),

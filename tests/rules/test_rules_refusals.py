@@ -101,6 +101,26 @@ def test_positive_zero_is_neutral_only_with_fast_math() -> None:
     assert _fires("add-neg-zero", text) == 0
 
 
+def test_a_zero_mask_under_softmax_goes_without_fast_math_unless_it_broadcasts_x() -> None:
+    """HF ViT's attention adds an all-zero mask (a padding mask with nothing padded, folded)
+    to its scores before the softmax: exact to drop there, and only there."""
+    masked = """graph(%x: f32[2, 3, 5, 5]) {
+  %mask = constant {name='mask'} : f32[1, 1, 5, 5]
+  %s = add(%x, %mask) : f32[2, 3, 5, 5]
+  %p = softmax(%s) {dim=3} : f32[2, 3, 5, 5]
+  return %p
+}"""
+    zeros = {"mask": torch.zeros(1, 1, 5, 5)}
+    assert _fires("softmax-add-zero", masked, zeros, fast_math=False) == 1
+    assert _fires("softmax-add-zero", masked, {"mask": torch.full((1, 1, 5, 5), -0.0)}) == 0
+    mask = torch.zeros(1, 1, 5, 5)
+    mask[0, 0, 4, 4] = -1e9  # a padded position: the mask is no neutral element
+    assert _fires("softmax-add-zero", masked, {"mask": mask}) == 0
+    widened = masked.replace("f32[2, 3, 5, 5]) {", "f32[1, 1, 5, 5]) {").replace(
+        "constant {name='mask'} : f32[1, 1, 5, 5]", "constant {name='mask'} : f32[2, 3, 5, 5]")
+    assert _fires("softmax-add-zero", widened, {"mask": torch.zeros(2, 3, 5, 5)}) == 0
+
+
 def test_floor_division_by_one_is_not_the_identity() -> None:
     text = """graph(%x: f32[4]) {
   %c = scalar {value=1} : i64[]

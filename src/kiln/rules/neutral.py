@@ -1,7 +1,10 @@
 """Neutral and absorbing elements, and ops that undo themselves.
 
 Signed zero decides the tags: x + (-0.0) is x for every x, but x + 0.0 turns -0.0 into
-+0.0, so that form holds only for real numbers (or integers). The engine rejects any
++0.0, so that form holds only for real numbers (or integers). Under a softmax it is exact:
+softmax reads its row through exp(x - max), and ±0 give the same difference there, so a
+zero mask added to attention scores (an all-True padding mask folded to zeros: HF ViT's 12
+layers) goes. The engine rejects any
 rewrite that would change a type, so ``x*ones(3, 4)`` with x of shape (4,) never fires.
 """
 
@@ -29,6 +32,19 @@ def _zeros(m: Match):
 
 
 
+def _normalized_sum_with_zero(op: Op) -> On:
+    return On(op, On(Op.ADD, Var("x", FloatDType()), Uniform(0.0), shared=True))
+
+
+def _without_zero(m: Match):
+    return m.op(m.root.op, m["x"], attrs=m.root.attrs)
+
+
+def _law_without_zero(op: Op):
+    return L(f"{op.text}-add-zero", A(op, A(Op.ADD, X, Lit(0.0)), dim=PVar("d")),
+             A(op, X, dim=PVar("d")), EXACT, C(CondKind.FLOAT, X))
+
+
 x = Var("x")
 X = PVar("x")
 ZEROS = A(Op.FULL, shape=F(AttrFnKind.SHAPE_OF, X), value=0, dtype=F(AttrFnKind.DTYPE_OF, X))
@@ -51,6 +67,12 @@ RULES = (
          lambda m: m["x"], FAST_MATH,
          laws=(L("add-zero", A(Op.ADD, X, Lit(0.0)), X, FAST_MATH, C(CondKind.FLOAT, X)),)),
     # x+0.0 -> x (wrong for x = -0.0)
+    Rule("softmax-add-zero", _normalized_sum_with_zero(Op.SOFTMAX), _without_zero, EXACT,
+         laws=(_law_without_zero(Op.SOFTMAX),)),
+    # softmax(x+0) -> softmax(x): exp(x - max) cannot tell -0 from +0
+    Rule("log_softmax-add-zero", _normalized_sum_with_zero(Op.LOG_SOFTMAX), _without_zero,
+         EXACT, laws=(_law_without_zero(Op.LOG_SOFTMAX),)),
+    # log_softmax(x+0) -> log_softmax(x): x - max - log(sum) likewise
     Rule("sub-zero", On(Op.SUB, x, Uniform(0.0)), lambda m: m["x"], EXACT,
          laws=(L("sub-zero", A(Op.SUB, X, Lit(0.0)), X, EXACT),)),  # x-0 -> x
     Rule("mul-zero-int", On(Op.MUL, Var("x", IntDType()), Uniform(0)),
