@@ -5,6 +5,7 @@ sets of accumulators (`kiln.codegen.c_intrinsics`)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
@@ -13,16 +14,26 @@ import torch.nn.functional as F
 from kiln.codegen.c import render_c
 from kiln.codegen.c_intrinsics import FMA_CHAINS
 from kiln.codegen.kernel import CompiledKernel, compile_kernel
+from kiln.kernels import rows_schedule
 from kiln.kernels.conv_config import ConvConfig, ConvShape
 from kiln.kernels.conv_schedule import conv_plan, pack_conv_weight
 from kiln.kernels.gemm_schedule import GemmConfig, gemm_plan, pack_b
 from kiln.kernels.plan import Compact, ShrinkTails, SimplifyIndices, VersionTails
 from kiln.options import Options
 from kiln.tir import interp
-from kiln.tir.nodes import For, IfThenElse, PrimFunc, Tensorized
+from kiln.tir.nodes import (
+    BufferStore,
+    For,
+    ForKind,
+    IfThenElse,
+    PrimFunc,
+    Select,
+    Stmt,
+    Tensorized,
+)
 from kiln.tir.tails import shrink_tail_tiles
 from kiln.tir.tensorize import fma_tile, loop_points
-from kiln.tir.visit import iter_stmts
+from kiln.tir.visit import iter_exprs, iter_stmts
 
 AVX2 = GemmConfig(mr=6, nr=16, kc=64, mc=30, nc=32, lanes=8)
 
@@ -36,6 +47,12 @@ def _tile_rows(func: PrimFunc) -> list[int]:
             assert tile is not None
             rows.append(len(loop_points(tile.rows)))
     return rows
+
+
+def _selects(stmt: Stmt) -> int:
+    """The selects in the values ``stmt`` stores."""
+    return sum(isinstance(e, Select) for s in iter_stmts(stmt) if isinstance(s, BufferStore)
+               for e in iter_exprs(s.value))
 
 
 def _without_shrink(plan):  # noqa: ANN001, ANN202
@@ -180,3 +197,32 @@ def test_a_convolutions_last_pixels_take_a_short_tile(options: Options) -> None:
     out = torch.full(want.shape, 7.0).contiguous(memory_format=torch.channels_last)
     kernel(x, pack_conv_weight(w, 16), b, out)
     torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind,n", [("softmax", 37), ("layernorm", 37), ("softmax", 197)])
+def test_a_rows_full_chunks_run_without_the_tails_bounds_checks(options: Options, kind: str,
+                                                                n: int) -> None:
+    """`rfactor` pads a row's last chunk of lanes with the identity by a select in every
+    chunk: versioned on the chunk loop, the full chunks lose it (and the exp pass's block
+    predicate), the last one keeps both; the kernel computes the same values (to the
+    rounding of a multiply-add the compiler may now contract: layer norm's squares)."""
+    build = rows_schedule.softmax_rows if kind == "softmax" else rows_schedule.layernorm_rows
+    func = build(6, n).func
+    serial = tuple(s.var.name for s in iter_stmts(func.body)
+                   if isinstance(s, For) and s.kind is ForKind.SERIAL)
+    versioned = VersionTails(serial).apply(func)
+    branches = [s for s in iter_stmts(versioned.body) if isinstance(s, IfThenElse)]
+    assert branches and all(s.else_body is not None for s in branches)
+    assert all(_selects(s.then_body) == 0 and _selects(s.else_body) > 0 for s in branches)
+    assert _selects(func.body) > 0
+    x = torch.randn(6, n) * 3
+    x[1, 3], x[2, n - 1], x[3, 0], x[4, 5] = math.nan, math.inf, -math.inf, -0.0
+    args = (x,) if kind == "softmax" else (x, torch.randn(n), torch.randn(n))
+    outs = []
+    for f in (func, versioned):
+        kernel = compile_kernel(f, options)
+        assert isinstance(kernel, CompiledKernel)
+        out = torch.full((6, n), math.nan)
+        kernel(*args, out)
+        outs.append(out)
+    torch.testing.assert_close(outs[1], outs[0], equal_nan=True, rtol=1e-6, atol=1e-7)

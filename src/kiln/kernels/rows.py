@@ -26,10 +26,17 @@ from kiln.ir.ops import Op
 from kiln.ir.types import DType
 from kiln.kernels import rows_schedule
 from kiln.kernels.loops import inline_scalars, read_views_in_place
-from kiln.kernels.plan import Compact, InlineRowPrologue, KernelPlan, Recipe, RenameParams
+from kiln.kernels.plan import (
+    Compact,
+    InlineRowPrologue,
+    KernelPlan,
+    Recipe,
+    RenameParams,
+    VersionTails,
+)
 from kiln.passes.partition import KernelGroup
 from kiln.tir.lower import lower_chain
-from kiln.tir.nodes import Block, BufferStore
+from kiln.tir.nodes import Block, BufferStore, For, ForKind, PrimFunc
 from kiln.tir.schedule import Schedule
 from kiln.tir.visit import iter_stmts
 
@@ -78,7 +85,8 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None,
     template = f"rows_schedule.{kind}_rows"
     # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
     plan = KernelPlan(Recipe.ROWS, kernel.lowered, kernel.trace,
-                      (Compact(), RenameParams(kernel_name(group), "row_")),
+                      (Compact(), VersionTails(_serial_loops(kernel.func)),
+                       RenameParams(kernel_name(group), "row_")),
                       notes=f"# {template}({rows}, {n}, lanes={lanes}): the row schedule",
                       scheduled=kernel.scheduled)
     if not prologue:
@@ -92,6 +100,15 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None,
     plan = dataclasses.replace(plan, post=(*plan.post, inline), notes=notes)
     outs = (x, y) if inline.write_x else (y,)
     return plan, (*values, *extra), outs
+
+
+def _serial_loops(func: PrimFunc) -> tuple[str, ...]:
+    """The serial loops, among them the loops over a row's chunks of lanes: where the row is
+    no multiple of the lanes, the last chunk's bounds checks are kept out of the others
+    (`kiln.tir.tails.version_tails` versions a loop only on the guards that change with it,
+    so the others stay as they are)."""
+    return tuple(f.var.name for f in iter_stmts(func.body)
+                 if isinstance(f, For) and f.kind is ForKind.SERIAL)
 
 
 def default_lanes(group: KernelGroup) -> int:
