@@ -1,0 +1,121 @@
+"""Attention's batched matmuls against key and value heads that a group of query heads
+shares (grouped-query and multi-query attention: Llama, Mistral, Qwen, Falcon), as one matmul
+per shared head with the group's query heads stacked as rows.
+
+Hugging Face's eager attention repeats each of the G key/value heads R times
+(``repeat_kv``: unsqueeze, expand, reshape) before its two matmuls, and reshaping an expanded
+tensor copies it: each layer writes its keys and values R times over, and reads them back
+R times. Query head ``g*R + r`` meets key head ``g``, so the R query heads of a group can
+share one matmul, their rows stacked (a view where the queries are contiguous)::
+
+    %kr = view(expand(unsqueeze(%k, 2)) {shape=(B, G, R, S, D)}) {shape=(B, G*R, S, D)}
+    %s  = bmm(view(%q) {shape=(B*G*R, L, D)}, view(permute(%kr)) {shape=(B*G*R, D, S)})
+      ->
+    %s2 = bmm(view(%q) {shape=(B*G, R*L, D)}, view(permute(%k)) {shape=(B*G, D, S)})
+    %s  = view(%s2) {shape=(B*G*R, L, S)}
+
+and the same for the values' matmul (``bmm(P, view(%vr))``, no permute). Multi-query
+attention (one key head; Falcon) broadcasts it to every query head with one ``expand``, a
+view with a zero head stride that the matmul kernel reads as a copy: the same rewrite, G = 1.
+Each output element is the same sum of the same products; only the copies go, and each
+matmul is R times taller and R times fewer (HF Llama, 8 query heads on 4 key heads: 8
+matmuls of 128 rows become 4 of 256). Where the queries are not laid out to stack as a
+view, the executor copies them, which is no more than the copy of the repeated keys it
+replaces (the queries are R heads of L rows, the repeated keys R heads of S rows).
+"""
+
+from __future__ import annotations
+
+from kiln.ir.attrs import PermuteAttrs, ShapeAttrs
+from kiln.ir.graph import Graph, Node, Value, transform
+from kiln.ir.ops import Op
+from kiln.ir.types import TensorType
+from kiln.options import Options
+
+__all__ = ["bmm_per_shared_head"]
+
+_TRANSPOSE_LAST = (0, 1, 3, 2)
+
+
+def bmm_per_shared_head(graph: Graph, options: Options | None = None) -> Graph:
+    """Every bmm whose right operand repeats heads (`_shared_heads`) as one per shared head."""
+    del options  # (the pass has no settings)
+    if not any(n.op is Op.BMM and _shared_heads(n.inputs[1]) for n in graph.nodes):
+        return graph
+
+    def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if node.op is not Op.BMM:
+            return None
+        found = _shared_heads(inputs[1])
+        return None if found is None else _per_shared_head(node, inputs[0], *found)
+    return transform(graph, rewrite)
+
+
+def _shared_heads(b: Value) -> tuple[Value, int, bool] | None:
+    """``(k, R, transposed)`` where ``b``, f32[B*G*R, P, N], is k: [B, G, S, D] with each
+    head repeated R times: ``view(permute(view(expand(unsqueeze(k, 2)))))`` (HF's
+    ``repeat_kv``; the permute swaps the last two dims where ``transposed``, and is optional
+    with the middle view; a copy of the expanded heads may come before that view), or
+    ``view(expand(k))`` with one head (G = 1) broadcast to all (multi-query attention:
+    Falcon); else None."""
+    if b.node.op is not Op.VIEW or len(b.type.shape) != 3:
+        return None
+    x = b.node.inputs[0]
+    transposed, merged = False, None  # (walked down: the permute comes after the merge)
+    while x.node.op in (Op.CLONE, Op.PERMUTE, Op.VIEW):
+        if x.node.op is Op.PERMUTE:  # (copies of the heads, as ``reshape`` captures, pass)
+            dims = tuple(x.node.attrs.dims)  # type: ignore[attr-defined]
+            if transposed or merged is not None or dims != _TRANSPOSE_LAST:
+                return None
+            transposed = True
+        elif x.node.op is Op.VIEW:
+            if merged is not None or len(x.type.shape) != 4:
+                return None
+            merged = x.type.shape
+        x = x.node.inputs[0]
+    if x.node.op is not Op.EXPAND:
+        return None
+    if len(x.type.shape) == 4 and merged is None:  # one head, broadcast
+        k = x.node.inputs[0]
+        batch, repeats, s, d = x.type.shape
+        groups = 1
+        if k.type.shape != (batch, 1, s, d):
+            return None
+    elif len(x.type.shape) == 5 and (merged is not None or not transposed):
+        u = x.node.inputs[0]
+        if u.node.op is not Op.UNSQUEEZE or u.node.attrs.dim not in (2, -3):  # type: ignore
+            return None
+        k = u.node.inputs[0]
+        batch, groups, repeats, s, d = x.type.shape
+        if k.type.shape != (batch, groups, s, d):
+            return None
+        if merged is not None and merged != (batch, groups * repeats, s, d):
+            return None
+    else:
+        return None
+    want = (batch * groups * repeats, *((d, s) if transposed else (s, d)))
+    return (k, repeats, transposed) if repeats > 1 and b.type.shape == want else None
+
+
+def _per_shared_head(node: Node, a: Value, k: Value, repeats: int, transposed: bool
+                     ) -> list[Value]:
+    _, rows, inner = a.type.shape
+    batch, groups, s, d = k.type.shape
+    shared = batch * groups
+    dtype = node.type.dtype
+    if transposed:
+        k = Node(Op.PERMUTE, (k,), PermuteAttrs(_TRANSPOSE_LAST),
+                 (TensorType((batch, groups, d, s), dtype),), f"{node.name}_kt").out()
+    n = node.type.shape[2]
+    # one shared head (multi-query, batch 1): a matmul, which the GEMM kernels take
+    lead = (shared,) if shared > 1 else ()
+    stacked = _view(a, (*lead, repeats * rows, inner), f"{node.name}_stacked")
+    shared_b = _view(k, (*lead, *k.type.shape[2:]), f"{node.name}_shared")
+    out = Node(Op.BMM if lead else Op.MM, (stacked, shared_b), node.attrs,
+               (TensorType((*lead, repeats * rows, n), dtype),), node.name).out()
+    return [_view(out, node.type.shape, f"{node.name}_heads")]
+
+
+def _view(value: Value, shape: tuple[int, ...], name: str) -> Value:
+    return Node(Op.VIEW, (value,), ShapeAttrs(shape),
+                (TensorType(shape, value.type.dtype),), name).out()

@@ -1,0 +1,108 @@
+"""Attention against key/value heads shared by groups of query heads (grouped-query and
+multi-query): the matmuls run per shared head with the group's query rows stacked, not
+against the heads repeated by a copy, and give eager's values."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+from kiln.ir import verify
+from kiln.ir.interp import interpret
+from kiln.ir.ops import Op
+from kiln.options import Options
+from kiln.passes.grouped_heads import bmm_per_shared_head
+from kiln.passes.pipeline import PIPELINE, run_pipeline
+
+
+class Attention(torch.nn.Module):
+    """Eager attention as HF writes it: ``repeat`` is ``repeat_kv`` (unsqueeze, expand,
+    reshape: head g*R + r reads key head g), ``broadcast`` a single key head expanded to all
+    (multi-query), ``tile`` key head h % G (not what the pass matches: heads interleave
+    otherwise)."""
+
+    def __init__(self, heads: int, kv_heads: int, how: str) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.how = heads, kv_heads, how
+
+    def _repeat(self, t: torch.Tensor) -> torch.Tensor:
+        b, g, s, d = t.shape
+        r = self.heads // g
+        if self.how == "repeat":
+            return t[:, :, None].expand(b, g, r, s, d).reshape(b, g * r, s, d)
+        if self.how == "broadcast":
+            return t.expand(b, self.heads, s, d)
+        return t.repeat(1, r, 1, 1)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        scores = q @ self._repeat(k).transpose(2, 3) * q.shape[-1] ** -0.5 + mask
+        return torch.softmax(scores, -1) @ self._repeat(v)
+
+
+def _inputs(batch: int, heads: int, kv_heads: int, length: int, keys: int, dim: int):
+    gen = torch.Generator().manual_seed(heads * 10 + kv_heads)
+    q = torch.randn(batch, heads, length, dim, generator=gen)
+    k = torch.randn(batch, kv_heads, keys, dim, generator=gen)
+    v = torch.randn(batch, kv_heads, keys, dim, generator=gen)
+    mask = torch.zeros(1, 1, length, keys)
+    mask[..., -1] = -1e9  # (a constant-free graph: the mask is an input)
+    return q, k, v, mask
+
+
+CASES = [  # batch, heads, kv heads, query rows, keys, head dim, how
+    (1, 8, 4, 5, 7, 16, "repeat"), (2, 6, 2, 3, 9, 8, "repeat"), (1, 4, 1, 6, 6, 8, "broadcast"),
+    (2, 4, 1, 1, 11, 8, "broadcast"), (1, 1, 1, 4, 4, 8, "repeat")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[6]}-{c[0]}x{c[1]}on{c[2]}")
+def test_grouped_heads_run_one_matmul_per_shared_head(case) -> None:
+    *sizes, how = case
+    batch, heads, kv_heads, length, keys, dim = sizes
+    model = Attention(heads, kv_heads, how)
+    inputs = _inputs(*sizes)
+    compiled = kiln.compile(model, inputs, Options(strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    graph = compiled.report.graphs[0].details.optimized
+    contractions = [n for n in graph.nodes if n.op in (Op.BMM, Op.MM)]
+    assert len(contractions) == 2
+    repeats = heads // kv_heads
+    if repeats == 1:
+        assert [n.type.shape[0] for n in contractions] == [batch * heads] * 2
+        return
+    shared = batch * kv_heads
+    for n in contractions:  # R query heads' rows stacked against each shared head
+        assert n.type.shape[-2] == repeats * length
+        assert n.op is (Op.BMM if shared > 1 else Op.MM)
+        assert shared == 1 or n.type.shape[0] == shared
+    assert not any(n.op is Op.EXPAND for n in graph.nodes)
+
+
+def test_heads_repeated_in_another_order_are_left_as_they_are() -> None:
+    """``repeat`` tiles the key heads (query head h reads key head h % G): no group of
+    consecutive query heads shares one, so the matmuls stay per query head."""
+    model = Attention(8, 4, "tile")
+    inputs = _inputs(1, 8, 4, 5, 7, 16)
+    compiled = kiln.compile(model, inputs, Options(strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    graph = compiled.report.graphs[0].details.optimized
+    assert [n.type.shape for n in graph.nodes if n.op is Op.BMM] == [(8, 5, 7), (8, 5, 16)]
+
+
+def test_the_pass_computes_what_the_graph_did_with_nan_and_infinities() -> None:
+    """On the captured graph itself (the pass's own input), special values included."""
+    model = Attention(8, 2, "repeat")
+    inputs = list(_inputs(1, 8, 2, 3, 5, 8))
+    captured = kiln.compile(model, tuple(inputs)).report.graphs[0].details.captured
+    graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:4])  # (up to simplify)
+    rewritten = bmm_per_shared_head(graph)
+    verify(rewritten)
+    assert rewritten is not graph
+    inputs[0][0, 3, 1, 2], inputs[1][0, 1, 4, 0], inputs[2][0, 0, 2, 5] = \
+        float("nan"), float("inf"), float("-inf")
+    assert [n.type.shape for n in rewritten.nodes if n.op is Op.BMM] == [(2, 12, 5), (2, 12, 8)]
+    for want, got in zip(interpret(graph, inputs), interpret(rewritten, inputs)):
+        torch.testing.assert_close(got, want, equal_nan=True)
