@@ -587,3 +587,28 @@ def test_layer_norms_without_affine_or_bias_are_kiln_layer_norms() -> None:
     assert compiled.report.graphs[0].opaque_ops == ()
     torch.testing.assert_close(got, expected)
     assert torch.equal(torch.signbit(got[0]), torch.signbit(expected[0]))
+
+
+class _ListIndexed(nn.Module):
+    """Falcon's ``qkv[..., [-2], :]``, a stepped list, and lists that are no slice."""
+
+    def __init__(self, index: list[int], dim: int) -> None:
+        super().__init__()
+        self.index, self.dim = index, dim
+
+    def forward(self, x):
+        where = [slice(None)] * x.dim()
+        where[self.dim] = self.index
+        return x[tuple(where)] * 2
+
+
+@pytest.mark.parametrize("index,dim,sliced", [
+    ([-2], 2, True), ([1, 3, 5], 1, True), ([0, 1, 2, 3], -1, True), ([4, 6], 2, True),
+    ([2, 1], 1, False), ([0, 0], 2, False), ([0, 2, 3], 1, False)])
+def test_a_constant_index_list_that_steps_evenly_is_a_slice(index, dim, sliced) -> None:
+    model, x = _ListIndexed(index, dim), torch.randn(2, 6, 7, 4)
+    compiled = kiln.compile(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    graph = compiled.report.graphs[0]
+    assert (graph.opaque_ops == ()) is sliced, graph.opaque_ops

@@ -30,6 +30,7 @@ class Context(Protocol):
 
     def operand(self, x: Value | bool | int | float) -> Value: ...
     def emit(self, op: Op, *inputs: Value, attrs: A.Attrs = A.NO_ATTRS) -> tuple[Value, ...]: ...
+    def constant_value(self, x: Value) -> torch.Tensor | None: ...  # a weight's tensor
 
 
 # A converter may leave an output None when the op's graph never reads it.
@@ -407,6 +408,29 @@ def _slice(ctx: Context, x: Value, dim: int = 0, start: Any = None, end: Any = N
     begin, stop, _ = slice(start, end, step).indices(size)
     stop = max(stop, begin)
     return ctx.emit(Op.SLICE, x, attrs=A.SliceAttrs(d, begin, stop, step))
+
+
+@converts(aten.index.Tensor)
+def _index(ctx: Context, x: Value, indices: Any) -> Any:
+    """``x[..., [8, 9], ...]``: one constant index list along one dim that steps evenly is a
+    slice (a view), not ATen's gather (Falcon takes its shared key and value heads out of
+    the fused projection as ``qkv[..., [-2], :]``: 50-130 us a call for a copy of 32 KB)."""
+    tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
+    if len(tensors) != 1 or not isinstance(tensors[0][1], Value):
+        return None
+    d, index = tensors[0]
+    values = ctx.constant_value(index)
+    if values is None or values.dim() != 1 or values.dtype not in (torch.int64, torch.int32) \
+            or values.numel() == 0:
+        return None
+    size = x.type.shape[d]
+    points = [v + size if v < 0 else v for v in values.tolist()]
+    if not all(0 <= v < size for v in points):
+        return None  # (out of range: ATen's call raises)
+    step = points[1] - points[0] if len(points) > 1 else 1
+    if step < 1 or points != list(range(points[0], points[0] + step * len(points), step)):
+        return None
+    return ctx.emit(Op.SLICE, x, attrs=A.SliceAttrs(d, points[0], points[-1] + 1, step))
 
 
 @converts(aten.select.int)

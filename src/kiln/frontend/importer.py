@@ -84,6 +84,11 @@ class _Importer:
     def emit(self, op: Op, *inputs: Value, attrs: A.Attrs = A.NO_ATTRS) -> tuple[Value, ...]:
         return self.b.node(op, *inputs, attrs=attrs, name=self.name).outputs
 
+    def constant_value(self, x: Value) -> torch.Tensor | None:
+        if x.node.op is not Op.CONSTANT:
+            return None
+        return self.b.constants[x.node.attrs.name]  # type: ignore[attr-defined]
+
     # -- the walk ------------------------------------------------------------------------------
     def run(self, gm: torch.fx.GraphModule,
             frozen: Mapping[int, tuple[str, torch.Tensor]]) -> ImportedGraph:
