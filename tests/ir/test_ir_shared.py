@@ -113,3 +113,22 @@ def test_forgetting_the_dead_survives_a_compile_on_another_thread(monkeypatch):
     table["entry"] = ((Busy(keep),), (weakref.ref(keep),), None)
     module._drop_dead()
     assert "entry" in table and len(table) > 1
+
+
+def test_the_table_is_swept_for_the_dead_a_logarithmic_number_of_times(monkeypatch):
+    """A sweep per new entry made compiling quadratic in a model's weights; now the table
+    is swept when it doubles, and the dead still go."""
+    import kiln.ir.shared as module
+
+    monkeypatch.setattr(module, "_MADE", {})
+    monkeypatch.setattr(module, "_sweep_at", module._SWEEP_FROM)
+    sweeps = []
+    sweep = module._drop_dead
+    monkeypatch.setattr(module, "_drop_dead", lambda: (sweeps.append(1), sweep()))
+    kept = [torch.full((2,), float(i)) for i in range(2000)]
+    made = [shared("copy", (w,), w.clone) for w in kept]
+    assert len(module._MADE) == 2000 and len(sweeps) <= 4  # (at 256, 512, 1024, 2048)
+    for i in range(3000):  # weights gone as soon as made: their entries are dropped
+        shared("copy", (torch.full((2,), -1.0 - i),), lambda: torch.zeros(2))
+    assert len(module._MADE) <= 2 * 2000 + 1 and len(sweeps) <= 8
+    assert all(shared("copy", (w,), w.clone) is m for w, m in zip(kept, made))
