@@ -149,3 +149,49 @@ def test_a_gemm_feeding_the_next_gemm_reads_its_matrix_directly(monkeypatch):
     x = torch.randn(2, 4, 5, 6, generator=torch.Generator().manual_seed(2))
     for got, want in zip(interpret(optimized, [x]), interpret(graph, [x]), strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_silu_after_a_pointwise_gemm_runs_on_the_gemms_result_as_it_lies(monkeypatch):
+    """SiLU, captured as x * sigmoid(x), after a 1x1 convolution made a GEMM: its sigmoid
+    read an NCHW view of the GEMM's NHWC result, apart from its multiply, which the views
+    pass had moved onto the NHWC values (EfficientNet: 0.37 ms a layer in ATen). With the
+    permute sunk below the sigmoid, both read the GEMM's matrix, and the two are one kernel
+    group."""
+    from kiln.passes.partition import partition
+    from kiln.passes.pipeline import run_pipeline
+
+    monkeypatch.setattr("kiln.passes.layout._measured_faster", lambda *a, **k: True)
+    text = """graph(%x: f32[1, 8, 6, 6]) {
+  %w3 = constant {name='w3'} : f32[8, 8, 3, 3]
+  %w1 = constant {name='w1'} : f32[16, 8, 1, 1]
+  %b1 = constant {name='b1'} : f32[16]
+  %w2 = constant {name='w2'} : f32[8, 16, 3, 3]
+  %y = convolution(%x, %w3) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[1, 8, 6, 6]
+  %e = convolution(%y, %w1, %b1) {stride=(1, 1), padding=(0, 0), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[1, 16, 6, 6]
+  %s = sigmoid(%e) : f32[1, 16, 6, 6]
+  %a = mul(%e, %s) : f32[1, 16, 6, 6]
+  %z = convolution(%a, %w2) {stride=(1, 1), padding=(1, 1), dilation=(1, 1), transposed=False, output_padding=(0, 0), groups=1} : f32[1, 8, 6, 6]
+  return %z
+}"""  # noqa: E501
+    gen = torch.Generator().manual_seed(0)
+    shapes = {"w3": (8, 8, 3, 3), "w1": (16, 8, 1, 1), "b1": (16,), "w2": (8, 16, 3, 3)}
+    graph = parse_graph(text, {k: torch.randn(s, generator=gen) for k, s in shapes.items()})
+    optimized, _, _ = run_pipeline(graph, Options(opt_level=2, measure_kernels=False))
+    gemm = next(n for n in optimized.nodes if n.op in (Op.ADDMM, Op.ADDMM_ACT))
+    sigmoid = next(n for n in optimized.nodes if n.op is Op.SIGMOID)
+    assert sigmoid.inputs[0].node.op is not Op.PERMUTE
+    assert gemm in {v.node for v in _sources(sigmoid.inputs[0])}
+    assert any({Op.SIGMOID, Op.MUL} <= {n.op for n in g.nodes} for g in partition(optimized))
+    x = torch.randn(1, 8, 6, 6, generator=gen)
+    x[0, 1, 2, 3], x[0, 4, 0, 0] = float("nan"), float("inf")
+    for got, want in zip(interpret(optimized, [x]), interpret(graph, [x]), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+def _sources(value):
+    """``value`` and what it is a view of."""
+    while True:
+        yield value
+        if value.node.op not in (Op.VIEW, Op.PERMUTE):
+            return
+        value = value.node.inputs[0]

@@ -199,6 +199,19 @@ def _permute_sink(e: Example) -> Graph:
     return e.graph(out, px) if e.rng.random() < 0.3 else e.graph(out)
 
 
+def _permute_sink_unary(e: Example) -> Graph:
+    """f(permute(x, p)) for an elementwise f of one operand (bool x for logical_not), the
+    permuted view sometimes read elsewhere too."""
+    from kiln.rules.movement import UNARY_SINKS_PERMUTE
+
+    op = e.rng.choice(UNARY_SINKS_PERMUTE)
+    rank = e.rng.randint(2, 4)
+    x = e.input(e.dims(rank, lo=2), DType.BOOL if op is Op.LOGICAL_NOT else F32)
+    px = e.op(Op.PERMUTE, x, attrs=PermuteAttrs(_permutation(e, rank)))
+    out = e.op(op, px)
+    return e.graph(out, px) if e.rng.random() < 0.3 else e.graph(out)
+
+
 def _permute_hoist(e: Example) -> Graph:
     """x op permute(y) {(0, 3, 1, 2)} with y a dense [N, H, W, C] value (a clone's result,
     or a relu of it), in either operand order."""
@@ -467,6 +480,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "view-identity": _identity_move,
     "permute-permute": _permute_permute,
     "permute-sink": _permute_sink,
+    "permute-sink.unary": _permute_sink_unary,
     "permute-hoist": _permute_hoist,
     "reshape-chain": _reshape_chain,
     "expand-expand": lambda e: e.graph(e.op(

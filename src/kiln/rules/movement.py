@@ -5,7 +5,7 @@ Every rule here is exact: it only changes which view of the same elements an op 
 
 from __future__ import annotations
 
-from kiln.ir.attrs import PermuteAttrs, ShapeAttrs
+from kiln.ir.attrs import ATTRS_OF, PermuteAttrs, ShapeAttrs
 from kiln.ir.ops import Op, OpGroup
 from kiln.rewrite.law import A, AttrFnKind, C, CondKind, F, L, PVar
 from kiln.rewrite.pattern import On, Var
@@ -125,6 +125,10 @@ x = Var("x")
 X, P, Q, S1, S2 = PVar("x"), PVar("p"), PVar("q"), PVar("s1"), PVar("s2")
 Y = PVar("y")
 SINKS_PERMUTE = (Op.ADD, Op.MUL)  # (the ops with a permute axiom in kiln.synth)
+# elementwise ops of one operand and no attributes: each element maps to itself, so they
+# commute with any permute
+UNARY_SINKS_PERMUTE = tuple(op for op in Op if op.is_a(OpGroup.ELEMENTWISE)
+                            and op.is_a(OpGroup.UNARY) and ATTRS_OF.get(op) is None)
 SHAPE_OF_X = F(AttrFnKind.SHAPE_OF, X)
 IDENTITY_PERMUTES = tuple(L(f"permute-identity.{rank}", A(Op.PERMUTE, X, dims=tuple(range(rank))),
                             X, EXACT) for rank in range(1, 5))
@@ -191,4 +195,13 @@ RULES = (
     # for a dense y: the first residual add of each ConvNeXt stage, whose x is the
     # downsampling convolution's output (NHWC in memory); the blocks after it then add
     # their permuted values alike (permute-sink)
+    Rule("permute-sink.unary", On(frozenset(UNARY_SINKS_PERMUTE),
+                                  On(Op.PERMUTE, x, name="p", shared=True)),
+         lambda m: m.op(Op.PERMUTE, m.op(m.root.op, m["x"]), attrs=m["p"].attrs), EXACT,
+         laws=tuple(L(f"permute-sink.{op.text}", A(op, A(Op.PERMUTE, X, dims=P)),
+                      A(Op.PERMUTE, A(op, X), dims=P), EXACT)
+                    for op in UNARY_SINKS_PERMUTE)),
+    # f(permute(x, p)) -> permute(f(x), p) for an elementwise f of one operand: f runs on
+    # the values as they lie (EfficientNet's SiLU after a pointwise GEMM took sigmoid over an
+    # NCHW view of the GEMM's NHWC result, 0.37 ms a layer in ATen, apart from its multiply)
 )
