@@ -208,7 +208,10 @@ def _permute_sink_unary(e: Example) -> Graph:
     rank = e.rng.randint(2, 4)
     x = e.input(e.dims(rank, lo=2), DType.BOOL if op is Op.LOGICAL_NOT else F32)
     px = e.op(Op.PERMUTE, x, attrs=PermuteAttrs(_permutation(e, rank)))
-    out = e.op(op, px)
+    attrs = {Op.GELU: lambda: GeluAttrs(e.pick("none", "tanh")),
+             Op.CLAMP: lambda: ClampAttrs(e.pick(None, -0.5), e.pick(None, 0.0, 6.0)),
+             Op.LEAKY_RELU: lambda: LeakyReluAttrs(e.pick(0.01, 0.2))}.get(op)
+    out = e.op(op, px, attrs=attrs() if attrs else None)
     return e.graph(out, px) if e.rng.random() < 0.3 else e.graph(out)
 
 
