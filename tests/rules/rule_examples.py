@@ -493,6 +493,10 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
         Op.VIEW, e.op(Op.CLONE, e.op(Op.PERMUTE, e.op(Op.RELU, e.input((2, 3, 4))),
                                      attrs=PermuteAttrs((0, 2, 1)))),
         attrs=ShapeAttrs((8, 3)))),
+    "permute-skip-copy": lambda e: e.graph(e.op(
+        Op.PERMUTE, e.op(Op.CLONE, e.op(Op.PERMUTE, e.op(Op.RELU, e.input((2, 3, 4))),
+                                        attrs=PermuteAttrs((0, 2, 1)))),
+        attrs=PermuteAttrs(e.pick((0, 2, 1), (2, 0, 1))))),
     "clone-clone": _twice(Op.CLONE),
     "clone-dense": _clone_dense,
     "add-self": lambda e: (lambda x: e.graph(e.op(Op.ADD, x, x)))(

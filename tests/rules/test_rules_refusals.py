@@ -269,3 +269,16 @@ def test_an_activation_that_feeds_only_a_gemm_fuses_next_to_a_sibling() -> None:
     weight_side = parallel.replace("%d: f32[6, 8]", "%d: f32[4, 4]").replace(
         "%o = mm(%v, %d) : f32[4, 8]", "%o = mm(%d, %v) : f32[4, 6]")
     assert _fires("mm-act", weight_side) == 0  # (the activation as a GEMM's right operand)
+
+
+def test_a_copy_of_the_callers_tensor_stays_under_a_permute() -> None:
+    """permute(clone(x)) may read x in place only where x is the graph's own: of an input,
+    the permuted result would alias the caller's tensor, where the copy made it fresh."""
+    text = """graph(%x: f32[2, 3, 4]) {{
+  %s = {source} : f32[2, 3, 4]
+  %c = clone(%s) : f32[2, 3, 4]
+  %p = permute(%c) {{dims=(0, 2, 1)}} : f32[2, 4, 3]
+  return %p
+}}"""
+    assert _fires("permute-skip-copy", text.format(source="relu(%x)")) == 1
+    assert _fires("permute-skip-copy", text.format(source="permute(%x) {dims=(0, 1, 2)}")) == 0

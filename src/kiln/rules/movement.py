@@ -171,6 +171,16 @@ RULES = (
     # view(clone(x), s) -> view(x, s): the IR's view copies where the strides need it (a
     # reshape), so the copy before it only doubles the traffic (HF attention's softmax
     # probabilities and dropout-free residuals: 36 copies in GPT-2)
+    Rule("permute-skip-copy", On(Op.PERMUTE, On(Op.CLONE, x, shared=True)),
+         lambda m: m.op(Op.PERMUTE, m["x"], attrs=m.root.attrs), EXACT,
+         guard=_private_source,
+         laws=(L("permute-skip-copy", A(Op.PERMUTE, A(Op.CLONE, A(Op.RELU, X)), dims=P),
+                 A(Op.PERMUTE, A(Op.RELU, X), dims=P), EXACT,
+                 C(CondKind.GUARD, "private-source")),)),
+    # permute(clone(x), p) -> permute(x, p): a permute is a view, so the copy only lays out
+    # what the permute then reads in another order (EfficientNet's residual branch: an NCHW
+    # copy of a pointwise GEMM's NHWC result, permuted back to NHWC for its add: 0.3 ms a
+    # block at 112x112)
     Rule("clone-dense", On(Op.CLONE, x), lambda m: m["x"], EXACT, guard=_redundant_copy,
          laws=(L("clone-dense", A(Op.RELU, A(Op.CLONE, A(Op.MM, X, P))),
                  A(Op.RELU, A(Op.MM, X, P)), EXACT, C(CondKind.GUARD, "redundant-copy")),)),
