@@ -268,14 +268,27 @@ class _SharedKeyProduct(nn.Module):
         return (s @ v).transpose(1, 2).reshape(1, t, self.heads * self.head)
 
 
-def test_a_key_shared_by_the_heads_gets_the_generated_bmm(kernel_options: Options) -> None:
+@pytest.mark.parametrize("per_shared_head", [False, True])
+def test_a_key_shared_by_the_heads_gets_the_generated_bmm(kernel_options: Options,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          per_shared_head: bool) -> None:
     """The check's random operands share values where the run time's expanded view shares
     memory (a copy into a 0-stride layout is refused: that once cost these products their
-    kernels, and failed the compile under strict)."""
+    kernels, and failed the compile under strict). With the pipeline's ``shared.heads``
+    pass (the default) the one shared head is no expanded operand at all: each product is
+    one generated GEMM over the heads' stacked rows (the scores' with their tanh)."""
+    from kiln.passes import pipeline
+
+    if not per_shared_head:
+        passes = tuple(p for p in pipeline.PIPELINE if p.name != "shared.heads")
+        monkeypatch.setattr(pipeline.run_pipeline, "__defaults__",
+                            (passes, *pipeline.run_pipeline.__defaults__[1:]))
     torch.manual_seed(0)
     model = _SharedKeyProduct()
     compiled, x, bmms = _compiled(model, dataclasses.replace(kernel_options, strict=True))
-    assert bmms == 2
+    gemms = sum(k.kind == "generated" and k.ops in (("mm",), ("addmm_act",))  # (tanh fused)
+                for k in compiled.report.kernels)
+    assert (bmms, gemms) == ((0, 2) if per_shared_head else (2, 0))
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
     assert compiled.report.graphs[0].details.fallbacks == {}
