@@ -62,8 +62,9 @@ def _shared_heads(b: Value) -> tuple[Value, int, bool] | None:
         return None
     x = b.node.inputs[0]
     transposed, merged = False, None  # (walked down: the permute comes after the merge)
+    # (a copy of the heads, as ``reshape`` captures it, is read through)
     while x.node.op in (Op.CLONE, Op.PERMUTE, Op.VIEW):
-        if x.node.op is Op.PERMUTE:  # (copies of the heads, as ``reshape`` captures, pass)
+        if x.node.op is Op.PERMUTE:
             dims = tuple(x.node.attrs.dims)  # type: ignore[attr-defined]
             if transposed or merged is not None or dims != _TRANSPOSE_LAST:
                 return None

@@ -1,6 +1,8 @@
 """Movement canonicalization: identity moves vanish, chains of moves become one.
 
-Every rule here is exact: it only changes which view of the same elements an op reads.
+Every rule here only changes which view of the same elements an op reads. All are exact but
+``permute-sink.unary``, tagged ieee: ATen's elementwise kernels can round the last bit
+differently on a strided operand than on a dense one.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Signed zero decides the tags: x + (-0.0) is x for every x, but x + 0.0 turns -0.
 +0.0, so that form holds only for real numbers (or integers). Under a softmax it is exact:
 softmax reads its row through exp(x - max), and ±0 give the same difference there, so a
 zero mask added to attention scores (an all-True padding mask folded to zeros: HF ViT's 12
-layers) goes. The engine rejects any
-rewrite that would change a type, so ``x*ones(3, 4)`` with x of shape (4,) never fires.
+layers) goes. The engine rejects any rewrite that would change a type, so ``x*ones(3, 4)``
+with x of shape (4,) never fires.
 """
 
 from __future__ import annotations
