@@ -55,6 +55,9 @@ class Options:
     c_flags: tuple[str, ...] = ("-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math",
                                 "-fopenmp")
     kernel_cache_dir: str = ""  # where compiled kernels are kept; "" means ~/.cache/kiln
+    # keep each GEMM's and window kernel's finished plan in the kernel cache, so that a warm
+    # compile loads it instead of scheduling again (`kiln.kernels.plan_store`)
+    store_plans: bool = True
     # write the HTML compile report of each compiled graph to this path ("" writes none):
     # the first graph of a process to it, later ones to name.2.html, name.3.html, ...
     # (kiln.report.on_compile); a page that cannot be written is a warning, never an error

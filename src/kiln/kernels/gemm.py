@@ -31,6 +31,7 @@ from kiln.kernels.checks import Checks
 from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
+from kiln.kernels.plan_store import stored_plan
 from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, residual_bias
@@ -86,13 +87,13 @@ def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned
     tuned = tuned_schedule(space, options)
     if tuned is None and space.batch:  # each batch on one thread
         config = space.config(space.default())
-        plan = space.plan_config(config)
+        plan = stored_plan(space, config, options)
     elif tuned is None:  # the heuristic as it always was: sized for every core
         config = default_gemm_config(m, n, k, base=GemmConfig.for_isa(space.isa),
                                      b_prepacked=space.b_prepacked,
                                      one_k_block=space.epilogue is not None,
                                      full_rate_512=space.full_rate_512)
-        plan = space.plan_config(config)
+        plan = stored_plan(space, config, options)
     else:  # the decisions head the trace: the plan says it was tuned
         config = space.config(tuned[0])
         plan = space.plan(tuned[0])

@@ -115,11 +115,27 @@ class KernelPlan:
     # what the trace gives on the program, where the recipe that recorded the trace has it
     # already: build() then skips the replay (tests check that replays give the same)
     scheduled: PrimFunc | None = dataclasses.field(default=None, compare=False, repr=False)
+    # what build() gives, where a stored plan brought it (`kiln.kernels.plan_store`): kept
+    # with the ``scheduled`` and ``post`` it was built from, and used only while this plan
+    # still has both (a copy with more post-passes builds again)
+    prebuilt: tuple[PrimFunc, tuple[PostPass, ...], PrimFunc] | None = dataclasses.field(
+        default=None, compare=False, repr=False)
 
     def build(self) -> PrimFunc:
+        if self.prebuilt is not None and self.prebuilt[0] is self.scheduled \
+                and self.prebuilt[1] == self.post:
+            return self.prebuilt[2]
         if self.scheduled is not None:
             return _post(self.scheduled, self.post)
         return _build(self.program, self.trace.to_json(), self.post)
+
+    def with_build(self) -> KernelPlan:
+        """This plan carrying its built program, for storing (a plan without ``scheduled``
+        is returned as it is: its build replays the trace, which a stored plan skips only
+        with the schedule kept)."""
+        if self.scheduled is None:
+            return self
+        return dataclasses.replace(self, prebuilt=(self.scheduled, self.post, self.build()))
 
     def replayed(self) -> PrimFunc:
         """The program built by replaying the trace, whatever ``scheduled`` holds."""

@@ -16,6 +16,7 @@ import warnings
 from typing import Any
 
 from kiln.kernels.plan import KernelPlan
+from kiln.kernels.plan_store import stored_plan
 from kiln.options import Options
 from kiln.tune.db import Target, TuningDB, TuningDBError, TuningRecord
 from kiln.tune.space import Space, repair
@@ -69,7 +70,7 @@ def tuned_or_default(space: Any, options: Options) -> tuple[KernelPlan, dict[str
     tuned = tuned_schedule(space, options)
     if tuned is None:
         decisions = space.default()
-        return space.plan_config(space.config(decisions)), decisions
+        return stored_plan(space, space.config(decisions), options), decisions
     plan = space.plan(tuned[0])
     notes = plan.notes + f"\n# {TUNED} (recorded median {tuned[1] * 1e6:.1f} us)"
     return dataclasses.replace(plan, notes=notes), tuned[0]
