@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import time
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -71,32 +69,8 @@ class CompiledGraph:
         return self.run(args)
 
 
-@contextlib.contextmanager
-def heap_frozen() -> Iterator[None]:
-    """The objects that exist when a compile starts (torch's, the model's, the caller's) left
-    out of the garbage collector's collections until it ends (`gc.freeze`): a compile makes
-    objects by the million, and each full collection they set off walked that whole heap
-    (Inception v3, warm: 0.8 s of collecting in a 3.0 s compile, 0.5 s frozen). Objects made
-    during the compile are collected as usual. Nothing is done where objects are frozen
-    already (an outer compile, or the caller's own use of gc.freeze) or collecting is off."""
-    if not gc.isenabled() or gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-
-
 def compile_graph(graph: Graph, options: Options, input_positions: Sequence[int],
                   opaque_ops: Sequence[str] = (), started: float | None = None) -> CompiledGraph:
-    with heap_frozen():
-        return _compile_graph(graph, options, input_positions, opaque_ops, started)
-
-
-def _compile_graph(graph: Graph, options: Options, input_positions: Sequence[int],
-                   opaque_ops: Sequence[str], started: float | None) -> CompiledGraph:
     start = time.perf_counter() if started is None else started
     if options.debug:
         verify(graph)

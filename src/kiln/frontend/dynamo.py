@@ -19,7 +19,6 @@ import torch.fx
 from torch._decomp import core_aten_decompositions
 from torch._functorch.aot_autograd import aot_module_simplified
 
-from kiln.engine import heap_frozen
 from kiln.frontend.fx_compile import FxGraphRunner
 from kiln.frontend.kept import KEPT_WHOLE, traced_whole
 from kiln.options import Options
@@ -91,7 +90,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], *,
         return FxGraphRunner(graph, {}, opts, report, device)
 
     try:
-        with traced_whole(), heap_frozen():
+        with traced_whole():
             return aot_module_simplified(
                 gm, example_inputs, fw_compiler=training_compiler,
                 bw_compiler=training_compiler, inference_compiler=inference_compiler,

@@ -31,7 +31,6 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
-from kiln.engine import heap_frozen
 from kiln.frontend.aten import CONVERTERS
 from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size, first_line
 from kiln.frontend.importer import ImportedGraph, UnsupportedGraph, import_fx
@@ -147,9 +146,8 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
         model, "__name__", type(model).__name__)
     report = CompileReport()
     try:
-        with heap_frozen():  # (capture too: torch.export makes as many objects as kiln)
-            run, signature, check = _compile_exported(model, inputs, options, report,
-                                                       dynamic_shapes)
+        run, signature, check = _compile_exported(model, inputs, options, report,
+                                                   dynamic_shapes)
     except UnsupportedGraph as err:
         if options.strict:
             raise
