@@ -25,6 +25,7 @@ from kiln.kernels.conv_config import (
     SMALL_COPY_BYTES,
     ConvConfig,
     ConvShape,
+    group_lanes,
     panel_within_group,
 )
 from kiln.kernels.conv_schedule import conv_plan, pack_conv_weight
@@ -37,6 +38,7 @@ from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
 from kiln.tir.nodes import Block
 from kiln.tir.visit import iter_stmts
+from kiln.tune.space_window import WindowSpace
 
 CL = torch.channels_last
 
@@ -766,6 +768,8 @@ GROUPED = [
     (1, 64, 9, 11, 64, 4, 3, 1, 1, True, 8),  # 16 output channels a group: two vectors of 8
     (1, 96, 7, 10, 48, 6, 3, 2, 1, False, 8),  # 8 a group, strided, an odd row
     (1, 256, 5, 5, 256, 16, 3, 1, 1, True, 16),  # ResNeXt-like: 16 of 16 channels
+    (1, 64, 9, 10, 64, 16, 3, 1, 1, True, 4),  # ResNeXt's first stage: 4 a group, 128 bits
+    (1, 64, 9, 9, 128, 16, 3, 2, 1, True, 8),  # 8 a group, 256 bits (on any ISA)
 ]
 
 
@@ -830,6 +834,21 @@ def test_grouped_defaults_follow_the_row_width() -> None:
     assert (stage2.nr, stage2.tile, stage2.pad_copy) == (8, 7, True)
     stage4 = grouped(7, 1024, 1)  # one tile a row
     assert (stage4.nr, stage4.tile, stage4.pad_copy) == (8, 7, True)
+
+
+def test_narrow_groups_narrow_the_vectors_to_fit() -> None:
+    """On AVX-512, ResNeXt-50's 3x3 layers (4, 8, 16 and 32 channels a group) run on vectors
+    of 4, 8, 16 and 16 lanes, each panel within a group; dense layers keep 16."""
+    for channels, lanes in ((128, 4), (256, 8), (512, 16), (1024, 16)):
+        shape = ConvShape(1, channels, 14, 14, channels, (3, 3), (1, 1), (1, 1), groups=32)
+        assert group_lanes(shape, 16) == lanes and group_lanes(shape, 8) == min(lanes, 8)
+        space = WindowSpace("conv", shape, Isa.AVX512, 2)
+        assert space.lanes == lanes and panel_within_group(shape, space.config(
+            space.default()).nr)
+    dense = ConvShape(1, 24, 14, 14, 40, (3, 3), (1, 1), (1, 1))
+    assert group_lanes(dense, 16) == 16
+    assert WindowSpace("conv", ConvShape(1, 6, 8, 8, 6, (3, 3), (1, 1), (1, 1), groups=3),
+                       Isa.AVX512, 2).lanes == 4  # (2 a group: refused, see below)
 
 
 def test_grouped_convolutions_the_kernel_refuses_keep_the_library() -> None:

@@ -82,6 +82,8 @@ MAX_REDUCTION = 4608
 # the most input channels a kernel reads from an NCHW input in place (`layout_prologue`):
 # an image's RGB(A)
 NCHW_MAX_CI = 4
+# the narrowest vectors a grouped convolution's tiles run on (`grouped_refusal`): 128 bits
+MIN_GROUP_LANES = 4
 
 
 def conv_groups(graph: Graph) -> list[KernelGroup]:
@@ -144,11 +146,12 @@ def _is_direct(node: Node) -> bool:
     return groups == 1 or node.inputs[0].type.shape[1] // groups > 1
 
 
-def grouped_refusal(node: Node, lanes: int) -> str | None:
+def grouped_refusal(node: Node, lanes: int = MIN_GROUP_LANES) -> str | None:
     """Why a grouped convolution's groups do not suit the kernel: each group's output
-    channels must fill whole vectors (`kiln.kernels.conv_config.panel_within_group`).
-    ResNeXt-50's 3x3 layers have 4, 8, 16 and 32 output channels a group: with 8 lanes
-    (AVX2) the last three qualify; its first stage keeps the library's kernel."""
+    channels must fill whole vectors (`kiln.kernels.conv_config.panel_within_group`), at
+    least `MIN_GROUP_LANES` wide (the tiles narrow their vectors to the groups:
+    `kiln.kernels.conv_config.group_lanes`). ResNeXt-50's 3x3 layers have 4, 8, 16 and 32
+    output channels a group: all four qualify."""
     groups = node.attrs.groups  # type: ignore[attr-defined]
     per_group = node.type.shape[1] // groups
     if groups > 1 and per_group % lanes:
@@ -164,7 +167,7 @@ def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None,
         return "not a dense or grouped 2-d convolution (a depthwise one has its own kernel)"
     groups = node.attrs.groups  # type: ignore[attr-defined]
     if groups > 1:
-        why = grouped_refusal(node, max(target_isa(options or Options()).f32_lanes, 4))
+        why = grouped_refusal(node)
         if why:
             return why
     ci = node.inputs[0].type.shape[1] // groups

@@ -34,6 +34,7 @@ from kiln.kernels.conv_config import (
     ConvConfig,
     ConvShape,
     conv_shares_dynamically,
+    group_lanes,
     panel_within_group,
 )
 from kiln.kernels.conv_schedule import conv_func, conv_plan, pack_conv_weight
@@ -73,7 +74,8 @@ class WindowSpace:
 
     @property
     def lanes(self) -> int:
-        return max(self.isa.f32_lanes, 4)  # (a scalar build still runs 4-wide loops)
+        lanes = max(self.isa.f32_lanes, 4)  # (a scalar build still runs 4-wide loops)
+        return group_lanes(self.shape, lanes) if isinstance(self.shape, ConvShape) else lanes
 
     @property
     def k(self) -> int:
