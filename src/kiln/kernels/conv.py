@@ -51,7 +51,7 @@ from kiln.ir.ops import Op
 from kiln.ir.shared import packed
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
-from kiln.kernels.conv_config import ConvShape
+from kiln.kernels.conv_config import MIN_GROUP_LANES, ConvShape
 from kiln.kernels.conv_schedule import pack_conv_weight
 from kiln.kernels.depthwise import (
     conv_bias,
@@ -82,8 +82,6 @@ MAX_REDUCTION = 4608
 # the most input channels a kernel reads from an NCHW input in place (`layout_prologue`):
 # an image's RGB(A)
 NCHW_MAX_CI = 4
-# the narrowest vectors a grouped convolution's tiles run on (`grouped_refusal`): 128 bits
-MIN_GROUP_LANES = 4
 
 
 def conv_groups(graph: Graph) -> list[KernelGroup]:
@@ -160,8 +158,7 @@ def grouped_refusal(node: Node, lanes: int = MIN_GROUP_LANES) -> str | None:
     return None
 
 
-def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None,
-            options: Options | None = None) -> str | None:
+def refusal(graph: Graph, node: Node, nhwc: set[Value] | None = None) -> str | None:
     """Why the generated kernel does not take this convolution; None where it does."""
     if not _is_direct(node):
         return "not a dense or grouped 2-d convolution (a depthwise one has its own kernel)"
@@ -196,7 +193,7 @@ def plan_conv(graph: Graph, group: KernelGroup, options: Options) -> ConvPlanned
     """The plan of the generated kernel for a one-node dense convolution group, its inputs
     (x, the weight, the bias, the residual), and the weight packed for it."""
     node = group.last
-    why = refusal(graph, node, options=options)
+    why = refusal(graph, node)
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
     x = group.nodes[0].inputs[0]  # (the copy's source, where the group starts with it)

@@ -108,17 +108,23 @@ def panel_within_group(shape: ConvShape, nr: int) -> bool:
     that group's input channels alone. A panel over two groups would need zeros in its
     weights where the other group's channels meet it, and 0 x inf is NaN: an infinite input
     channel would reach the other group's outputs, which ATen's grouped convolution never
-    does. (ResNeXt-50's first stage, 4 output channels a group, stays with the library.)"""
+    does. (ResNeXt-50's first stage has 4 output channels a group: `group_lanes` narrows its
+    panels to 4 lanes.)"""
     return shape.groups == 1 or (shape.co // shape.groups) % nr == 0
+
+
+# the narrowest vectors a grouped convolution's tiles run on (`group_lanes`): 128 bits
+MIN_GROUP_LANES = 4
 
 
 def group_lanes(shape: ConvShape, lanes: int) -> int:
     """The vector width for ``shape``'s tiles: ``lanes``, or for a grouped convolution whose
     groups' output channels do not fill vectors that wide, the widest of its halves (down to
-    4) that they fill (`panel_within_group`). ResNeXt-50's 8 and 4 channels a group then run
-    on 256- and 128-bit vectors on an AVX-512 machine, instead of the library's kernel."""
+    `MIN_GROUP_LANES`) that they fill (`panel_within_group`). ResNeXt-50's 8 and 4 channels
+    a group then run on 256- and 128-bit vectors on an AVX-512 machine, instead of the
+    library's kernel."""
     if shape.groups > 1:
-        while lanes > 4 and (shape.co // shape.groups) % lanes:
+        while lanes > MIN_GROUP_LANES and (shape.co // shape.groups) % lanes:
             lanes //= 2
     return lanes
 
