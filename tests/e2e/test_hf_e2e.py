@@ -104,3 +104,18 @@ def test_sequence_length_left_symbolic_through_torch_export() -> None:
     assert len(compiled.report.graphs) == 2 and not compiled.report.fallbacks
     with pytest.raises(ValueError, match=r"<= 64"):
         compiled(torch.randint(0, 512, (1, 65)))
+
+
+@pytest.mark.parametrize("name", ["hf_llama", "hf_t5_encoder"])
+def test_each_rms_norm_runs_as_one_row_kernel(name: str) -> None:
+    """Llama and T5 write RMSNorm out in arithmetic (pow, mean, add, rsqrt, mul, mul): each
+    one, with the residual sum before it, is one generated row kernel."""
+    model, inputs = models.build(name, quick=True)
+    compiled = kiln.compile(model, inputs, kiln.Options(strict=True))
+    with torch.no_grad():
+        _check(compiled(*inputs), model(*inputs), name)
+    graph = compiled.report.graphs[0]
+    means = [n for n in graph.details.optimized.nodes if n.op is Op.MEAN]
+    norms = [k for k in graph.kernels if "mean" in k.ops]
+    assert len(means) == len(norms) > 2
+    assert all(k.kind == "generated" and {"pow", "rsqrt", "mul"} <= set(k.ops) for k in norms)

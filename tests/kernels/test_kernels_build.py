@@ -48,6 +48,26 @@ def _graph(kind: str, shape: tuple[int, ...]) -> Graph:
         "layernorm": f"""\
   %ln = layer_norm(%x, %g, %b) {{normalized_shape=({n},), eps=1e-05}} : ({t}, {stats}, {stats})
   return %ln#0""",
+        "add_rmsnorm": f"""\
+  %two = scalar {{value=2}} : i64[]
+  %eps = scalar {{value=1e-06}} : f64[]
+  %s = add(%x, %h) : {t}
+  %p = pow(%s, %two) : {t}
+  %m = mean(%p) {{dims=({len(shape) - 1},), keepdim=True}} : {stats}
+  %e = add(%m, %eps) : {stats}
+  %r = rsqrt(%e) : {stats}
+  %n = mul(%s, %r) : {t}
+  %y = mul(%g, %n) : {t}
+  %z = add(%y, %s) : {t}
+  return %z""",
+        "rmsnorm_unweighted": f"""\
+  %eps = scalar {{value=1e-05}} : f64[]
+  %p = mul(%x, %x) : {t}
+  %m = mean(%p) {{dims=(-1,), keepdim=True}} : {stats}
+  %e = add(%eps, %m) : {stats}
+  %r = rsqrt(%e) : {stats}
+  %n = mul(%r, %x) : {t}
+  return %n""",
         "scale_mask_softmax": f"""\
   %mask = constant {{name='mask'}} : {mask}
   %neg = constant {{name='neg'}} : f32[]
@@ -108,6 +128,8 @@ CASES = [
     ("add_layernorm_no_residual", (5, 16)), ("layernorm", (3, 1)),
     ("scale_addmask_softmax", (1, 3, 9, 9)), ("scale_addmask_softmax", (2, 2, 17, 17)),
     ("scale_mask", (2, 3, 5, 5)), ("bias_gelu_residual", (3, 50)), ("bias_gelu_residual", (1, 1)),
+    ("add_rmsnorm", (2, 7, 37)), ("add_rmsnorm", (3, 1)), ("rmsnorm_unweighted", (5, 129)),
+    ("add_rmsnorm", (1, 65, 768)),
     # above kernels.GRAIN: parallel loops
     ("add_layernorm", (1, 65, 768)), ("scale_addmask_softmax", (1, 4, 97, 97)),
     ("bias_gelu_residual", (64, 1001)), ("scale_mask", (1, 4, 97, 97)),
@@ -121,7 +143,7 @@ def test_generated_kernels_match_the_interpreter(kernel_options: Options, kind: 
     built, run, source = _compiled(graph, kernel_options)
     assert len(built.kernels) == 1 and not built.skipped, built.skipped
     kernel = built.kernels[0]
-    assert kernel.plan.recipe is (Recipe.ROWS if "softmax" in kind or "layernorm" in kind
+    assert kernel.plan.recipe is (Recipe.ROWS if "softmax" in kind or "norm" in kind
                                   else Recipe.LOOPS)
     assert "KERNEL" in source and kernel.trace
     # the shipped kernel is its plan: replaying the trace and post-passes gives the same program
@@ -305,3 +327,28 @@ def test_the_check_compares_nonfinite_values_by_place_and_the_rest_by_relative_e
     finite = torch.randn(64, 33)
     assert close(finite * (1 + 1e-7), finite)
     assert not close(finite * (1 + 1e-4), finite)
+
+
+@pytest.mark.parametrize("eps", [1e-06, 0.0])
+def test_rmsnorm_kernel_keeps_nan_inf_zero_and_overflowing_rows_as_aten_does(
+        kernel_options: Options, eps: float) -> None:
+    """One row kernel for the whole norm, with ATen's answers on rows holding NaN, +-inf,
+    zeros (rsqrt(0) = inf with eps 0: 0 * inf is NaN) and squares that overflow (rsqrt(inf)
+    = 0: finite x * 0 is 0, inf * 0 is NaN)."""
+    graph = _graph("add_rmsnorm", (6, 37))
+    if eps == 0.0:
+        graph = parse_graph(str(graph).replace("value=1e-06", "value=0.0"),
+                            dict(graph.constants))
+    built, run, _ = _compiled(graph, kernel_options)
+    assert [[n.op.text for n in k.group.nodes] for k in built.kernels] == [
+        ["add", "pow", "mean", "add", "rsqrt", "mul", "mul"]]
+    x, h = support.random_inputs(graph, 0)
+    h = torch.zeros_like(h)
+    x[1, 3], x[2, 0], x[3, 36] = math.nan, math.inf, -math.inf
+    x[4] = 0.0
+    x[5, :5] = 3e38
+    with torch.no_grad():
+        (actual,) = run([x, h])
+    (expected,) = support.run_interpreter(graph, (x, h))
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
+    assert actual[4].isnan().all() == (eps == 0.0)

@@ -286,3 +286,44 @@ def test_a_rotary_embedding_compiles_to_one_kernel_with_eagers_values() -> None:
         want, got = model(x), compiled(x)
     assert not bool(want.isfinite().all())
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+RMS_NORM = """\
+graph(%x: f32[4, 16], %h: f32[4, 16]) {
+  %g = constant {name='g'} : f32[16]
+  %two = scalar {value=2} : i64[]
+  %eps = scalar {value=1e-06} : f64[]
+  %s = add(%x, %h) : f32[4, 16]
+  %p = pow(%s, %two) : f32[4, 16]
+  %m = mean(%p) {dims=(-1,), keepdim=True} : f32[4, 1]
+  %e = add(%m, %eps) : f32[4, 1]
+  %r = rsqrt(%e) : f32[4, 1]
+  %n = mul(%s, %r) : f32[4, 16]
+  %y = mul(%g, %n) : f32[4, 16]
+  %z = add(%y, %s) : f32[4, 16]
+  return %z
+}"""
+
+
+def test_an_rms_norm_and_its_residual_sum_are_one_group_that_writes_the_sum() -> None:
+    """Llama's and T5's hand-written RMSNorm: one row kernel, not three; the residual sum it
+    normalizes is its prologue and is written once, for the later residual add."""
+    # (the lone add after it is left to the library)
+    assert _groups(RMS_NORM) == [
+        (["s", "p", "m", "e", "r", "n", "y"], ["%x", "%h", "%g"], ["%s", "%y"])]
+
+
+def test_an_rms_norm_closes_its_group_and_takes_no_prologue_read_before_it_ends() -> None:
+    # %q reads the residual sum before the norm ends: the sum cannot run in the norm's kernel
+    text = RMS_NORM.replace("  %z = add(%y, %s) : f32[4, 16]\n  return %z",
+                            "  %z = add(%y, %s) : f32[4, 16]\n  return %z, %q").replace(
+        "  %p = pow(%s, %two)", "  %q = softmax(%s) {dim=-1} : f32[4, 16]\n  %p = pow(%s, %two)")
+    assert _groups(text) == [(["s", "q"], ["%x", "%h"], ["%s", "%q"]),
+                             (["p", "m", "e", "r", "n", "y"], ["%s", "%g"], ["%y"])]
+    # and nothing joins it after its last node: a later elementwise chain is its own group
+    text = RMS_NORM.replace("  %z = add(%y, %s) : f32[4, 16]\n  return %z",
+                            "  %z = add(%y, %s) : f32[4, 16]\n  %t = tanh(%z) : f32[4, 16]\n"
+                            "  return %t")
+    assert _groups(text) == [
+        (["s", "p", "m", "e", "r", "n", "y"], ["%x", "%h", "%g"], ["%s", "%y"]),
+        (["z", "t"], ["%y", "%s"], ["%t"])]

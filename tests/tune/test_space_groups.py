@@ -89,3 +89,35 @@ def test_a_pickled_space_keeps_its_layouts_inputs_and_workload() -> None:
     assert back.workload() == space.workload()
     assert back.plan(back.default()).program == space.plan(space.default()).program
 
+
+
+def test_an_rms_norm_is_a_rows_space_whose_every_candidate_computes_it() -> None:
+    """The norm's group ends in a mul, yet it is planned (and tuned) by the rows recipe: each
+    lane count gives a program that computes the group's values."""
+    from kiln.tir import interp
+
+    text = """\
+graph(%x: f32[3, 40], %h: f32[3, 40]) {
+  %g = constant {name='g'} : f32[40]
+  %two = scalar {value=2} : i64[]
+  %eps = scalar {value=1e-06} : f64[]
+  %s = add(%x, %h) : f32[3, 40]
+  %p = pow(%s, %two) : f32[3, 40]
+  %m = mean(%p) {dims=(1,), keepdim=True} : f32[3, 1]
+  %e = add(%m, %eps) : f32[3, 1]
+  %r = rsqrt(%e) : f32[3, 1]
+  %n = mul(%s, %r) : f32[3, 40]
+  %y = mul(%g, %n) : f32[3, 40]
+  return %y
+}"""
+    graph = parse_graph(text, {"g": torch.randn(40)})
+    (group,) = partition(graph)
+    space = GroupSpace.of(graph, group)
+    assert space.kind == "rows" and space.names() == ("lanes", "parallel")
+    for lanes in space.candidates("lanes", {}):
+        decisions = {**space.default(), "lanes": lanes}
+        plan = space.plan(decisions)
+        assert f"rmsnorm_rows(3, 40, lanes={lanes})" in plan.notes
+        operands, (expected,) = space.operands(decisions, torch.Generator().manual_seed(lanes))
+        (got,) = interp.run_torch(plan.build(), operands[:-1])
+        torch.testing.assert_close(got, expected)

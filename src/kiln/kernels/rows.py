@@ -1,4 +1,5 @@
-"""The rows recipe: a group closed by a last-axis softmax, layer norm, mean or sum.
+"""The rows recipe: a group closed by a last-axis softmax, layer norm, mean or sum, or by an
+RMSNorm written out in arithmetic (`kiln.passes.rms_norm`).
 
 The row kernel of `kiln.kernels.rows_schedule` (its compute definition and the row schedule:
 rows in parallel, vectorized passes, reductions rfactored into lane partials) whose loads of
@@ -35,12 +36,13 @@ from kiln.kernels.plan import (
     VersionTails,
 )
 from kiln.passes.partition import KernelGroup
+from kiln.passes.rms_norm import RmsNorm, rms_norm_at
 from kiln.tir.lower import lower_chain
 from kiln.tir.nodes import Block, BufferStore, For, ForKind, PrimFunc
 from kiln.tir.schedule import Schedule
 from kiln.tir.visit import iter_stmts
 
-__all__ = ["NoRowKernel", "plan_rows"]
+__all__ = ["NoRowKernel", "is_row_group", "plan_rows", "rms_norm_of"]
 
 ROW_OPS = frozenset({Op.SOFTMAX, Op.LAYER_NORM, Op.MEAN, Op.SUM})
 # the row schedule (`rows_schedule.<kind>_rows`) each op runs as
@@ -59,16 +61,21 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None,
     ``strides``: prologue inputs read with other than contiguous strides (views, as the run
     time gives them: `kiln.kernels.strides.runtime_strides`)."""
     norm = group.last
-    x, y = norm.inputs[0], norm.out(0)
+    rms = rms_norm_of(group)
+    x, y = (rms.x if rms else norm.inputs[0]), norm.out(0)
     shape = x.type.shape
     n = shape[-1]
     rows = math.prod(shape[:-1])
-    prologue = group.nodes[:-1]
+    prologue = [node for node in group.nodes if node not in rms.nodes] if rms \
+        else group.nodes[:-1]
     lanes = lanes or default_lanes(group)
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRowKernel(f"{norm.name}: the group has outputs besides the row input and result")
-    kind = _KINDS[norm.op]
-    if norm.op is Op.SOFTMAX:
+    kind = "rmsnorm" if rms else _KINDS[norm.op]
+    if rms:
+        kernel = _row_kernel(kind, rows, n, rms.eps, lanes, rms.weight is not None)
+        extra = (rms.weight,) if rms.weight is not None else ()
+    elif norm.op is Op.SOFTMAX:
         kernel, extra = _row_kernel(kind, rows, n, 0.0, lanes), ()
     elif norm.op in (Op.MEAN, Op.SUM):  # (the partition takes last-axis ones only)
         if n == 0:
@@ -118,12 +125,35 @@ def default_lanes(group: KernelGroup) -> int:
     return rows_schedule.BYTE_LANES if reads_bytes else rows_schedule.LANES
 
 
+def rms_norm_of(group: KernelGroup) -> RmsNorm | None:
+    """The RMSNorm that ends ``group`` (`kiln.passes.rms_norm`), or None."""
+    if group.last.op in ROW_OPS:
+        return None
+    means = [node for node in group.nodes[:-1] if node.op is Op.MEAN]
+    if len(means) != 1:
+        return None
+    users: dict[Node, list[Node]] = {node: [] for node in group.nodes}
+    for node in group.nodes:
+        for producer in dict.fromkeys(v.node for v in node.inputs):
+            users.setdefault(producer, []).append(node)
+    norm = rms_norm_at(means[0], users, set(group.outputs))
+    return norm if norm is not None and norm.last is group.last else None
+
+
+def is_row_group(group: KernelGroup) -> bool:
+    """Whether the rows recipe (not the loops recipe) plans ``group``."""
+    return group.last.op in ROW_OPS or rms_norm_of(group) is not None
+
+
 @functools.lru_cache(maxsize=64)
-def _row_kernel(kind: str, rows: int, n: int, constant: float, lanes: int
-                ) -> rows_schedule.RowKernel:
-    """The scheduled row kernel of ``kind`` (a `_KINDS` value), built once per shape (a
-    transformer has one per layer). ``constant``: layer norm's eps, or a sum's scale (1/n
-    for a mean); softmax takes none."""
+def _row_kernel(kind: str, rows: int, n: int, constant: float, lanes: int,
+                weighted: bool = True) -> rows_schedule.RowKernel:
+    """The scheduled row kernel of ``kind`` (a `_KINDS` value or "rmsnorm"), built once per
+    shape (a transformer has one per layer). ``constant``: layer norm's or RMSNorm's eps, or
+    a sum's scale (1/n for a mean); softmax takes none. ``weighted``: an RMSNorm with a
+    weight."""
+    if kind == "rmsnorm":
+        return rows_schedule.rmsnorm_rows(rows, n, constant, weighted, name=kind, lanes=lanes)
     if kind == "softmax":
         return rows_schedule.softmax_rows(rows, n, name=kind, lanes=lanes)
     if kind == "sum":

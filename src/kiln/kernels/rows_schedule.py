@@ -7,6 +7,7 @@ and the row schedule that turns them into fast loop nests, recorded as a replaya
 
     softmax_rows(R, N)       out[r, :] = softmax(x[r, :])
     layernorm_rows(R, N)     out[r, :] = (x - mean) * rsqrt(var + eps) * w + b
+    rmsnorm_rows(R, N)       out[r, :] = x * rsqrt(mean(x * x) + eps) * w
     sum_rows(R, N, s)        out[r, 0] = sum(x[r, :]) * s  (a mean: s = 1/N)
     bias_gelu(R, N)          out = gelu(x + bias[None, :])  (erf form)
     add_relu(R, N)           out = relu(x + y)
@@ -47,8 +48,8 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.te import Builder, cmp, select
 from kiln.tir.trace import Trace
 
-__all__ = ["LANES", "RowKernel", "add_relu", "bias_gelu", "layernorm_rows", "schedule_rows",
-           "softmax_rows", "sum_rows"]
+__all__ = ["LANES", "RowKernel", "add_relu", "bias_gelu", "layernorm_rows", "rmsnorm_rows",
+           "schedule_rows", "softmax_rows", "sum_rows"]
 
 F32 = DType.F32
 LANES = 16  # fp32 lanes of an AVX-512 vector: the width of the partial reductions
@@ -119,6 +120,28 @@ def layernorm_rows(rows: int, n: int, eps: float = 1e-5, name: str = "layernorm"
         return select(cmp(CmpOp.EQ, rstd[v0], 0.0), _c(0.0), dev(v0, k) * rstd[v0])
     b.compute(name, out, lambda v: scaled(v[0], v[1]) * w[v[1]] + bias[v[1]])
     return schedule_rows(PrimFunc(name, (x, w, bias), (out,), b.body()), lanes)
+
+
+def rmsnorm_rows(rows: int, n: int, eps: float = 1e-6, weighted: bool = True,
+                 name: str = "rmsnorm", lanes: int = LANES) -> RowKernel:
+    """RMSNorm over the last axis, in the order models write it (`kiln.passes.rms_norm`):
+    ``(x * rsqrt(sum(x * x) / n + eps)) * w``, the weight left out where ``weighted`` is
+    false. The mean divides its sum by n, as ATen's does."""
+    b = Builder()
+    x = b.buffer("x", (rows, n), F32)
+    w = b.buffer("w", (n,), F32) if weighted else None
+    out = b.buffer("out", (rows, n), F32)
+    s = b.temp("row_sq", (rows,), F32, Scope.LOCAL)
+    rstd = b.temp("row_rstd", (rows,), F32, Scope.LOCAL)
+    b.reduce("sq", s, (n,), BinOp.ADD, lambda v, k: x[v[0], k[0]] * x[v[0], k[0]])
+    b.compute("rstd", rstd, lambda v: Unary(UnOp.RSQRT, s[v[0]] / _c(float(n)) + _c(eps)))
+
+    def scaled(v):  # noqa: ANN001, ANN202
+        y = x[v[0], v[1]] * rstd[v[0]]
+        return y * w[v[1]] if w is not None else y
+    b.compute(name, out, scaled)
+    params = (x, w) if w is not None else (x,)
+    return schedule_rows(PrimFunc(name, params, (out,), b.body()), lanes)
 
 
 def sum_rows(rows: int, n: int, scale: float = 1.0, name: str = "sum",

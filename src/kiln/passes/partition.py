@@ -17,8 +17,11 @@ Rules, each there for a reason:
 * every user outside the group comes after the group's last node, so the kernel can run at
   that node's place (this also keeps groups free of cycles through outside nodes);
 * a last-axis mean or sum closes a group too (a row kernel's lane sums); it joins one only
-  where nothing outside reads the group's other values (RMSNorm's residual sum is read
-  later: there the mean runs alone, on the squares);
+  where nothing outside reads the group's other values;
+* an RMSNorm written out (`kiln.passes.rms_norm`: squares, their mean, rsqrt, the scaling
+  and its weight) is one group that closes like a normalization, with the open group that
+  computes its rows as prologue (Llama's residual sum, written once for its later reader):
+  one row kernel where op by op it was three;
 * a last-axis slice or cat (`_GATHERS`) joins the group of its consumers, which read
   through it (an index shift; a select per piece of the cat): a rotary embedding's
   ``q * cos + cat(-q2, q1) * sin`` is one kernel over q. Never a group's only work, never
@@ -33,13 +36,14 @@ Rules, each there for a reason:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from kiln.ir import attrs as A
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op, OpGroup
 from kiln.ir.types import DType
+from kiln.passes.rms_norm import RmsNorm, rms_norm_at
 
 __all__ = ["KernelGroup", "alone", "gather", "gemms", "partition", "residual_bias", "without_last"]
 
@@ -74,12 +78,19 @@ def partition(graph: Graph) -> list[KernelGroup]:
     index = {node: i for i, node in enumerate(graph.nodes)}
     users = graph.users()
     returned = set(graph.outputs)
+    norms = _rms_norms(graph, users, returned)
+    inside = {n for norm in norms.values() for n in norm.nodes[:-1]}
     group_of: dict[Node, list[Node]] = {}
     for node in graph.nodes:
-        if not fusible(node):
+        if node in inside or not fusible(node):
             continue
-        joinable = _joinable(node, group_of, users, index)
-        group = [*(joinable[0] if joinable else ()), node]
+        norm = norms.get(node)
+        if norm is not None:
+            prologue = _norm_prologue(norm, group_of, users, index, returned)
+            group = [*prologue, *norm.nodes]
+        else:
+            joinable = _joinable(node, group_of, users, index, norms)
+            group = [*(joinable[0] if joinable else ()), node]
         for member in group:
             group_of[member] = group
     groups = {id(g): g for g in group_of.values()}.values()
@@ -119,13 +130,15 @@ def _last_axis(dim: int, rank: int) -> bool:
 
 
 def _joinable(node: Node, group_of: dict[Node, list[Node]], users: dict[Node, list[Node]],
-              index: dict[Node, int]) -> list[list[Node]]:
+              index: dict[Node, int], norms: Mapping[Node, RmsNorm]) -> list[list[Node]]:
     """The groups ``node`` may close or extend, best first: every open group producing one of
     its operands merged into one (GELU's ``0.5 * x`` and its tanh chain, both from x, meet at
-    the final product), else the largest such group alone."""
+    the final product), else the largest such group alone. An RMSNorm (its last node in
+    ``norms``) closes its group as a normalization does."""
     operands = node.inputs[:1] if node.op in _CLOSERS else node.inputs
     open_ = list({id(g): g for v in operands if v.node in group_of
-                  for g in [group_of[v.node]] if g[-1].op not in _CLOSERS}.values())
+                  for g in [group_of[v.node]]
+                  if g[-1].op not in _CLOSERS and g[-1] not in norms}.values())
     options = [sorted((n for g in open_ for n in g), key=index.__getitem__)] if len(open_) > 1 \
         else []
     options += sorted(open_, key=len, reverse=True)
@@ -147,6 +160,37 @@ def _may_join(group: list[Node], node: Node, users: dict[Node, list[Node]],
             if user not in members and index[user] < index[node]:
                 return False  # the kernel would run after a reader of its result
     return True
+
+
+def _rms_norms(graph: Graph, users: dict[Node, list[Node]], returned: set[Value]
+               ) -> dict[Node, RmsNorm]:
+    """The graph's RMSNorms whose nodes may all be generated, by their last node."""
+    found = {}
+    for node in graph.nodes:
+        norm = rms_norm_at(node, users, returned) if node.op is Op.MEAN else None
+        if norm is not None and all(fusible(n) for n in norm.nodes):
+            found[norm.last] = norm
+    return found
+
+
+def _norm_prologue(norm: RmsNorm, group_of: dict[Node, list[Node]],
+                   users: dict[Node, list[Node]], index: dict[Node, int],
+                   returned: set[Value]) -> list[Node]:
+    """The open group that computes the norm's rows (a residual sum), where the row kernel
+    can take it as its prologue: elementwise only, and nothing but the rows read after the
+    norm (the kernel writes them once, as GPT-2's layer norm does its residual stream)."""
+    group = group_of.get(norm.x.node)
+    if not group or group[-1].op in _CLOSERS or any(n.op in _GATHERS for n in group):
+        return []
+    members = set(group) | set(norm.nodes)
+    for member in group:
+        read_after = member is norm.x.node
+        if member.out() in returned and not read_after:
+            return []
+        for user in users[member]:
+            if user not in members and (not read_after or index[user] < index[norm.last]):
+                return []
+    return group
 
 
 def _peel_gathers(group: list[Node], users: dict[Node, list[Node]],
@@ -259,16 +303,21 @@ def residual_bias(bias: Value, users: dict[Node, list[Node]], returned: set[Valu
 
 def without_last(group: KernelGroup) -> KernelGroup | None:
     """The group's elementwise prologue as a group of its own (its normalization left to the
-    library), or None when there is no prologue."""
-    if len(group.nodes) < 2:
+    library: the last node, or an RMSNorm's nodes from its squares on), or None when there
+    is no prologue."""
+    cut = len(group.nodes) - 1
+    inner = [i for i, n in enumerate(group.nodes[:-1]) if n.op in _ROW_REDUCTIONS]
+    if inner:  # an RMSNorm's mean: the prologue ends before its squares
+        cut = max(inner[0] - 1, 0)
+    nodes = group.nodes[:cut]
+    if not nodes:
         return None
-    nodes = group.nodes[:-1]
     members = set(nodes)
     inputs = tuple(dict.fromkeys(v for n in nodes for v in n.inputs
                                  if v.node not in members and v.node.op is not Op.SCALAR))
-    read_by_last = [v for v in group.last.inputs if v.node in members]
+    read_by_rest = [v for n in group.nodes[cut:] for v in n.inputs if v.node in members]
     outputs = tuple(dict.fromkeys([*(v for v in group.outputs if v.node in members),
-                                   *read_by_last]))
+                                   *read_by_rest]))
     return KernelGroup(nodes, inputs, outputs)
 
 

@@ -38,7 +38,7 @@ from kiln.ir.printer import print_graph
 from kiln.kernels.loops import plan_loops
 from kiln.kernels.loops_schedule import VECTOR
 from kiln.kernels.plan import GRAIN, BoolsAsBytes, KernelPlan, Serial
-from kiln.kernels.rows import ROW_OPS, default_lanes, plan_rows
+from kiln.kernels.rows import default_lanes, is_row_group, plan_rows
 from kiln.kernels.strides import runtime_strides
 from kiln.kernels.validate import library_results, random_operands
 from kiln.passes.layout import channels_last_values
@@ -69,7 +69,7 @@ class GroupSpace:
     def of(graph: Graph, group: KernelGroup, nhwc: set[Value] | None = None) -> GroupSpace:
         """``nhwc``: the graph's `channels_last_values`, where the caller has them."""
         alone, alone_group, origin = standalone(graph, group)
-        kind = "rows" if group.last.op in ROW_OPS else "loops"
+        kind = "rows" if is_row_group(alone_group) else "loops"
         layout = _channels_last_layout(graph, group, nhwc) if kind == "loops" else {}
         strides = {new: s for new, old in origin.items() if new in alone_group.inputs
                    for s in [layout.get(old) or runtime_strides(graph, old)] if s is not None}
