@@ -13,7 +13,8 @@ Prints, in one process, with contenders interleaved sample by sample and medians
 * Linear layers at transformer sizes (M in 1..512, (K, N) from BERT/GPT-2/ViT/Llama-style
   layers): kiln's generated GEMM on prepacked weights against F.linear, oneDNN on reordered
   weights and ONNX Runtime's MLAS Gemm (optional peer, ``pip install -e '.[peers]'``);
-* memory-bound fused kernels at BERT-base sizes (softmax, layernorm, bias+gelu, add+relu):
+* memory-bound fused kernels at BERT-base sizes (softmax, layernorm, bias+gelu, add+relu;
+  RMSNorm at Llama's width):
   GB/s (compulsory bytes: inputs read once, output written once), fraction of the measured
   copy bandwidth, element rate, and time against eager PyTorch's unfused op sequence, the
   fused ATen op where there is one, and torch.compile (Inductor) where it works.
@@ -363,6 +364,11 @@ def fused_cases(quick: bool) -> list[FusedCase]:
             f"layernorm {tokens}x768", lambda t=tokens: fused.layernorm_rows(t, 768),
             [x, w, b], _layernorm_unfused, lambda t, w, b: F.layer_norm(t, (768,), w, b),
             (2 * x.numel() + 2 * 768) * 4, x.numel()))
+        r, g = torch.randn(tokens, 4096), torch.randn(4096)
+        cases.append(FusedCase(
+            f"rmsnorm {tokens}x4096", lambda t=tokens: fused.rmsnorm_rows(t, 4096, 1e-6),
+            [r, g], _rmsnorm_unfused, lambda t, g: F.rms_norm(t, (4096,), g, 1e-6),
+            (2 * r.numel() + 4096) * 4, r.numel()))
         h, bias = torch.randn(tokens, 3072), torch.randn(3072)
         cases.append(FusedCase(
             f"bias+gelu {tokens}x3072", lambda t=tokens: fused.bias_gelu(t, 3072),
@@ -415,6 +421,11 @@ def _layernorm_unfused(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tor
     d = x - mean
     var = (d * d).mean(-1, keepdim=True)
     return d * torch.rsqrt(var + 1e-5) * w + b
+
+
+def _rmsnorm_unfused(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Llama's RMSNorm as the model writes it (one row kernel in kiln: `kiln.passes.rms_norm`)."""
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
 def _inductor(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor]) -> Fn | str:
