@@ -7,7 +7,7 @@ import torch
 
 import kiln_test_support as support
 from kiln.ir import parse_graph, verify
-from kiln.passes.partition import gather, partition
+from kiln.passes.partition import gather, partition, without_last
 
 
 def _weights() -> dict[str, torch.Tensor]:
@@ -327,3 +327,34 @@ def test_an_rms_norm_closes_its_group_and_takes_no_prologue_read_before_it_ends(
     assert _groups(text) == [
         (["s", "p", "m", "e", "r", "n", "y"], ["%x", "%h", "%g"], ["%s", "%y"]),
         (["z", "t"], ["%y", "%s"], ["%t"])]
+
+
+def test_without_its_norm_a_group_keeps_the_prologue_and_writes_what_the_norm_reads() -> None:
+    """The fallback where the rows recipe refuses: the prologue alone, writing the values the
+    library's ops then read (a layer norm's input; an RMSNorm's rows, read by its squares and
+    its scaling), or nothing where there is no prologue."""
+    graph = parse_graph(RMS_NORM, _weights())
+    (group,) = partition(graph)
+    prologue = without_last(group)
+    assert prologue is not None
+    assert [n.name for n in prologue.nodes] == ["s"]
+    assert [repr(v) for v in prologue.inputs] == ["%x", "%h"]
+    assert [repr(v) for v in prologue.outputs] == ["%s"]
+    text = RMS_NORM.replace("  %z = add(%y, %s) : f32[4, 16]\n  return %z", "  return %y, %s")
+    text = text.replace("%s = add(%x, %h) : f32[4, 16]", "%s = exp(%x) : f32[4, 16]")
+    graph = parse_graph(text, _weights())
+    (group,) = partition(graph)
+    assert [n.name for n in group.nodes] == ["s", "p", "m", "e", "r", "n", "y"]
+    assert [repr(v) for v in without_last(group).outputs] == ["%s"]
+    layer_norm = """\
+graph(%x: f32[2, 16], %h: f32[2, 16]) {
+  %g = constant {name='g'} : f32[16]
+  %b = constant {name='b'} : f32[16]
+  %s = add(%x, %h) : f32[2, 16]
+  %ln = layer_norm(%s, %g, %b) {normalized_shape=(16,), eps=1e-05} : (f32[2, 16], f32[2, 1], f32[2, 1])
+  return %ln#0
+}"""  # noqa: E501
+    (group,) = partition(parse_graph(layer_norm, _weights()))
+    prologue = without_last(group)
+    assert [n.name for n in prologue.nodes] == ["s"]
+    assert [repr(v) for v in prologue.outputs] == ["%s"]
