@@ -231,6 +231,8 @@ def _nonempty(shape: tuple[int, ...], dims: tuple[int, ...] | None) -> bool:
 
 
 def make_reduce(d: Draft, op: Op) -> None:
+    if op is Op.MEAN and d.float32 and d.rng.random() < 0.6:
+        return make_rms_norm(d)
     x = any_operand(d, 0.8 if op in (Op.MEAN, Op.VAR) else 0.6)
     dims = reduce_dims(d, x.type.rank)
     keepdim = d.rng.random() < 0.4
@@ -241,6 +243,26 @@ def make_reduce(d: Draft, op: Op) -> None:
         d.emit1(op, x, attrs=A.VarAttrs(dims, correction, keepdim))
     else:
         d.emit1(op, x, attrs=A.ReduceAttrs(dims, keepdim))
+
+
+def make_rms_norm(d: Draft) -> None:
+    """RMSNorm as models write it (`kiln.passes.rms_norm`, one row kernel), in its variants:
+    ``x ** 2`` or ``x * x``, either operand order, with or without a weight over the rows."""
+    x = d.operand(lambda v: is_float(v) and v.type.rank >= 1, tensor_type(d, FLOATS))
+    rank = x.type.rank
+    square = d.emit1(Op.POW, x, d.number(2)) if d.rng.random() < 0.7 \
+        else d.emit1(Op.MUL, x, x)
+    dim = rank - 1 if d.rng.random() < 0.5 else -1
+    mean = d.emit1(Op.MEAN, square, attrs=A.ReduceAttrs((dim,), True))
+    eps = d.number(d.rng.choice((1e-6, 1e-5, 0.0)))
+    shifted = d.emit1(Op.ADD, mean, eps) if d.rng.random() < 0.8 else d.emit1(Op.ADD, eps, mean)
+    rstd = d.emit1(Op.RSQRT, shifted)
+    scaled = d.emit1(Op.MUL, x, rstd) if d.rng.random() < 0.8 else d.emit1(Op.MUL, rstd, x)
+    if d.rng.random() < 0.7:
+        n = x.type.shape[-1]
+        w = d.operand(lambda v: v.type == TensorType((n,), x.type.dtype),
+                      lambda: TensorType((n,), x.type.dtype), fresh=0.8)
+        d.emit1(Op.MUL, w, scaled) if d.rng.random() < 0.7 else d.emit1(Op.MUL, scaled, w)
 
 
 def make_arg_reduce(d: Draft, op: Op) -> None:
