@@ -248,7 +248,8 @@ def make_reduce(d: Draft, op: Op) -> None:
 def make_rms_norm(d: Draft) -> None:
     """RMSNorm as models write it (`kiln.passes.rms_norm`, one row kernel), in its variants:
     ``x ** 2`` or ``x * x``, either operand order, with or without a weight over the rows."""
-    x = d.operand(lambda v: is_float(v) and v.type.rank >= 1, tensor_type(d, FLOATS))
+    x = d.operand(lambda v: is_float(v) and v.type.rank >= 1,
+                  tensor_type(d, FLOATS, d.rng.randint(1, 3)))
     rank = x.type.rank
     square = d.emit1(Op.POW, x, d.number(2)) if d.rng.random() < 0.7 \
         else d.emit1(Op.MUL, x, x)
