@@ -504,3 +504,34 @@ def test_a_difference_of_two_huge_rounded_values_is_not_compared(tmp_path):
               FuzzInput(torch.ones(1, 5)))
     outcome = check_case(Case(parse_graph(text), inputs), [config_named("O2+kernels")], cache)
     assert outcome.ok, outcome.failures
+
+
+RMS_NORM_WEIGHT_FROM_PROLOGUE = """graph(%x0: f32[16], %x1: f32[1, 16, 1, 16]) {
+  %exp1 = exp(%x0) : f32[16]
+  %tanh9 = tanh(%exp1) : f32[16]
+  %sub10 = sub(%tanh9, %x1) : f32[1, 16, 1, 16]
+  %c = scalar {value=2} : i64[]
+  %pow11 = pow(%sub10, %c) : f32[1, 16, 1, 16]
+  %mean12 = mean(%pow11) {dims=(3,), keepdim=True} : f32[1, 16, 1, 1]
+  %c_1 = scalar {value=0.0} : f64[]
+  %add13 = add(%mean12, %c_1) : f32[1, 16, 1, 1]
+  %rsqrt14 = rsqrt(%add13) : f32[1, 16, 1, 1]
+  %mul15 = mul(%rsqrt14, %sub10) : f32[1, 16, 1, 16]
+  %mul16 = mul(%tanh9, %mul15) : f32[1, 16, 1, 16]
+  return %mul16
+}
+"""
+
+
+def test_an_rms_norm_whose_weight_its_prologue_computes_runs(tmp_path):
+    # the norm's row kernel took the group computing its weight as its prologue, and read the
+    # weight, which that kernel never wrote: NameError at run time (seed 7 graph 4089 of a
+    # run restricted to elementwise ops and mean)
+    cache = str(tmp_path)
+    if isinstance(toolchain(Options(kernel_cache_dir=cache)), CompilerUnavailable):
+        pytest.skip("no C compiler")
+    graph = parse_graph(RMS_NORM_WEIGHT_FROM_PROLOGUE)
+    case = Case(graph, (FuzzInput(torch.randn(16)), FuzzInput(torch.randn(1, 16, 1, 16))))
+    outcome = check_case(case, [config_named("O2+kernels")], cache)
+    assert outcome.ok, outcome.failures
+    assert outcome.stats["O2+kernels"].generated == 2

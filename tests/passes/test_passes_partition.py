@@ -358,3 +358,25 @@ graph(%x: f32[2, 16], %h: f32[2, 16]) {
     prologue = without_last(group)
     assert [n.name for n in prologue.nodes] == ["s"]
     assert [repr(v) for v in prologue.outputs] == ["%s"]
+
+
+def test_an_rms_norms_weight_computed_by_its_prologue_keeps_the_prologue_apart() -> None:
+    """Found by the fuzzer: the weight was a value of the group that would be the norm's
+    prologue, so the kernel read a value it never wrote (NameError at run time). The row
+    kernel reads its weight from memory: the prologue stays a group of its own."""
+    text = """\
+graph(%x: f32[4, 16], %h: f32[16]) {
+  %two = scalar {value=2} : i64[]
+  %eps = scalar {value=0.0} : f64[]
+  %t = tanh(%h) : f32[16]
+  %s = sub(%t, %x) : f32[4, 16]
+  %p = pow(%s, %two) : f32[4, 16]
+  %m = mean(%p) {dims=(1,), keepdim=True} : f32[4, 1]
+  %e = add(%m, %eps) : f32[4, 1]
+  %r = rsqrt(%e) : f32[4, 1]
+  %n = mul(%r, %s) : f32[4, 16]
+  %y = mul(%t, %n) : f32[4, 16]
+  return %y
+}"""
+    assert _groups(text) == [(["t", "s"], ["%h", "%x"], ["%t", "%s"]),
+                             (["p", "m", "e", "r", "n", "y"], ["%s", "%t"], ["%y"])]

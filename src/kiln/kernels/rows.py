@@ -71,6 +71,8 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None,
     lanes = lanes or default_lanes(group)
     if any(v not in (x, y) for v in group.outputs) or (not prologue and x in group.outputs):
         raise NoRowKernel(f"{norm.name}: the group has outputs besides the row input and result")
+    if rms and rms.weight is not None and rms.weight.node in prologue:
+        raise NoRowKernel(f"{norm.name}: the norm's weight is computed in its own prologue")
     kind = "rmsnorm" if rms else _KINDS[norm.op]
     if rms:
         kernel = _row_kernel(kind, rows, n, rms.eps, lanes, rms.weight is not None)

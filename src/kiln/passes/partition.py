@@ -182,6 +182,8 @@ def _norm_prologue(norm: RmsNorm, group_of: dict[Node, list[Node]],
     group = group_of.get(norm.x.node)
     if not group or group[-1].op in _CLOSERS or any(n.op in _GATHERS for n in group):
         return []
+    if norm.weight is not None and norm.weight.node in group:
+        return []  # the row kernel reads its weight from memory, as layer norm's
     members = set(group) | set(norm.nodes)
     for member in group:
         read_after = member is norm.x.node
