@@ -51,15 +51,20 @@ from kiln.tir.nodes import (
     seq,
 )
 from kiln.tir.primitives.common import walk_with_path
-from kiln.tir.tails import drop_dead_guards, shrink_tail_tiles, version_tails
+from kiln.tir.tails import (
+    drop_dead_guards,
+    shrink_tail_tiles,
+    unmask_scratch_stores,
+    version_tails,
+)
 from kiln.tir.tensorize import fuse_inits, fuse_write_backs, tensorize_fma_tiles
 from kiln.tir.trace import Trace
 from kiln.tir.visit import all_exprs, iter_stmts, map_stmt, replace_buffer, substitute
 
 __all__ = ["DYNAMIC_MIN_INTENSITY", "GRAIN", "BoolsAsBytes", "Compact", "DropDeadGuards",
            "Epilogue", "InlineRowPrologue", "KernelPlan", "PostPass", "PrefetchPanels", "Recipe",
-           "RenameParams", "Serial", "ShrinkTails", "SimplifyIndices", "Tensorize", "VersionTails",
-           "shares_dynamically"]
+           "RenameParams", "Serial", "ShrinkTails", "SimplifyIndices", "Tensorize",
+           "UnmaskScratchStores", "VersionTails", "shares_dynamically"]
 
 
 # below this many output elements a kernel runs on one thread, as ATen's parallel_for does
@@ -223,6 +228,18 @@ class DropDeadGuards:
 
     def as_python(self) -> str:
         return "drop_dead_guards()"
+
+
+@dataclass(frozen=True)
+class UnmaskScratchStores:
+    """A guarded store into a scratch row stores the whole vector (its padding gets zeros):
+    no masked vector stores in a row kernel's last chunk."""
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        return unmask_scratch_stores(func)
+
+    def as_python(self) -> str:
+        return "unmask_scratch_stores()"
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from kiln.kernels.plan import (
     KernelPlan,
     Recipe,
     RenameParams,
+    UnmaskScratchStores,
     VersionTails,
 )
 from kiln.passes.partition import KernelGroup
@@ -95,7 +96,7 @@ def plan_rows(graph: Graph, group: KernelGroup, lanes: int | None = None,
     # row_x, row_w, ...: apart from the prologue's buffer names; the C function is the group's
     plan = KernelPlan(Recipe.ROWS, kernel.lowered, kernel.trace,
                       (Compact(), VersionTails(_serial_loops(kernel.func)),
-                       RenameParams(kernel_name(group), "row_")),
+                       UnmaskScratchStores(), RenameParams(kernel_name(group), "row_")),
                       notes=f"# {template}({rows}, {n}, lanes={lanes}): the row schedule",
                       scheduled=kernel.scheduled)
     if not prologue:
