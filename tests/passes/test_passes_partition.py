@@ -380,3 +380,47 @@ graph(%x: f32[4, 16], %h: f32[16]) {
 }"""
     assert _groups(text) == [(["t", "s"], ["%h", "%x"], ["%t", "%s"]),
                              (["p", "m", "e", "r", "n", "y"], ["%s", "%t"], ["%y"])]
+
+
+def test_two_rms_norms_that_would_share_a_node_do_not() -> None:
+    """Each norm's product with the other's result looks like its weight's product: the first
+    norm takes it (its weight the second's result), the second ends at its scaling. The sum
+    both normalize is read by the second before the first ends, so it is neither's
+    prologue (a lone add: the library's)."""
+    text = """\
+graph(%x: f32[16], %h: f32[16]) {
+  %two = scalar {value=2} : i64[]
+  %eps = scalar {value=1e-06} : f64[]
+  %s = add(%x, %h) : f32[16]
+  %p = pow(%s, %two) : f32[16]
+  %m = mean(%p) {dims=(-1,), keepdim=True} : f32[1]
+  %e = add(%m, %eps) : f32[1]
+  %r = rsqrt(%e) : f32[1]
+  %y = mul(%s, %r) : f32[16]
+  %p2 = mul(%s, %s) : f32[16]
+  %m2 = mean(%p2) {dims=(0,), keepdim=True} : f32[1]
+  %e2 = add(%m2, %eps) : f32[1]
+  %r2 = rsqrt(%e2) : f32[1]
+  %n2 = mul(%s, %r2) : f32[16]
+  %z = mul(%y, %n2) : f32[16]
+  return %z
+}"""
+    assert _groups(text) == [(["p2", "m2", "e2", "r2", "n2"], ["%s"], ["%n2"]),
+                             (["p", "m", "e", "r", "y", "z"], ["%s", "%n2"], ["%z"])]
+
+
+def test_a_second_rms_norm_of_a_sum_never_takes_the_first_norms_group_as_prologue() -> None:
+    """Two norms of one residual sum: the first takes the sum as its prologue (and writes
+    it); the second reads it from memory."""
+    second = """\
+  %p2 = mul(%s, %s) : f32[4, 16]
+  %m2 = mean(%p2) {dims=(-1,), keepdim=True} : f32[4, 1]
+  %e2 = add(%m2, %eps) : f32[4, 1]
+  %r2 = rsqrt(%e2) : f32[4, 1]
+  %n2 = mul(%s, %r2) : f32[4, 16]
+  %z = add(%y, %n2) : f32[4, 16]
+  return %z, %s"""
+    text = RMS_NORM.replace("  %z = add(%y, %s) : f32[4, 16]\n  return %z", second)
+    assert _groups(text) == [
+        (["s", "p", "m", "e", "r", "n", "y"], ["%x", "%h", "%g"], ["%s", "%y"]),
+        (["p2", "m2", "e2", "r2", "n2"], ["%s"], ["%n2"])]

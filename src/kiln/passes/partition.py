@@ -86,7 +86,7 @@ def partition(graph: Graph) -> list[KernelGroup]:
             continue
         norm = norms.get(node)
         if norm is not None:
-            prologue = _norm_prologue(norm, group_of, users, index, returned)
+            prologue = _norm_prologue(norm, group_of, users, index, returned, norms)
             group = [*prologue, *norm.nodes]
         else:
             joinable = _joinable(node, group_of, users, index, norms)
@@ -164,23 +164,34 @@ def _may_join(group: list[Node], node: Node, users: dict[Node, list[Node]],
 
 def _rms_norms(graph: Graph, users: dict[Node, list[Node]], returned: set[Value]
                ) -> dict[Node, RmsNorm]:
-    """The graph's RMSNorms whose nodes may all be generated, by their last node."""
-    found = {}
+    """The graph's RMSNorms whose nodes may all be generated, by their last node. A node is
+    one norm's at most: a product two norms would take as their weight's (each the other's
+    weight) goes to the first; the second ends at its scaling."""
+    found: dict[Node, RmsNorm] = {}
+    taken: set[Node] = set()
     for node in graph.nodes:
-        norm = rms_norm_at(node, users, returned) if node.op is Op.MEAN else None
-        if norm is not None and all(fusible(n) for n in norm.nodes):
+        if node.op is not Op.MEAN:
+            continue
+        norm = rms_norm_at(node, users, returned)
+        if norm is not None and norm.last in taken:
+            norm = rms_norm_at(node, users, returned, weighted=False)
+        if norm is not None and all(fusible(n) for n in norm.nodes) \
+                and not taken.intersection(norm.nodes):
             found[norm.last] = norm
+            taken.update(norm.nodes)
     return found
 
 
 def _norm_prologue(norm: RmsNorm, group_of: dict[Node, list[Node]],
                    users: dict[Node, list[Node]], index: dict[Node, int],
-                   returned: set[Value]) -> list[Node]:
+                   returned: set[Value], norms: Mapping[Node, RmsNorm]) -> list[Node]:
     """The open group that computes the norm's rows (a residual sum), where the row kernel
     can take it as its prologue: elementwise only, and nothing but the rows read after the
-    norm (the kernel writes them once, as GPT-2's layer norm does its residual stream)."""
+    norm (the kernel writes them once, as GPT-2's layer norm does its residual stream). A
+    group another norm closed is no prologue (two norms of one residual sum)."""
     group = group_of.get(norm.x.node)
-    if not group or group[-1].op in _CLOSERS or any(n.op in _GATHERS for n in group):
+    if not group or group[-1].op in _CLOSERS or group[-1] in norms \
+            or any(n.op in _GATHERS for n in group):
         return []
     if norm.weight is not None and norm.weight.node in group:
         return []  # the row kernel reads its weight from memory, as layer norm's

@@ -42,11 +42,12 @@ class RmsNorm:
         return self.nodes[-1]
 
 
-def rms_norm_at(mean: Node, users: Mapping[Node, Sequence[Node]], outside: Collection[Value]
-                ) -> RmsNorm | None:
+def rms_norm_at(mean: Node, users: Mapping[Node, Sequence[Node]], outside: Collection[Value],
+                weighted: bool = True) -> RmsNorm | None:
     """The RMSNorm whose mean of squares is ``mean``, or None. ``users``: each node's readers;
     ``outside``: values read by anything else (returned values, a group's outputs): none of
-    the pattern's intermediates may be, so the kernel need not write them."""
+    the pattern's intermediates may be, so the kernel need not write them. ``weighted``
+    false: the norm ends at its scaling even where a weight's product follows."""
     attrs = mean.attrs
     if mean.op is not Op.MEAN or not isinstance(attrs, ReduceAttrs) or not attrs.keepdim:
         return None
@@ -76,7 +77,7 @@ def rms_norm_at(mean: Node, users: Mapping[Node, Sequence[Node]], outside: Colle
         return None
     chain.append(scale)
     weight = None
-    product = _sole_user(scale, users, outside)
+    product = _sole_user(scale, users, outside) if weighted else None
     if product is not None and product.op is Op.MUL and product.type.shape == shape:
         other = [v for v in product.inputs if v != scale.out()]
         w = other[0] if len(other) == 1 else None
