@@ -22,7 +22,6 @@ from kiln.kernels.plan import Compact, ShrinkTails, SimplifyIndices, VersionTail
 from kiln.options import Options
 from kiln.tir import interp
 from kiln.tir.nodes import (
-    Block,
     BufferStore,
     For,
     ForKind,
@@ -32,7 +31,7 @@ from kiln.tir.nodes import (
     Stmt,
     Tensorized,
 )
-from kiln.tir.tails import shrink_tail_tiles, unmask_scratch_stores
+from kiln.tir.tails import shrink_tail_tiles
 from kiln.tir.tensorize import fma_tile, loop_points
 from kiln.tir.visit import iter_exprs, iter_stmts
 
@@ -227,72 +226,3 @@ def test_a_rows_full_chunks_run_without_the_tails_bounds_checks(options: Options
         kernel(*args, out)
         outs.append(out)
     torch.testing.assert_close(outs[1], outs[0], equal_nan=True, rtol=1e-6, atol=1e-7)
-
-
-def _guarded_stores(func: PrimFunc) -> dict[str, int]:
-    """Guarded blocks by the buffer they store."""
-    found: dict[str, int] = {}
-    for b in iter_stmts(func.body):
-        if isinstance(b, Block) and b.predicate is not None:
-            for st in iter_stmts(b.body):
-                if isinstance(st, BufferStore):
-                    found[st.buffer.name] = found.get(st.buffer.name, 0) + 1
-    return found
-
-
-@pytest.mark.parametrize("kind,n", [("softmax", 197), ("softmax", 37), ("layernorm", 37),
-                                    ("rmsnorm", 45)])
-def test_a_rows_last_chunk_stores_its_whole_scratch_vector(options: Options, kind: str,
-                                                            n: int) -> None:
-    """The last chunk's store into the row's scratch (softmax's exponentials) is no longer a
-    masked vector store: it stores the whole vector, the guard moved into the value; stores
-    of the output stay guarded; the interpreter and the C kernel give the values the
-    guarded program gave, NaN, infinities and -0.0 in the rows included."""
-    build = {"softmax": rows_schedule.softmax_rows, "layernorm": rows_schedule.layernorm_rows,
-             "rmsnorm": rows_schedule.rmsnorm_rows}[kind]
-    func = build(6, n).func
-    serial = tuple(s.var.name for s in iter_stmts(func.body)
-                   if isinstance(s, For) and s.kind is ForKind.SERIAL)
-    versioned = VersionTails(serial).apply(func)
-    unmasked = unmask_scratch_stores(versioned)
-    before, after = _guarded_stores(versioned), _guarded_stores(unmasked)
-    assert "out" not in before or after.get("out") == before["out"]
-    if kind == "softmax":
-        assert before.get("row_exp") and "row_exp" not in after
-        assert _selects(unmasked.body) > _selects(versioned.body)
-    x = torch.randn(6, n) * 3
-    x[1, 3], x[2, n - 1], x[3, 0], x[4, 5] = math.nan, math.inf, -math.inf, -0.0
-    args = (x,) if kind == "softmax" else (x, torch.randn(n)) if kind == "rmsnorm" \
-        else (x, torch.randn(n), torch.randn(n))
-    outs = []
-    for f in (versioned, unmasked):
-        (got,) = interp.run_torch(f, list(args))
-        kernel = compile_kernel(f, options)
-        assert isinstance(kernel, CompiledKernel)
-        out = torch.full((6, n), math.nan)
-        kernel(*args, out)
-        torch.testing.assert_close(out, got, equal_nan=True, rtol=1e-6, atol=1e-7)
-        outs.append(out)
-    torch.testing.assert_close(outs[1], outs[0], equal_nan=True, rtol=0, atol=0)
-
-
-def test_a_store_that_could_leave_its_scratch_or_into_a_parameter_stays_guarded() -> None:
-    """A scratch row allocated without padding (its last chunk would reach past it: 37
-    elements in chunks of 16), or an output: the guard stays, as the masked store is then
-    what keeps the store inside."""
-    from kiln.ir.types import DType
-    from kiln.tir.nodes import Scope, Unary, UnOp, const
-    from kiln.tir.schedule import Schedule
-    from kiln.tir.te import Builder
-
-    b = Builder()
-    x, out = b.buffer("x", (37,), DType.F32), b.buffer("out", (37,), DType.F32)
-    t = b.temp("t", (37,), DType.F32, Scope.LOCAL)
-    b.compute("t", t, lambda v: Unary(UnOp.EXP, x[v[0]]))
-    b.compute("out", out, lambda v: t[v[0]] * const(2.0, DType.F32))
-    sch = Schedule(PrimFunc("f", (x,), (out,), b.body()))
-    for name in ("t", "out"):
-        sch.split(sch.get_loops(name)[0], [None, 16])
-    func = sch.func
-    assert _guarded_stores(func) == {"t": 1, "out": 1}
-    assert _guarded_stores(unmask_scratch_stores(func)) == {"t": 1, "out": 1}

@@ -51,12 +51,8 @@ from kiln.tir.nodes import (
     seq,
 )
 from kiln.tir.primitives.common import walk_with_path
-from kiln.tir.tails import (
-    drop_dead_guards,
-    shrink_tail_tiles,
-    unmask_scratch_stores,
-    version_tails,
-)
+from kiln.tir.scratch import unmask_scratch_stores
+from kiln.tir.tails import drop_dead_guards, shrink_tail_tiles, version_tails
 from kiln.tir.tensorize import fuse_inits, fuse_write_backs, tensorize_fma_tiles
 from kiln.tir.trace import Trace
 from kiln.tir.visit import all_exprs, iter_stmts, map_stmt, replace_buffer, substitute
