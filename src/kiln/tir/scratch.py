@@ -80,6 +80,7 @@ def _unmasked(block: Block, loops: list[For], allocated: set[Buffer],
     ranges = {f.var: (0, max(f.extent - 1, 0)) for f in loops}
     bound = {iv.var: b for iv, b in zip(block.iter_vars, block.bindings)}
     for idx, extent in zip(store.indices, store.buffer.shape):
+        # (affine only: a wrapped index, x % 8, could send a padded lane onto a valid one)
         box = _affine_bounds(substitute(idx, bound), ranges)
         if box is None or box[0] < 0 or box[1] >= extent:
             return block
@@ -95,11 +96,12 @@ def _unmasked(block: Block, loops: list[For], allocated: set[Buffer],
 
 
 def _affine_bounds(e: Expr, ranges: dict[Var, tuple[int, int]]) -> tuple[int, int] | None:
-    """Inclusive bounds of ``e`` over ``ranges``, its terms collected first where it is
-    affine: a compacted row's index ``(i0 + a) - i0`` is ``a``, not ``[-i0, i0 + a]``."""
+    """Inclusive bounds of affine ``e`` over ``ranges``, its terms collected first (a
+    compacted row's index ``(i0 + a) - i0`` is ``a``, not ``[-i0, i0 + a]``); None where it
+    is not affine."""
     form = linear(e)
     if form is None:
-        return bounds(e, ranges)
+        return None
     lo = hi = form.get(None, 0)
     for var, c in form.items():
         if var is None or c == 0:
