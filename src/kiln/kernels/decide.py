@@ -61,7 +61,8 @@ __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library", "margin"]
 # 0.998, 0.996; HF MobileNetV2's 49x576x160: timed 91 us, in the model 199 plus 34 for the
 # views ahead of it, which a generated GEMM reads in place)
 MARGIN = {Recipe.GEMM: 0.95, Recipe.DEPTHWISE: 0.95, Recipe.CONV: 0.97, Recipe.POOL: 0.95,
-          Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.85}
+          Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.85,
+          Recipe.ATTENTION: 0.95}
 STREAMED_WEIGHT_BYTES = 1 << 20  # about a core's L2: larger weights stream (streams_weights)
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
 TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock

@@ -95,6 +95,7 @@ class Recipe(enum.Enum):
     DEPTHWISE = "depthwise"  # depthwise convolution, channels-last: a pixels x channels tile
     CONV = "conv"  # dense direct convolution, channels-last: pixels x a panel of out channels
     POOL = "pool"  # max / average pooling, channels-last: the depthwise tile without weights
+    ATTENTION = "attention"  # softmax(Q Kᵀ · c) V: two register-tiled products, scores in cache
     LIBRARY = "library"  # not generated: a library entry point on weights prepared once
 
 

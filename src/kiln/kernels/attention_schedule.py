@@ -1,0 +1,217 @@
+"""Attention as one loop program: ``out = softmax(Q Kᵀ · c) V`` for every (batch, head), the
+L x S scores never leaving a core's cache, recorded as a replayable Trace.
+
+``attention_plan(shape, config)`` starts from the compute definition (`attention_func`, six
+blocks: the scores, their row maximum, the exponentials, their sum, the product with V and
+the division) and schedules it with primitives into::
+
+    for b in range(B):
+      for h in parallel(H):                      # a head's K and V stay in its core's L2
+        for qo in range(L / QB):                 # QB queries at a time (split)
+          alloc Q_local: f32[E, QB] local        # cache_read + transform_layout: Qᵀ packed
+          for jo in range(S / MR_KEYS):          # scoresᵀ[j, i] = K[j, :] . Q[i, :]
+            fma_tile MR_KEYS x QB: a = K[j, d] (broadcast), b = Q_local[d, :] (vectors)
+          max[i] = max_j scoresᵀ[j, i] * c       # j outer: every step one vector per QB/16
+          probs[j, i] = exp(scoresᵀ[j, i] * c - max[i]); sum[i] += probs[j, i]
+          for io in range(QB / MR_ROWS):         # pv[i, :] = sum_j probs[j, i] V[j, :]
+            fma_tile MR_ROWS x Ev: a = probs[j, i] (broadcast), b = V[j, :] (vectors)
+          out[i, :] = pv[i, :] / sum[i]
+
+The scores are kept transposed (keys by queries), so each micro-kernel reads its operands
+where they lie: K's rows broadcast along the head dimension, V's rows as vectors, and the
+probabilities as the second product's broadcasts; only the QB x E block of Q is packed.
+Between the products, the softmax's reductions run over the keys with the queries in the
+vector lanes: no horizontal reductions. A block of QB = 48 queries holds 48 x S floats of
+scores and as many of probabilities (288 KiB each for Whisper's 1500 keys): L2-resident.
+
+Numerics are the decomposition's (``softmax(Q Kᵀ · c) @ V`` as capture writes it): the
+maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
+gives inf - inf = NaN, as the decomposition does (ATen's fused kernel returns other values
+there, which is why `kiln.ir.fused.attention` checks its inputs at run time). Only the order
+of the sums (and the division after the product rather than before) differs.
+
+Tails: a last block of queries shorter than QB and a last tile of keys shorter than MR_KEYS
+run in versioned copies (`kiln.tir.tails`); the padded queries of the last block compute on
+zeros (`plan.ZeroPadding` of Q's pack) and are never stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+from kiln.codegen.isa import Isa
+from kiln.ir.types import DType
+from kiln.kernels.plan import (
+    Compact,
+    DropDeadGuards,
+    KernelPlan,
+    PostPass,
+    Recipe,
+    ShrinkTails,
+    SimplifyIndices,
+    Tensorize,
+    VersionTails,
+    ZeroPadding,
+)
+from kiln.tir.nodes import BinOp, PrimFunc, Scope, Unary, UnOp, const
+from kiln.tir.schedule import Schedule
+from kiln.tir.te import Builder
+
+__all__ = ["AttentionConfig", "AttentionShape", "attention_func", "attention_plan",
+           "default_attention_config", "schedule_attention"]
+
+F32 = DType.F32
+# queries per block, in vectors: 3 x 16 on AVX-512. Zen 4, 2 threads, Whisper-base's
+# 8 x 1500 x 1500 x 64 (keys-tile rows x block): 6 x 48 168-172 GFLOP/s, 9 x 48 169,
+# 8 x 48 163-165, 6 x 64 170, 12 x 32 168, 6 x 96 145 (the two score buffers outgrow L2)
+QUERY_VECTORS = 3
+KEY_ROWS = 6  # rows of the scores' register tile (keys), where the registers allow
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """The operands: Q [B, H, L, E], K [B, H, S, E], V [B, H, S, Ev] read with the given
+    element strides (views of projections), the output [B, H, L, Ev] contiguous."""
+
+    batch: int
+    heads: int
+    queries: int  # L
+    keys: int  # S
+    depth: int  # E
+    v_depth: int  # Ev
+    scale: float
+    q_strides: tuple[int, ...] | None = None
+    k_strides: tuple[int, ...] | None = None
+    v_strides: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tile sizes: QB queries a block, the scores' register tile MR_KEYS keys x QB queries,
+    the product's MR_ROWS queries x Ev; ``lanes`` the vector width both are tensorized on."""
+
+    qb: int = 48
+    mr_keys: int = KEY_ROWS
+    mr_rows: int = 6
+    lanes: int = 16
+
+
+def default_attention_config(isa: Isa, v_depth: int) -> AttentionConfig | None:
+    """The tiles for ``isa``'s registers; None where the product's tile cannot hold one row of
+    Ev in registers (or the ISA has no vectors)."""
+    lanes = isa.f32_lanes
+    if lanes < 4 or v_depth % lanes:
+        return None
+    free = isa.registers - 2  # (a broadcast and a spare)
+    mr_keys = min(KEY_ROWS, (free - QUERY_VECTORS) // QUERY_VECTORS)
+    ev_vectors = v_depth // lanes
+    mr_rows = (free - ev_vectors) // ev_vectors
+    if mr_keys < 1 or mr_rows < 1:
+        return None
+    qb = QUERY_VECTORS * lanes
+    mr_rows = max(r for r in range(1, mr_rows + 1) if qb % r == 0)  # (whole tiles in a block)
+    return AttentionConfig(qb, mr_keys, mr_rows, lanes)
+
+
+def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
+    """The compute definition: scoresᵀ, their maximum, exponentials, sum, the product with V
+    and the division, one block each (scores and probabilities kept keys by queries)."""
+    bt, h, n_q, n_k = shape.batch, shape.heads, shape.queries, shape.keys
+    e, ev = shape.depth, shape.v_depth
+    b = Builder()
+
+    def param(base: str, dims: tuple[int, ...], strides: tuple[int, ...] | None):  # noqa: ANN202
+        buf = b.buffer(base, dims, F32)
+        return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
+
+    q = param("Q", (bt, h, n_q, e), shape.q_strides)
+    k = param("K", (bt, h, n_k, e), shape.k_strides)
+    v = param("V", (bt, h, n_k, ev), shape.v_strides)
+    out = b.buffer("out", (bt, h, n_q, ev), F32)
+    scores = b.temp("scores", (bt, h, n_k, n_q), F32)
+    row_max = b.temp("row_max", (bt, h, n_q), F32)
+    probs = b.temp("probs", (bt, h, n_k, n_q), F32)
+    row_sum = b.temp("row_sum", (bt, h, n_q), F32)
+    pv = b.temp("pv", (bt, h, n_q, ev), F32)
+    c = const(shape.scale, F32)
+    b.reduce("scores", scores, (e,), BinOp.ADD,
+             lambda w, r: k[w[0], w[1], w[2], r[0]] * q[w[0], w[1], w[3], r[0]])
+    b.reduce("max", row_max, (n_k,), BinOp.MAX,
+             lambda w, r: scores[w[0], w[1], r[0], w[2]] * c)
+    b.compute("exp", probs, lambda w: Unary(
+        UnOp.EXP, scores[w[0], w[1], w[2], w[3]] * c - row_max[w[0], w[1], w[3]]))
+    b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], r[0], w[2]])
+    b.reduce("pv", pv, (n_k,), BinOp.ADD,
+             lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], w[1], r[0], w[3]])
+    b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
+    return PrimFunc(name, (q, k, v), (out,), b.body())
+
+
+def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedule, list[str]]:
+    """The schedule of the module docstring, as primitives. Also returns the loops whose
+    bodies `kiln.tir.tails.version_tails` versions (the query block, the key tiles, the
+    product's row tiles) and the two micro-kernels' reduction loops, for `plan.Tensorize`."""
+    sch = Schedule(func)
+    out_block = sch.blocks()[-1]  # (the division, named after the function)
+    _, heads, queries, _ = sch.get_loops(out_block)
+    q_block, q_in = sch.split(queries, [None, config.qb])
+    for block in ("pv", "sum", "exp", "max", "scores"):  # consumers first
+        sch.compute_at(block, q_block)
+    # scoresᵀ: MR_KEYS keys x QB queries a register tile, Q's block packed as [E, QB]
+    keys, queries_s, depth = sch.get_loops("scores")[-3:]
+    key_tile, key_row = sch.split(keys, [None, config.mr_keys])
+    sch.reorder(key_tile, depth, key_row, queries_s)
+    s_store = sch.cache_write("scores", Scope.LOCAL)
+    sch.reverse_compute_at(s_store, key_tile)
+    s_init = sch.decompose_reduction("scores", depth)
+    q_pack = sch.cache_read("scores", "Q", Scope.LOCAL)
+    sch.compute_at(q_pack, q_block)
+    sch.transform_layout("scores", "Q_local", [(0, "", 0), (1, "", 0), (3, "", 0), (2, "", 0)])
+    sch.unroll(key_row)
+    sch.vectorize(queries_s)
+    # the row maximum and sum: keys outermost, the queries in the vector lanes
+    for block in ("max", "sum"):
+        rows, keys_r = sch.get_loops(block)[-2:]
+        sch.reorder(keys_r, rows)
+        init = sch.decompose_reduction(block, keys_r)
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.vectorize(rows)
+    sch.vectorize(sch.get_loops("exp")[-1])
+    # the product: MR_ROWS queries x Ev a register tile, the probabilities broadcast
+    rows_p, cols_p, keys_p = sch.get_loops("pv")[-3:]
+    row_tile, row_in = sch.split(rows_p, [None, config.mr_rows])
+    sch.reorder(row_tile, keys_p, row_in, cols_p)
+    p_store = sch.cache_write("pv", Scope.LOCAL)
+    sch.reverse_compute_at(p_store, row_tile)
+    p_init = sch.decompose_reduction("pv", keys_p)
+    sch.unroll(row_in)
+    sch.vectorize(cols_p)
+    for block in (s_init, s_store, p_init, p_store):
+        rows_t, cols_t = sch.get_loops(block)[-2:]
+        sch.unroll(rows_t)
+        sch.vectorize(cols_t)
+    sch.vectorize(sch.get_loops(out_block)[-1])
+    sch.parallel(heads)
+    del q_in
+    return sch, [q_block.name, key_tile.name, row_tile.name, depth.name, keys_p.name]
+
+
+@functools.lru_cache(maxsize=64)  # (a plan is immutable: a model's layers share one)
+def attention_plan(shape: AttentionShape, config: AttentionConfig,
+                   name: str = "attention") -> KernelPlan:
+    """The attention kernel as a plan: `attention_func`'s program, the Trace of
+    `schedule_attention`, and the post-passes: compaction, indices in loop vars, Q's pack
+    zero-padded, the query block and the tiles versioned (full ones without bounds checks),
+    the tails' loops cut to their steps, guards that protect only padding dropped, and both
+    micro-kernels tensorized."""
+    program = attention_func(shape, name)
+    sch, loops = schedule_attention(program, config)
+    *tails, depth, keys = loops
+    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), ZeroPadding("Q_local"),
+                                  VersionTails(tuple(tails)), ShrinkTails(),
+                                  DropDeadGuards(), Tensorize((depth, keys), config.lanes))
+    return KernelPlan(Recipe.ATTENTION, program, sch.trace, post,
+                      notes=f"# kiln.kernels.attention_plan({shape}, {config})",
+                      scheduled=sch.func)
