@@ -3,7 +3,8 @@ on this machine: the node's own ATen call, kiln's generated GEMM on weights pack
 time (`kiln.kernels.gemm`), kiln's generated depthwise or dense direct convolution on
 channels-last data (`kiln.kernels.depthwise`, `kiln.kernels.conv`), or the library's kernel
 on weights reordered once (`kiln.kernels.library`, oneDNN). Pools, the weightless window
-reductions, compete the same way (`kiln.kernels.pool`). Each candidate is checked
+reductions, compete the same way (`kiln.kernels.pool`), and so does the attention pass's fused
+call, against kiln's generated attention (`kiln.kernels.attention`). Each candidate is checked
 against the ATen call first; then all are timed together with it, interleaved
 (`kiln.kernels.decide.fastest`), and the decision is kept on disk.
 
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 
 from kiln.codegen.kernel import prebuild
 from kiln.ir.graph import Graph, Node
+from kiln.kernels.attention import attention_candidate, attention_groups, plan_attention
 from kiln.kernels.build import internal_error
 from kiln.kernels.checks import Checks
 from kiln.kernels.conv import conv_candidate, conv_groups, plan_conv
@@ -41,6 +43,7 @@ def contraction_groups(graph: Graph) -> list[KernelGroup]:
     groups.update({g.last: g for g in depthwise_groups(graph)})
     groups.update({g.last: g for g in conv_groups(graph)})
     groups.update({g.last: g for g in pool_groups(graph)})
+    groups.update({g.last: g for g in attention_groups(graph)})
     index = {node: i for i, node in enumerate(graph.nodes)}
     return sorted(groups.values(), key=lambda g: index[g.last])
 
@@ -57,7 +60,9 @@ def build_contraction_kernels(graph: Graph, groups: Sequence[KernelGroup], optio
                    depthwise={g.last for g in depthwise_groups(graph)} if generate else set(),
                    conv={g.last for g in conv_groups(graph)} if generate else set(),
                    pool={g.last for g in pool_groups(graph)} if options.generated_kernels
-                   else set())
+                   else set(),
+                   attention={g.last for g in attention_groups(graph)}
+                   if options.generated_kernels else set())
     for group in groups:
         stage.plan(group)
     prebuild([p[0].build() for p in stage.planned.values()  # type: ignore[index]
@@ -85,13 +90,15 @@ class _Stage:
     depthwise: set[Node]
     conv: set[Node]
     pool: set[Node]
+    attention: set[Node]
     planned: dict[KernelGroup, object] = field(default_factory=dict)
     compiler: bool = True
 
     def plan(self, group: KernelGroup) -> None:
         """The group's generated plan, if a generated kernel takes it."""
         for nodes, make in ((self.gemm, plan_gemm), (self.depthwise, plan_depthwise),
-                            (self.conv, plan_conv), (self.pool, plan_pool)):
+                            (self.conv, plan_conv), (self.pool, plan_pool),
+                            (self.attention, plan_attention)):
             if group.last in nodes:
                 try:
                     self.planned[group] = make(self.graph, group, self.options)
@@ -122,7 +129,8 @@ class _Stage:
         generated = gemm_candidate if group.last in self.gemm else \
             depthwise_candidate if group.last in self.depthwise else \
             conv_candidate if group.last in self.conv else \
-            pool_candidate if group.last in self.pool else None
+            pool_candidate if group.last in self.pool else \
+            attention_candidate if group.last in self.attention else None
         if self.compiler and generated is not None:
             built = generated(graph, group, options, checks, self.planned[group])  # type: ignore
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:

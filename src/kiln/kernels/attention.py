@@ -1,0 +1,101 @@
+"""Generated attention: the ``kiln::attention`` call the attention pass makes of a model's
+softmax(Q Kᵀ · c) V becomes the loop program of `kiln.kernels.attention_schedule`, used only
+where it measures faster than ATen's fused attention on its shapes, on this machine (the
+contraction stage times the two side by side).
+
+    %o = kiln::attention(Q, K, V, None, 0.125)  f32[1, 8, 1500, 64]:
+        library 31.0 ms | kiln_attention_8x1500x1500x64 27.8 ms -> kiln_attention_8x1500x1500x64
+
+The kernel reads Q, K and V where they lie (views of the projections, with the strides the
+run time gives them: `runtime_strides`) and computes the decomposition's numerics, so it
+needs no run-time check of its inputs (see `kiln.ir.fused.attention`). Not taken: a call
+with a mask (the scores' transposed layout would read a mask across its rows), a value
+width that is not whole vectors, types other than float32.
+"""
+
+from __future__ import annotations
+
+from kiln.codegen.isa import target_isa
+from kiln.ir import fused
+from kiln.ir.attrs import CallAttrs
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import Op
+from kiln.ir.types import DType
+from kiln.kernels.attention_schedule import (
+    AttentionShape,
+    attention_plan,
+    default_attention_config,
+)
+from kiln.kernels.build import checked_candidate
+from kiln.kernels.checks import Checks
+from kiln.kernels.outcome import Built, Skipped, SkipReason
+from kiln.kernels.plan import KernelPlan
+from kiln.kernels.strides import runtime_strides
+from kiln.options import Options
+from kiln.passes.partition import KernelGroup, singles
+
+__all__ = ["attention_candidate", "attention_groups", "attention_shape", "plan_attention",
+           "refusal"]
+
+AttentionPlanned = tuple[KernelPlan, tuple, dict]
+
+
+def attention_groups(graph: Graph) -> list[KernelGroup]:
+    """One group per ``kiln::attention`` call the generated kernel takes (`refusal` None)."""
+    if graph.device.type != "cpu":
+        return []
+    return singles(graph, lambda node: _is_attention(node) and refusal(node) is None)
+
+
+def _is_attention(node: Node) -> bool:
+    return node.op is Op.CALL and isinstance(node.attrs, CallAttrs) \
+        and node.attrs.target is fused.attention._opoverload
+
+
+def refusal(node: Node) -> str | None:
+    """Why the generated kernel does not take this attention call; None where it does."""
+    q, k, v, *mask = node.inputs
+    if mask:
+        return "a mask (not generated: the transposed scores would read it across its rows)"
+    if any(x.type.dtype is not DType.F32 or len(x.type.shape) != 4 for x in (q, k, v)):
+        return "not 4-d float32 operands"
+    if any(d == 0 for x in (q, k, v) for d in x.type.shape):
+        return "an empty tensor"
+    return None
+
+
+def attention_shape(graph: Graph, node: Node) -> AttentionShape:
+    """The call's shapes, scale and the strides its operands have at run time."""
+    q, k, v = node.inputs[:3]
+    batch, heads, queries, depth = q.type.shape
+    attrs = node.attrs
+    assert isinstance(attrs, CallAttrs)
+    return AttentionShape(batch, heads, queries, k.type.shape[2], depth, v.type.shape[3],
+                          float(attrs.args[4]), runtime_strides(graph, q),
+                          runtime_strides(graph, k), runtime_strides(graph, v))
+
+
+def plan_attention(graph: Graph, group: KernelGroup,
+                   options: Options) -> AttentionPlanned | Skipped:
+    """The generated kernel's plan for a one-call group, and its operands (Q, K, V)."""
+    node = group.last
+    why = refusal(node)
+    if why is not None:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, why)
+    shape = attention_shape(graph, node)
+    config = default_attention_config(target_isa(options), shape.v_depth)
+    if config is None:
+        return Skipped(group, SkipReason.NOT_LOWERABLE,
+                       f"a value width of {shape.v_depth} has no register tile on this ISA")
+    name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"
+            f"x{shape.depth}")
+    return attention_plan(shape, config, name), tuple(node.inputs[:3]), {}
+
+
+def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
+                        checks: Checks | None = None,
+                        planned: AttentionPlanned | Skipped | None = None) -> Built | Skipped:
+    """The generated attention for a one-call group, compiled and checked against the call on
+    random operands with the run-time strides, not yet measured."""
+    planned = planned if planned is not None else plan_attention(graph, group, options)
+    return checked_candidate(graph, group, options, planned, checks)
