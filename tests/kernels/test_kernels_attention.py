@@ -1,0 +1,176 @@
+"""The generated attention kernel: softmax(Q Kᵀ · c) V against the decomposition at shapes
+with every tail (a short last block of queries, a short last tile of keys, fewer queries
+than a block), on strided views as models give them; NaN and ±inf propagating as the
+decomposition's; the portable path; its plan; what it refuses; and attention through
+kiln.compile."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.codegen.isa import Isa, target_isa
+from kiln.codegen.kernel import compile_kernel, prebuild
+from kiln.kernels.attention_schedule import (
+    AttentionShape,
+    attention_plan,
+    default_attention_config,
+)
+from kiln.kernels.plan import Recipe
+from kiln.options import Options
+
+# (batch, heads, queries, keys, depth, value depth)
+CASES = [
+    (1, 8, 100, 75, 64, 64),  # a short last query block (100 = 2 x 48 + 4), 75 = 12 x 6 + 3 keys
+    (1, 3, 37, 53, 40, 32),  # fewer queries than a block, an odd head depth
+    (2, 2, 5, 7, 8, 16),  # two batches, tiny
+    (1, 4, 49, 30, 64, 128),  # a wide value (8 vectors: a 2-row product tile)
+    (1, 2, 96, 96, 64, 64),  # whole blocks and tiles, no tails
+]
+IDS = ["x".join(map(str, c)) for c in CASES]
+
+
+def _operands(case: tuple, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q, K, V as a model's attention reads them: heads split out of projections
+    ([B, L, H * E] viewed [B, L, H, E] and transposed), so no operand is contiguous."""
+    b, h, n_q, n_k, e, ev = case
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, n_q, h * e, generator=gen).view(b, n_q, h, e).transpose(1, 2)
+    k = torch.randn(b, n_k, h * e, generator=gen).view(b, n_k, h, e).transpose(1, 2)
+    v = torch.randn(b, n_k, h * ev, generator=gen).view(b, n_k, h, ev).transpose(1, 2)
+    return q, k, v
+
+
+def _decomposed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.softmax(q @ k.transpose(-1, -2) * scale, -1) @ v
+
+
+def _plan(case: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, isa: Isa = Isa.AVX512):
+    b, h, n_q, n_k, e, ev = case
+    shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride())
+    config = default_attention_config(isa, ev)
+    assert config is not None
+    return shape, attention_plan(shape, config, f"attention_test_{'_'.join(map(str, case))}"
+                                 f"_{isa.label}")
+
+
+def _run(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+    out = torch.empty(*q.shape[:3], v.shape[-1])
+    kernel(q, k, v, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def built(kernel_options: Options) -> dict:
+    """Every case's kernel, compiled in parallel."""
+    plans = {}
+    for i, case in enumerate(CASES):
+        operands = _operands(case, seed=i)
+        plans[case] = (operands, *_plan(case, *operands))
+    prebuild([plan.build() for _, _, plan in plans.values()], kernel_options)
+    return {case: (operands, shape, plan, compile_kernel(plan.build(), kernel_options))
+            for case, (operands, shape, plan) in plans.items()}
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_attention_matches_the_decomposition(built: dict, case: tuple) -> None:
+    """Within rounding of the decomposition computed in float64; the plan replays."""
+    (q, k, v), shape, plan, kernel = built[case]
+    got = _run(kernel, q, k, v)
+    want = _decomposed(q.double(), k.double(), v.double(), shape.scale)
+    torch.testing.assert_close(got, want.float(), rtol=1e-5, atol=2e-6)
+    assert plan.recipe is Recipe.ATTENTION
+    assert plan.replayed() == plan.build()  # the trace is the shipped kernel
+    source = kernel.source
+    assert source.count("fma_tile") >= 2  # both products in registers (full blocks at least)
+
+
+@pytest.mark.parametrize("where", ["q_nan", "k_inf", "v_nan", "v_inf", "large_scores"])
+def test_attention_non_finite_as_the_decomposition(built: dict, where: str) -> None:
+    """A NaN query makes its row NaN; an infinite key makes inf - inf = NaN rows where the
+    decomposition has them; NaN and inf values reach the rows that weigh them; scores that
+    overflow when scaled give the decomposition's NaNs. ATen's fused kernel differs in each
+    (it returns finite values), the generated kernel does not."""
+    case = CASES[0]
+    (q, k, v), shape, _, kernel = built[case]
+    q, k, v = q.clone(), k.clone(), v.clone()
+    if where == "q_nan":
+        q[0, 1, 7, 3] = float("nan")
+    elif where == "k_inf":
+        k[0, 2, 11, 0] = float("inf")
+    elif where == "v_nan":
+        v[0, 3, 40, 5] = float("nan")
+    elif where == "v_inf":
+        v[0, 4, 2, 60] = -float("inf")
+    else:  # one product a score: the same overflow (to inf, then inf - inf) in any order
+        q[0, 5, 9] = 0.0
+        q[0, 5, 9, 0] = 3e38
+    got = _run(kernel, q, k, v)
+    want = _decomposed(q, k, v, shape.scale)
+    assert torch.equal(got.isnan(), want.isnan())
+    assert got.isnan().any() or where == "v_inf"
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, equal_nan=True)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+def test_attention_portable_path(kernel_options: Options) -> None:
+    """Compiled for AVX2 (8-lane tiles) and for plain SSE2 (4 lanes, a value of 16 wide:
+    32 would leave no register for a tile's row): the same results."""
+    for flags, isa, case in ((("-O3", "-march=haswell", "-fopenmp"), Isa.AVX2, CASES[1]),
+                             (("-O3", "-march=x86-64", "-fopenmp"), Isa.VEC128, CASES[2])):
+        options = dataclasses.replace(kernel_options, c_flags=flags)
+        assert target_isa(options) is isa
+        q, k, v = _operands(case, seed=11)
+        shape, plan = _plan(case, q, k, v, isa)
+        got = _run(compile_kernel(plan.build(), options), q, k, v)
+        torch.testing.assert_close(got, _decomposed(q, k, v, shape.scale), rtol=1e-5, atol=2e-6)
+
+
+def test_attention_config_refuses() -> None:
+    """No tile without vectors, nor for a value width that is not whole vectors."""
+    assert default_attention_config(Isa.SCALAR, 64) is None
+    assert default_attention_config(Isa.AVX512, 72) is None
+    assert default_attention_config(Isa.VEC128, 32) is None  # (8 accumulators a row of 16)
+    config = default_attention_config(Isa.AVX512, 64)
+    assert config is not None and config.qb % config.mr_rows == 0
+
+
+class _Attention(nn.Module):
+    """Self-attention as HF's eager code writes it: projections, heads split by view and
+    transpose, matmul, scale, softmax, matmul."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.out = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        q, k, v = (t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).chunk(3, -1))
+        scores = q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5
+        mixed = torch.softmax(scores, -1) @ v
+        return self.out(mixed.transpose(1, 2).reshape(b, n, d))
+
+
+def test_attention_through_kiln_compile(kernel_options: Options) -> None:
+    """The attention pass fuses the chain into one call; the contraction stage runs it as
+    the generated kernel (every checked kernel used, unmeasured), and the model matches
+    eager."""
+    torch.manual_seed(0)
+    model = _Attention(128, 4).eval()
+    x = torch.randn(1, 70, 128)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    attention = [k for k in compiled.report.kernels
+                 if k.kind == "generated" and "kiln_attention" in (k.source or "")]
+    assert len(attention) == 1
+    with torch.no_grad():
+        want = model(x)
+        got = compiled(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
