@@ -268,10 +268,16 @@ def _order_conflict(first: Stmt, second: Stmt, var_a: Var, var_b: Var, extent: i
             for idx_b, w_b in acc_b:
                 if not (w_a or w_b):
                     continue
-                for t1 in range(extent):
+                for t1 in range(1, extent):
+                    at_t1 = {**ranges, var_a: (t1, t1)}
+                    # every earlier iteration at once first (the bounds over t2 < t1 hold
+                    # each one's: no overlap there is none at any), one by one only where
+                    # that cannot tell: quadratic in the extent made fusing two passes over
+                    # 1500 keys take 10 s
+                    if not _overlap(idx_a, at_t1, idx_b, {**ranges, var_b: (0, t1 - 1)}):
+                        continue
                     for t2 in range(t1):
-                        if _overlap(idx_a, {**ranges, var_a: (t1, t1)},
-                                    idx_b, {**ranges, var_b: (t2, t2)}):
+                        if _overlap(idx_a, at_t1, idx_b, {**ranges, var_b: (t2, t2)}):
                             return (f"{buf.name} is touched by the first part at iteration {t1} "
                                     f"and by the second at iteration {t2}")
     return None
