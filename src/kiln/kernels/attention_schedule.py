@@ -171,13 +171,17 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedul
     sch.transform_layout("scores", "Q_local", [(0, "", 0), (1, "", 0), (3, "", 0), (2, "", 0)])
     sch.unroll(key_row)
     sch.vectorize(queries_s)
-    # the row maximum and sum: keys outermost, the queries in the vector lanes
+    # the row maximum and sum: keys outermost, the queries in the vector lanes; the sum
+    # folds each row of exponentials as it is made (one pass over the probabilities)
     for block in ("max", "sum"):
         rows, keys_r = sch.get_loops(block)[-2:]
         sch.reorder(keys_r, rows)
+    exp_loops, sum_loops = sch.get_loops("exp")[-4:-1], sch.get_loops("sum")[-4:-1]
+    fused = [sch.fusion(a, b) for a, b in zip(exp_loops, sum_loops)]
+    for block, keys_r in (("max", sch.get_loops("max")[-2]), ("sum", fused[-1])):
         init = sch.decompose_reduction(block, keys_r)
         sch.vectorize(sch.get_loops(init)[-1])
-        sch.vectorize(rows)
+        sch.vectorize(sch.get_loops(block)[-1])
     sch.vectorize(sch.get_loops("exp")[-1])
     # the product: MR_ROWS queries x Ev a register tile, the probabilities broadcast
     rows_p, cols_p, keys_p = sch.get_loops("pv")[-3:]
