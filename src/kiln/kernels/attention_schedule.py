@@ -11,7 +11,7 @@ the division) and schedules it with primitives into::
           alloc Q_local: f32[E, QB] local        # cache_read + transform_layout: Qᵀ packed
           for jo in range(S / MR_KEYS):          # scoresᵀ[j, i] = K[j, :] . Q[i, :]
             fma_tile MR_KEYS x QB: a = K[j, d] (broadcast), b = Q_local[d, :] (vectors)
-          max[i] = max_j scoresᵀ[j, i] * c       # j outer: every step one vector per QB/16
+            max[i] = max(max[i], scoresᵀ[j, i] * c) for the tile's j   # (QB/16 vectors)
           probs[j, i] = exp(scoresᵀ[j, i] * c - max[i]); sum[i] += probs[j, i]
           for io in range(QB / MR_ROWS):         # pv[i, :] = sum_j probs[j, i] V[j, :]
             fma_tile MR_ROWS x Ev: a = probs[j, i] (broadcast), b = V[j, :] (vectors)
@@ -171,14 +171,21 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedul
     sch.transform_layout("scores", "Q_local", [(0, "", 0), (1, "", 0), (3, "", 0), (2, "", 0)])
     sch.unroll(key_row)
     sch.vectorize(queries_s)
-    # the row maximum and sum: keys outermost, the queries in the vector lanes; the sum
-    # folds each row of exponentials as it is made (one pass over the probabilities)
+    # the row maximum and sum: keys outermost, the queries in the vector lanes; the maximum
+    # folds each tile of scores right after its write-back (in L1), the sum each row of
+    # exponentials as it is made (one pass over the probabilities)
     for block in ("max", "sum"):
         rows, keys_r = sch.get_loops(block)[-2:]
         sch.reorder(keys_r, rows)
+    sch.split(sch.get_loops("max")[-2], [None, config.mr_keys])
+    s_loops = sch.get_loops("scores")
+    m_loops = sch.get_loops("max")
+    at = s_loops.index(key_tile)
+    for a, b in zip(s_loops[at - 2:at + 1], m_loops[at - 2:at + 1]):
+        key_tile = sch.fusion(a, b)
     exp_loops, sum_loops = sch.get_loops("exp")[-4:-1], sch.get_loops("sum")[-4:-1]
     fused = [sch.fusion(a, b) for a, b in zip(exp_loops, sum_loops)]
-    for block, keys_r in (("max", sch.get_loops("max")[-2]), ("sum", fused[-1])):
+    for block, keys_r in (("max", key_tile), ("sum", fused[-1])):
         init = sch.decompose_reduction(block, keys_r)
         sch.vectorize(sch.get_loops(init)[-1])
         sch.vectorize(sch.get_loops(block)[-1])
