@@ -53,7 +53,7 @@ def _decomposed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float)
 def _plan(case: tuple, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, isa: Isa = Isa.AVX512):
     b, h, n_q, n_k, e, ev = case
     shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride())
-    config = default_attention_config(isa, ev)
+    config = default_attention_config(isa, ev, n_q)
     assert config is not None
     return shape, attention_plan(shape, config, f"attention_test_{'_'.join(map(str, case))}"
                                  f"_{isa.label}")
@@ -132,12 +132,14 @@ def test_attention_portable_path(kernel_options: Options) -> None:
 
 
 def test_attention_config_refuses() -> None:
-    """No tile without vectors, nor for a value width that is not whole vectors."""
-    assert default_attention_config(Isa.SCALAR, 64) is None
-    assert default_attention_config(Isa.AVX512, 72) is None
-    assert default_attention_config(Isa.VEC128, 32) is None  # (8 accumulators a row of 16)
-    config = default_attention_config(Isa.AVX512, 64)
-    assert config is not None and config.qb % config.mr_rows == 0
+    """No tile without vectors, nor for a value width that is not whole vectors; the block
+    of queries that leaves the fewest padded in the last, the widest on a tie."""
+    assert default_attention_config(Isa.SCALAR, 64, 128) is None
+    assert default_attention_config(Isa.AVX512, 72, 128) is None
+    assert default_attention_config(Isa.VEC128, 32, 128) is None  # (8 accumulators a row of 16)
+    for queries, qb in ((128, 64), (197, 32), (1500, 32), (96, 48), (20, 32)):
+        config = default_attention_config(Isa.AVX512, 64, queries)
+        assert config is not None and config.qb == qb and config.qb % config.mr_rows == 0
 
 
 class _Attention(nn.Module):

@@ -83,7 +83,7 @@ def plan_attention(graph: Graph, group: KernelGroup,
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
     shape = attention_shape(graph, node)
-    config = default_attention_config(target_isa(options), shape.v_depth)
+    config = default_attention_config(target_isa(options), shape.v_depth, shape.queries)
     if config is None:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
                        f"a value width of {shape.v_depth} has no register tile on this ISA")

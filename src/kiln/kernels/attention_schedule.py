@@ -21,8 +21,8 @@ The scores are kept transposed (keys by queries), so each micro-kernel reads its
 where they lie: K's rows broadcast along the head dimension, V's rows as vectors, and the
 probabilities as the second product's broadcasts; only the QB x E block of Q is packed.
 Between the products, the softmax's reductions run over the keys with the queries in the
-vector lanes: no horizontal reductions. A block of QB = 48 queries holds 48 x S floats of
-scores and as many of probabilities (288 KiB each for Whisper's 1500 keys): L2-resident.
+vector lanes: no horizontal reductions. A block of QB = 32 queries holds 32 x S floats of
+scores and as many of probabilities (188 KiB each for Whisper's 1500 keys): L2-resident.
 
 Numerics are the decomposition's (``softmax(Q Kᵀ · c) @ V`` as capture writes it): the
 maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
@@ -63,10 +63,12 @@ __all__ = ["AttentionConfig", "AttentionShape", "attention_func", "attention_pla
            "default_attention_config", "schedule_attention"]
 
 F32 = DType.F32
-# queries per block, in vectors: 3 x 16 on AVX-512. Zen 4, 2 threads, Whisper-base's
-# 8 x 1500 x 1500 x 64 (keys-tile rows x block): 6 x 48 168-172 GFLOP/s, 9 x 48 169,
-# 8 x 48 163-165, 6 x 64 170, 12 x 32 168, 6 x 96 145 (the two score buffers outgrow L2)
-QUERY_VECTORS = 3
+# queries per block, in vectors: as many of 4, 3 or 2 as leave the fewest padded queries in
+# the last block (its product tiles run partly empty), the wider on a tie. Zen 4, 2 threads,
+# 16-lane vectors, 12 heads x 64 (keys-tile rows x block x product rows): 128 tokens 48 x 6
+# x 6 0.376 ms, 64 x 6 x 4 0.290, 32 x 6 x 4 0.294; 197 tokens 48 0.91, 64 0.79, 32 0.75;
+# Whisper-base's 8 x 1500 x 1500 x 64: 48 26.6-26.9 ms, 64 26.6-26.9, 32 25.3-25.5
+QUERY_VECTORS = (4, 3, 2)
 KEY_ROWS = 6  # rows of the scores' register tile (keys), where the registers allow
 
 
@@ -92,25 +94,26 @@ class AttentionConfig:
     """Tile sizes: QB queries a block, the scores' register tile MR_KEYS keys x QB queries,
     the product's MR_ROWS queries x Ev; ``lanes`` the vector width both are tensorized on."""
 
-    qb: int = 48
+    qb: int = 32
     mr_keys: int = KEY_ROWS
-    mr_rows: int = 6
+    mr_rows: int = 4
     lanes: int = 16
 
 
-def default_attention_config(isa: Isa, v_depth: int) -> AttentionConfig | None:
-    """The tiles for ``isa``'s registers; None where the product's tile cannot hold one row of
-    Ev in registers (or the ISA has no vectors)."""
+def default_attention_config(isa: Isa, v_depth: int, queries: int) -> AttentionConfig | None:
+    """The tiles for ``isa``'s registers and ``queries`` rows of Q; None where the product's
+    tile cannot hold one row of Ev in registers (or the ISA has no vectors)."""
     lanes = isa.f32_lanes
     if lanes < 4 or v_depth % lanes:
         return None
+    vectors = min(QUERY_VECTORS, key=lambda n: -queries % (n * lanes))  # (first on a tie)
     free = isa.registers - 2  # (a broadcast and a spare)
-    mr_keys = min(KEY_ROWS, (free - QUERY_VECTORS) // QUERY_VECTORS)
+    mr_keys = min(KEY_ROWS, (free - vectors) // vectors)
     ev_vectors = v_depth // lanes
     mr_rows = (free - ev_vectors) // ev_vectors
     if mr_keys < 1 or mr_rows < 1:
         return None
-    qb = QUERY_VECTORS * lanes
+    qb = vectors * lanes
     mr_rows = max(r for r in range(1, mr_rows + 1) if qb % r == 0)  # (whole tiles in a block)
     return AttentionConfig(qb, mr_keys, mr_rows, lanes)
 
