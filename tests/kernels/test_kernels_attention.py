@@ -20,6 +20,7 @@ from kiln.kernels.attention_schedule import (
     AttentionShape,
     attention_plan,
     default_attention_config,
+    transposed_mask,
 )
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
@@ -131,6 +132,39 @@ def test_attention_portable_path(kernel_options: Options) -> None:
         torch.testing.assert_close(got, _decomposed(q, k, v, shape.scale), rtol=1e-5, atol=2e-6)
 
 
+MASKS = {
+    # [L, S], aligned to the last query: with more queries than keys, the first see none
+    "causal": lambda n_q, n_k, h: torch.full((n_q, n_k), -float("inf")).triu(1 + n_k - n_q),
+    # T5's position bias: one per head, finite
+    "bias": lambda n_q, n_k, h: torch.randn(1, h, n_q, n_k,
+                                            generator=torch.Generator().manual_seed(3)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MASKS))
+def test_attention_with_a_constant_mask(kernel_options: Options, kind: str) -> None:
+    """A causal mask ([L, S], broadcast over batch and heads) and a per-head bias
+    ([1, H, L, S]) are laid out transposed once and added to the scaled scores: the
+    decomposition's result, and its NaN rows where a query sees no key (a causal mask over
+    more queries than keys masks every key of the first ones)."""
+    case = (2, 3, 53, 41, 32, 32)
+    b, h, n_q, n_k, e, ev = case
+    q, k, v = _operands(case, seed=4)
+    mask = MASKS[kind](n_q, n_k, h)
+    shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                           (1, h if kind == "bias" else 1))
+    config = default_attention_config(Isa.AVX512, ev, n_q)
+    assert config is not None
+    plan = attention_plan(shape, config, f"attention_test_mask_{kind}")
+    kernel = compile_kernel(plan.build(), kernel_options)
+    out = torch.empty(b, h, n_q, ev)
+    kernel(q, k, v, transposed_mask(mask, b, h, n_q, n_k), out)
+    want = torch.softmax(q @ k.transpose(-1, -2) * shape.scale + mask, -1) @ v
+    assert torch.equal(out.isnan(), want.isnan())
+    assert want.isnan().any() == (kind == "causal")
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6, equal_nan=True)
+
+
 def test_attention_config_refuses() -> None:
     """No tile without vectors, nor for a value width that is not whole vectors; the block
     of queries that leaves the fewest padded in the last, the widest on a tie."""
@@ -146,27 +180,33 @@ class _Attention(nn.Module):
     """Self-attention as HF's eager code writes it: projections, heads split by view and
     transpose, matmul, scale, softmax, matmul."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, tokens: int = 0) -> None:
         super().__init__()
         self.heads = heads
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
+        # a causal mask over ``tokens``, added to the scores (none for 0)
+        mask = torch.full((tokens, tokens), -float("inf")).triu(1)[None, None] if tokens else None
+        self.register_buffer("mask", mask)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, n, d = x.shape
         q, k, v = (t.view(b, n, self.heads, d // self.heads).transpose(1, 2)
                    for t in self.qkv(x).chunk(3, -1))
         scores = q @ k.transpose(-1, -2) * (d // self.heads) ** -0.5
+        if self.mask is not None:
+            scores = scores + self.mask
         mixed = torch.softmax(scores, -1) @ v
         return self.out(mixed.transpose(1, 2).reshape(b, n, d))
 
 
-def test_attention_through_kiln_compile(kernel_options: Options) -> None:
-    """The attention pass fuses the chain into one call; the contraction stage runs it as
-    the generated kernel (every checked kernel used, unmeasured), and the model matches
-    eager."""
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_through_kiln_compile(kernel_options: Options, causal: bool) -> None:
+    """The attention pass fuses the chain (with its causal mask) into one call; the
+    contraction stage runs it as the generated kernel (every checked kernel used,
+    unmeasured), and the model matches eager."""
     torch.manual_seed(0)
-    model = _Attention(128, 4).eval()
+    model = _Attention(128, 4, 70 if causal else 0).eval()
     x = torch.randn(1, 70, 128)
     compiled = kiln.compile(model, (x,), kernel_options)
     attention = [k for k in compiled.report.kernels

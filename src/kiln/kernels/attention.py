@@ -1,5 +1,5 @@
 """Generated attention: the ``kiln::attention`` call the attention pass makes of a model's
-softmax(Q Kᵀ · c) V becomes the loop program of `kiln.kernels.attention_schedule`, used only
+softmax(Q Kᵀ · c + M) V becomes the loop program of `kiln.kernels.attention_schedule`, used only
 where it measures faster than ATen's fused attention on its shapes, on this machine (the
 contraction stage times the two side by side).
 
@@ -7,10 +7,11 @@ contraction stage times the two side by side).
         library 31.0 ms | kiln_attention_8x1500x1500x64 27.8 ms -> kiln_attention_8x1500x1500x64
 
 The kernel reads Q, K and V where they lie (views of the projections, with the strides the
-run time gives them: `runtime_strides`) and computes the decomposition's numerics, so it
-needs no run-time check of its inputs (see `kiln.ir.fused.attention`). Not taken: a call
-with a mask (the scores' transposed layout would read a mask across its rows), a value
-width that is not whole vectors, types other than float32.
+run time gives them: `runtime_strides`), a constant mask transposed once at compile time
+(`transposed_mask`: it is read as the scores are, keys by queries), and computes the
+decomposition's numerics, so it needs no run-time check of its inputs (see
+`kiln.ir.fused.attention`). Not taken: a mask computed at run time, a value width that is
+not whole vectors, types other than float32.
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from kiln.ir import fused
 from kiln.ir.attrs import CallAttrs
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
+from kiln.ir.shared import packed
 from kiln.ir.types import DType
 from kiln.kernels.attention_schedule import (
     AttentionShape,
     attention_plan,
     default_attention_config,
+    transposed_mask,
 )
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
@@ -55,8 +58,8 @@ def _is_attention(node: Node) -> bool:
 def refusal(node: Node) -> str | None:
     """Why the generated kernel does not take this attention call; None where it does."""
     q, k, v, *mask = node.inputs
-    if mask:
-        return "a mask (not generated: the transposed scores would read it across its rows)"
+    if mask and mask[0].node.op is not Op.CONSTANT:
+        return "a mask computed at run time (only a constant one is laid out for the kernel)"
     if any(x.type.dtype is not DType.F32 or len(x.type.shape) != 4 for x in (q, k, v)):
         return "not 4-d float32 operands"
     if any(d == 0 for x in (q, k, v) for d in x.type.shape):
@@ -66,18 +69,24 @@ def refusal(node: Node) -> str | None:
 
 def attention_shape(graph: Graph, node: Node) -> AttentionShape:
     """The call's shapes, scale and the strides its operands have at run time."""
-    q, k, v = node.inputs[:3]
+    q, k, v, *mask = node.inputs
     batch, heads, queries, depth = q.type.shape
     attrs = node.attrs
     assert isinstance(attrs, CallAttrs)
+    extents = None
+    if mask:
+        dims = mask[0].type.shape
+        full = (1,) * (4 - len(dims)) + tuple(dims)
+        extents = (batch if full[0] > 1 else 1, heads if full[1] > 1 else 1)
     return AttentionShape(batch, heads, queries, k.type.shape[2], depth, v.type.shape[3],
                           float(attrs.args[4]), runtime_strides(graph, q),
-                          runtime_strides(graph, k), runtime_strides(graph, v))
+                          runtime_strides(graph, k), runtime_strides(graph, v), extents)
 
 
 def plan_attention(graph: Graph, group: KernelGroup,
                    options: Options) -> AttentionPlanned | Skipped:
-    """The generated kernel's plan for a one-call group, and its operands (Q, K, V)."""
+    """The generated kernel's plan for a one-call group, its operands (Q, K, V, and the mask)
+    and the mask's layout for it."""
     node = group.last
     why = refusal(node)
     if why is not None:
@@ -89,7 +98,12 @@ def plan_attention(graph: Graph, group: KernelGroup,
                        f"a value width of {shape.v_depth} has no register tile on this ISA")
     name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"
             f"x{shape.depth}")
-    return attention_plan(shape, config, name), tuple(node.inputs[:3]), {}
+    weights = {}
+    if shape.mask is not None:  # laid out once, here, as the kernel reads it
+        mask = node.inputs[3]
+        weights[mask] = packed(transposed_mask, graph.constant(mask.node), shape.batch,
+                               shape.heads, shape.queries, shape.keys)
+    return attention_plan(shape, config, name), tuple(node.inputs), weights
 
 
 def attention_candidate(graph: Graph, group: KernelGroup, options: Options,

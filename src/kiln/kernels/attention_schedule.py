@@ -1,5 +1,5 @@
-"""Attention as one loop program: ``out = softmax(Q Kᵀ · c) V`` for every (batch, head), the
-L x S scores never leaving a core's cache, recorded as a replayable Trace.
+"""Attention as one loop program: ``out = softmax(Q Kᵀ · c + M) V`` for every (batch,
+head), the L x S scores never leaving a core's cache, recorded as a replayable Trace.
 
 ``attention_plan(shape, config)`` starts from the compute definition (`attention_func`, six
 blocks: the scores, their row maximum, the exponentials, their sum, the product with V and
@@ -24,7 +24,10 @@ Between the products, the softmax's reductions run over the keys with the querie
 vector lanes: no horizontal reductions. A block of QB = 32 queries holds 32 x S floats of
 scores and as many of probabilities (188 KiB each for Whisper's 1500 keys): L2-resident.
 
-Numerics are the decomposition's (``softmax(Q Kᵀ · c) @ V`` as capture writes it): the
+A constant additive mask M (a causal mask, T5's position bias; optional) is read as the
+scores are, keys by queries: `transposed_mask` lays it out so once, at compile time.
+
+Numerics are the decomposition's (``softmax(Q Kᵀ · c + M) @ V`` as capture writes it): the
 maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
 gives inf - inf = NaN, as the decomposition does (ATen's fused kernel returns other values
 there, which is why `kiln.ir.fused.attention` checks its inputs at run time). Only the order
@@ -40,6 +43,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
+
+import torch
 
 from kiln.codegen.isa import Isa
 from kiln.ir.types import DType
@@ -60,7 +65,7 @@ from kiln.tir.schedule import Schedule
 from kiln.tir.te import Builder
 
 __all__ = ["AttentionConfig", "AttentionShape", "attention_func", "attention_plan",
-           "default_attention_config", "schedule_attention"]
+           "default_attention_config", "schedule_attention", "transposed_mask"]
 
 F32 = DType.F32
 # queries per block, in vectors: as many of 4, 3 or 2 as leave the fewest padded queries in
@@ -87,6 +92,10 @@ class AttentionShape:
     q_strides: tuple[int, ...] | None = None
     k_strides: tuple[int, ...] | None = None
     v_strides: tuple[int, ...] | None = None
+    # an additive mask's batch and head extents (each 1, broadcast, or B and H), where there
+    # is one: its parameter M is [MB, MH, S, L], transposed as the scores are (keys by
+    # queries), contiguous (`transposed_mask`, once per constant mask)
+    mask: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +141,7 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     q = param("Q", (bt, h, n_q, e), shape.q_strides)
     k = param("K", (bt, h, n_k, e), shape.k_strides)
     v = param("V", (bt, h, n_k, ev), shape.v_strides)
+    m = b.buffer("M", (*shape.mask, n_k, n_q), F32) if shape.mask is not None else None
     out = b.buffer("out", (bt, h, n_q, ev), F32)
     scores = b.temp("scores", (bt, h, n_k, n_q), F32)
     row_max = b.temp("row_max", (bt, h, n_q), F32)
@@ -139,17 +149,33 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     row_sum = b.temp("row_sum", (bt, h, n_q), F32)
     pv = b.temp("pv", (bt, h, n_q, ev), F32)
     c = const(shape.scale, F32)
+
+    def scaled(bi, hi, key, query):  # noqa: ANN001, ANN202 - the softmax's input, as the graph's
+        x = scores[bi, hi, key, query] * c
+        if m is None:
+            return x
+        mb, mh = shape.mask  # type: ignore[misc]
+        return x + m[bi if mb > 1 else 0, hi if mh > 1 else 0, key, query]
     b.reduce("scores", scores, (e,), BinOp.ADD,
              lambda w, r: k[w[0], w[1], w[2], r[0]] * q[w[0], w[1], w[3], r[0]])
-    b.reduce("max", row_max, (n_k,), BinOp.MAX,
-             lambda w, r: scores[w[0], w[1], r[0], w[2]] * c)
+    b.reduce("max", row_max, (n_k,), BinOp.MAX, lambda w, r: scaled(w[0], w[1], r[0], w[2]))
     b.compute("exp", probs, lambda w: Unary(
-        UnOp.EXP, scores[w[0], w[1], w[2], w[3]] * c - row_max[w[0], w[1], w[3]]))
+        UnOp.EXP, scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[3]]))
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], r[0], w[2]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], w[1], r[0], w[3]])
     b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
-    return PrimFunc(name, (q, k, v), (out,), b.body())
+    return PrimFunc(name, (q, k, v) if m is None else (q, k, v, m), (out,), b.body())
+
+
+def transposed_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
+                    keys: int) -> torch.Tensor:
+    """A constant additive mask (any shape that broadcasts to [B, H, L, S]) as the kernel's
+    M reads it: [MB, MH, S, L] contiguous, MB and MH 1 where the mask broadcasts there."""
+    full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mb = batch if full.shape[0] > 1 else 1
+    mh = heads if full.shape[1] > 1 else 1
+    return full.expand(mb, mh, queries, keys).transpose(-1, -2).contiguous()
 
 
 def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedule, list[str]]:

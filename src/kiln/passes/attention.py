@@ -24,7 +24,8 @@ summation order of the softmax), and NaN and infinities propagate exactly as in 
 (tests/passes/test_passes_attention.py).
 With ``Options.measure_kernels`` the fused call replaces the chain only where the op timings of
 this machine (`kiln.cost.measured`) say it is faster, or where kiln's generated attention may
-run it (`kiln.kernels.attention`, timed against ATen's call in the kernel stage).
+run it (`kiln.kernels.attention`, timed against ATen's call in the kernel stage: values of
+whole vectors).
 """
 
 from __future__ import annotations
@@ -83,13 +84,14 @@ def fuse_attention(graph: Graph, options: Options) -> Graph:
 
 
 def _generated_may_take(m: _Match) -> bool:
-    """Whether kiln's generated attention may run the call (`kiln.kernels.attention`: no
-    mask, values of whole vectors): the kernel stage then times it against ATen's fused
-    call and uses the faster, so the call is kept without timing it against the chain here.
+    """Whether kiln's generated attention may run the call (`kiln.kernels.attention`: values
+    of whole vectors; the mask, if any, is a constant): the kernel stage then times it
+    against ATen's fused call and uses the faster, so the call is kept without timing it
+    against the chain here.
     Zen 4, 2 threads, the generated kernel against the chain of generated kernels (two bmms
     and the softmax) and ATen's fused call: 12 heads x 128 tokens 0.290 / 0.322 / 0.44 ms,
     197 tokens 0.75 / 0.82 / 1.0."""
-    return m.mask is None and m.shape[5] % 16 == 0
+    return m.shape[5] % 16 == 0
 
 
 def _only_user(value: Value, users: dict[Node, list[Node]], outputs: set[Node]) -> Node | None:
