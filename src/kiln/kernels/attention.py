@@ -16,6 +16,8 @@ not whole vectors, types other than float32.
 
 from __future__ import annotations
 
+import torch
+
 from kiln.codegen.isa import target_isa
 from kiln.ir import fused
 from kiln.ir.attrs import CallAttrs
@@ -25,7 +27,6 @@ from kiln.ir.shared import packed
 from kiln.ir.types import DType
 from kiln.kernels.attention_schedule import (
     AttentionShape,
-    attention_plan,
     default_attention_config,
     transposed_mask,
 )
@@ -36,9 +37,11 @@ from kiln.kernels.plan import KernelPlan
 from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, singles
+from kiln.tune.apply import tuned_or_default
+from kiln.tune.space_attention import AttentionSpace
 
-__all__ = ["attention_candidate", "attention_groups", "attention_shape", "plan_attention",
-           "refusal"]
+__all__ = ["attention_candidate", "attention_groups", "attention_shape", "attention_space",
+           "plan_attention", "refusal"]
 
 AttentionPlanned = tuple[KernelPlan, tuple, dict]
 
@@ -85,25 +88,37 @@ def attention_shape(graph: Graph, node: Node) -> AttentionShape:
 
 def plan_attention(graph: Graph, group: KernelGroup,
                    options: Options) -> AttentionPlanned | Skipped:
-    """The generated kernel's plan for a one-call group, its operands (Q, K, V, and the mask)
-    and the mask's layout for it."""
-    node = group.last
-    why = refusal(node)
-    if why is not None:
-        return Skipped(group, SkipReason.NOT_LOWERABLE, why)
-    shape = attention_shape(graph, node)
-    config = default_attention_config(target_isa(options), shape.v_depth, shape.queries)
-    if config is None:
-        return Skipped(group, SkipReason.NOT_LOWERABLE,
-                       f"a value width of {shape.v_depth} has no register tile on this ISA")
-    name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"
-            f"x{shape.depth}")
+    """The generated kernel's plan for a one-call group (the tuning database's best schedule
+    where it has one), its operands (Q, K, V, and the mask) and the mask's layout for it."""
+    space = attention_space(graph, group, options)
+    if isinstance(space, Skipped):
+        return space
+    plan, _ = tuned_or_default(space, options)
+    node, shape = group.last, space.shape
     weights = {}
     if shape.mask is not None:  # laid out once, here, as the kernel reads it
         mask = node.inputs[3]
         weights[mask] = packed(transposed_mask, graph.constant(mask.node), shape.batch,
                                shape.heads, shape.queries, shape.keys)
-    return attention_plan(shape, config, name), tuple(node.inputs), weights
+    return plan, tuple(node.inputs), weights
+
+
+def attention_space(graph: Graph, group: KernelGroup,
+                    options: Options) -> AttentionSpace | Skipped:
+    """The design space of the generated kernel for a one-call group, or why there is none;
+    its default point is `default_attention_config`, `kiln tune` searches the rest."""
+    node = group.last
+    why = refusal(node)
+    if why is not None:
+        return Skipped(group, SkipReason.NOT_LOWERABLE, why)
+    shape = attention_shape(graph, node)
+    isa = target_isa(options)
+    if default_attention_config(isa, shape.v_depth, shape.queries) is None:
+        return Skipped(group, SkipReason.NOT_LOWERABLE,
+                       f"a value width of {shape.v_depth} has no register tile on {isa.label}")
+    name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"
+            f"x{shape.depth}")
+    return AttentionSpace(shape, isa, torch.get_num_threads(), name)
 
 
 def attention_candidate(graph: Graph, group: KernelGroup, options: Options,

@@ -7,8 +7,9 @@ The graph is the one `kiln.compile` would build kernels for (captured, then the 
 pipeline at ``options.opt_level``), so a tuned record's workload is exactly the one the
 compile looks up: the fused row and elementwise kernels of the partitioner
 (`kiln.tune.space_groups.GroupSpace`), then the GEMMs of the nodes left
-(`kiln.tune.space.GemmSpace`) and the direct convolutions and pools
-(`kiln.tune.space_window.WindowSpace`), as `kiln.engine.KERNEL_STAGES` takes them.
+(`kiln.tune.space.GemmSpace`), the direct convolutions and pools
+(`kiln.tune.space_window.WindowSpace`) and the attention calls
+(`kiln.tune.space_attention.AttentionSpace`), as `kiln.engine.KERNEL_STAGES` takes them.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from kiln.ir.graph import Graph, Node
+from kiln.kernels.attention import attention_groups, attention_space
 from kiln.kernels.conv import conv_groups, group_space
 from kiln.kernels.depthwise import depthwise_groups, depthwise_space
 from kiln.kernels.gemm import gemm_space
@@ -29,6 +31,7 @@ from kiln.options import Options
 from kiln.passes.partition import KernelGroup, gemms, partition
 from kiln.passes.pipeline import run_pipeline
 from kiln.tune.space import GemmSpace, Space
+from kiln.tune.space_attention import AttentionSpace
 from kiln.tune.space_groups import GroupSpace
 from kiln.tune.space_window import WindowSpace
 
@@ -55,6 +58,11 @@ class KernelWorkload:
                 return f"bmm {s.batch}x{s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}"
                                                               if extras else "")
             return f"gemm {s.m}x{s.n}x{s.k}" + (f" {', '.join(extras)}" if extras else "")
+        if isinstance(s, AttentionSpace):
+            sh = s.shape
+            mask = " +mask" if sh.mask is not None else ""
+            return (f"attention {sh.batch * sh.heads}x{sh.queries}x{sh.keys}x{sh.depth}"
+                    f"{mask}")
         if isinstance(s, WindowSpace):
             sh = s.shape
             (kh, kw), sy = sh.kernel, sh.stride[0]
@@ -86,14 +94,17 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
         gemm = gemm_space(graph, group, options)
         if group.last not in taken and not isinstance(gemm, Skipped):
             found.setdefault(gemm.workload(), (gemm, []))[1].append(group.last.name)
-    window_spaces: tuple[tuple[Callable, Callable[[KernelGroup], WindowSpace]], ...] = (
+    window_spaces: tuple[tuple[Callable, Callable[[KernelGroup], Space | Skipped]], ...] = (
         (depthwise_groups, lambda g: depthwise_space(g.last, options)),
         (conv_groups, lambda g: group_space(graph, g, options)),
-        (pool_groups, lambda g: pool_space(g.last, options)))
+        (pool_groups, lambda g: pool_space(g.last, options)),
+        (attention_groups, lambda g: attention_space(graph, g, options)))
     for groups, space_of in window_spaces:
         for group in groups(graph):
             if group.last not in taken:
                 window = space_of(group)
+                if isinstance(window, Skipped):  # (no kernel for it on this target)
+                    continue
                 found.setdefault(window.workload(), (window, []))[1].append(group.last.name)
     workloads = [KernelWorkload(space, tuple(nodes)) for space, nodes in found.values()]
     return sorted(workloads, key=lambda w: (-len(w.nodes), w.label))

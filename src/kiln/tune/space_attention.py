@@ -1,0 +1,142 @@
+"""The design space of kiln's generated attention (`kiln.kernels.attention_schedule`): the
+heuristic (`default_attention_config`) is the default point, so tuning never starts below it.
+
+Decisions, in order (a later one's candidates depend on the earlier ones):
+
+* ``query_vectors``: queries per block, in vectors (2, 3 or 4): the width of the scores'
+  register tile and how many scores and probabilities a block keeps in cache;
+* ``key_rows``: keys per register tile of the scores (its accumulators: key_rows x
+  query_vectors, plus the vectors of Q and a broadcast, within the registers);
+* ``value_rows``: queries per register tile of the product with V (a divisor of the
+  block, value_rows x Ev vectors of accumulators within the registers).
+
+    space = AttentionSpace(shape, Isa.AVX512, threads=2)
+    plan = space.plan(space.default())     # the schedule kiln compiles untuned
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from kiln.codegen.isa import Isa
+from kiln.kernels.attention_schedule import (
+    QUERY_VECTORS,
+    AttentionConfig,
+    AttentionShape,
+    attention_func,
+    attention_plan,
+    default_attention_config,
+    transposed_mask,
+)
+from kiln.kernels.plan import KernelPlan
+from kiln.kernels.validate import random_strided
+from kiln.tir.nodes import contiguous_strides
+from kiln.tune.db import workload_key
+from kiln.tune.space import Decisions, with_samples
+
+__all__ = ["AttentionSpace"]
+
+ROWS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16)
+
+
+@dataclass(frozen=True)
+class AttentionSpace:
+    """One attention kernel's schedules: its shape (with the operands' strides and the mask's
+    extents), the ISA (vector lanes, registers), the threads."""
+
+    shape: AttentionShape
+    isa: Isa
+    threads: int
+    name: str = "attention"
+    kind: str = "attention"
+
+    @property
+    def k(self) -> int:
+        """Terms per output (the runner scales its tolerance by their square root)."""
+        return self.shape.keys * self.shape.depth
+
+    @property
+    def strided_operands(self) -> tuple[int, ...]:
+        """Q, K and V are views with the strides the kernel reads: passed as they are."""
+        return (0, 1, 2)
+
+    def names(self) -> tuple[str, ...]:
+        return ("query_vectors", "key_rows", "value_rows")
+
+    def _heuristic(self) -> AttentionConfig:
+        config = default_attention_config(self.isa, self.shape.v_depth, self.shape.queries)
+        if config is None:
+            raise ValueError(f"no attention kernel for a value width of {self.shape.v_depth} "
+                             f"on {self.isa.label}")
+        return config
+
+    def default(self) -> Decisions:
+        cfg = self._heuristic()
+        return {"query_vectors": cfg.qb // cfg.lanes, "key_rows": cfg.mr_keys,
+                "value_rows": cfg.mr_rows}
+
+    def candidates(self, name: str, fixed: Mapping[str, Any]) -> tuple[Any, ...]:
+        free = self.isa.registers - 2  # (a broadcast and a spare)
+        if name == "query_vectors":
+            return tuple(sorted(QUERY_VECTORS))
+        vectors = fixed["query_vectors"]
+        if name == "key_rows":
+            largest = (free - vectors) // vectors
+            options = {r for r in ROWS if r <= largest}
+        elif name == "value_rows":
+            ev_vectors = self.shape.v_depth // self.isa.f32_lanes
+            largest = (free - ev_vectors) // ev_vectors
+            block = vectors * self.isa.f32_lanes
+            options = {r for r in ROWS if r <= largest and block % r == 0}
+        else:
+            raise KeyError(f"the attention space has no decision {name!r}")
+        default = self.default()
+        if all(fixed.get(n) == default[n] for n in self.names()[:self.names().index(name)]):
+            options.add(default[name])
+        return tuple(sorted(options or {1}))
+
+    def config(self, decisions: Mapping[str, Any]) -> AttentionConfig:
+        lanes = self.isa.f32_lanes
+        return AttentionConfig(decisions["query_vectors"] * lanes, decisions["key_rows"],
+                               decisions["value_rows"], lanes)
+
+    def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
+        return with_samples(self.plan_config(self.config(decisions)), self, decisions)
+
+    def plan_config(self, cfg: AttentionConfig) -> KernelPlan:
+        """The plan of one configuration, without recorded decisions (the untuned compile)."""
+        return attention_plan(self.shape, cfg, self.name)
+
+    def workload(self) -> str:
+        """The structural hash of the unscheduled program (shapes, strides, mask, scale)."""
+        return _attention_workload(self.shape)
+
+    def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
+                 ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Random Q, K, V laid out with the kernel's strides, a random finite mask where the
+        kernel adds one (transposed, as compiled), the output; and the decomposition's
+        result."""
+        s = self.shape
+        dims = ((s.batch, s.heads, s.queries, s.depth), (s.batch, s.heads, s.keys, s.depth),
+                (s.batch, s.heads, s.keys, s.v_depth))
+        q, k, v = (random_strided(d, st if st is not None else contiguous_strides(d), gen)
+                   for d, st in zip(dims, (s.q_strides, s.k_strides, s.v_strides)))
+        scores = q @ k.transpose(-1, -2) * s.scale
+        mask = []
+        if s.mask is not None:
+            bias = torch.randn(*s.mask, s.queries, s.keys, generator=gen)
+            scores = scores + bias
+            mask = [transposed_mask(bias, s.batch, s.heads, s.queries, s.keys)]
+        expected = torch.softmax(scores, -1) @ v
+        return [q, k, v, *mask, torch.empty(s.batch, s.heads, s.queries, s.v_depth)], [expected]
+
+
+@functools.lru_cache(maxsize=256)
+def _attention_workload(shape: AttentionShape) -> str:
+    return workload_key(attention_func(shape)) + hashlib.sha256(b"attention").hexdigest()[:8]
