@@ -11,8 +11,8 @@ the division) and schedules it with primitives into::
           alloc Q_local: f32[E, QB] local        # cache_read + transform_layout: Qᵀ packed
           for jo in range(S / MR_KEYS):          # scoresᵀ[j, i] = K[j, :] . Q[i, :]
             fma_tile MR_KEYS x QB: a = K[j, d] (broadcast), b = Q_local[d, :] (vectors)
-            max[i] = max(max[i], scoresᵀ[j, i] * c) for the tile's j   # (QB/16 vectors)
-          probs[j, i] = exp(scoresᵀ[j, i] * c - max[i]); sum[i] += probs[j, i]
+            max[i] = max(max[i], p[j, i]) for the tile's j  # p = scoresᵀ * c (+ Mᵀ)
+          probs[j, i] = exp(p[j, i] - max[i]); sum[i] += probs[j, i]   # QB/16 vectors a j
           for io in range(QB / MR_ROWS):         # pv[i, :] = sum_j probs[j, i] V[j, :]
             fma_tile MR_ROWS x Ev: a = probs[j, i] (broadcast), b = V[j, :] (vectors)
           out[i, :] = pv[i, :] / sum[i]
@@ -185,7 +185,7 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedul
     sch = Schedule(func)
     out_block = sch.blocks()[-1]  # (the division, named after the function)
     _, heads, queries, _ = sch.get_loops(out_block)
-    q_block, q_in = sch.split(queries, [None, config.qb])
+    q_block, _ = sch.split(queries, [None, config.qb])
     for block in ("pv", "sum", "exp", "max", "scores"):  # consumers first
         sch.compute_at(block, q_block)
     # scoresᵀ: MR_KEYS keys x QB queries a register tile, Q's block packed as [E, QB]
@@ -234,7 +234,6 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedul
         sch.vectorize(cols_t)
     sch.vectorize(sch.get_loops(out_block)[-1])
     sch.parallel(heads)
-    del q_in
     return sch, [q_block.name, key_tile.name, row_tile.name, depth.name, keys_p.name]
 
 
