@@ -11,6 +11,7 @@ import platform
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import kiln
@@ -216,3 +217,95 @@ def test_attention_through_kiln_compile(kernel_options: Options, causal: bool) -
         want = model(x)
         got = compiled(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+class _Sdpa(nn.Module):
+    """Self-attention through torch's fused call, as Hugging Face's default (sdpa) attention
+    runs it: ``kind`` picks its mask (a constant bool or float mask, ``is_causal``) or
+    scale."""
+
+    def __init__(self, kind: str, tokens: int) -> None:
+        super().__init__()
+        self.kind = kind
+        self.qkv = nn.Linear(64, 192)
+        gen = torch.Generator().manual_seed(2)
+        # (every query attends to itself: no empty row)
+        attends = (torch.rand(tokens, tokens, generator=gen) > 0.3) | torch.eye(tokens).bool()
+        mask = {"bool_mask": attends,
+                "float_mask": torch.randn(1, 4, tokens, tokens, generator=gen)}.get(kind)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        q, k, v = (t.view(1, n, 4, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
+                                              is_causal=self.kind == "causal",
+                                              scale=0.3 if self.kind == "scale" else None)
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal", "bool_mask", "float_mask", "scale"])
+def test_the_models_own_fused_attention_runs_generated(kernel_options: Options,
+                                                      kind: str) -> None:
+    """ATen's scaled_dot_product_attention called by the model (kept whole by capture) runs
+    as the generated kernel: its mask laid out once, is_causal as masked scores, its scale
+    or 1/sqrt(E); the model matches eager."""
+    torch.manual_seed(0)
+    model = _Sdpa(kind, 37).eval()
+    x = torch.randn(1, 37, 64)
+    compiled = kiln.compile(model, (x,), kernel_options)
+    attention = [k for k in compiled.report.kernels
+                 if k.kind == "generated" and "kiln_attention" in (k.source or "")]
+    assert len(attention) == 1
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+class _Operands(nn.Module):
+    """ATen's attention on the graph's inputs, with a constant mask that hides every key from
+    query 3."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        mask = torch.zeros(20, 20)
+        mask[3] = -float("inf")
+        self.register_buffer("mask", mask)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+def test_non_finite_results_get_atens_answer(kernel_options: Options) -> None:
+    """ATen's kernel answers a query that sees no key with zeros, where the decomposition
+    (and so the generated kernel) gives NaN; where the kernel's output is not finite the
+    library call runs again, so the compiled model gives ATen's answer there (and for a NaN
+    or an infinite operand), and the kernel's elsewhere."""
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 3, 20, 16, generator=gen) for _ in range(3))
+    model = _Operands()
+    compiled = kiln.compile(model, (q, k, v), kernel_options)
+    assert any(k_.kind == "generated" and "kiln_attention" in (k_.source or "")
+               for k_ in compiled.report.kernels)
+    for where in ("none", "q", "k"):
+        qq, kk = q.clone(), k.clone()
+        if where == "q":
+            qq[0, 1, 4, 2] = float("nan")
+        elif where == "k":
+            kk[0, 2, 7, 0] = float("inf")
+        want = model(qq, kk, v)
+        if where == "none":
+            assert torch.equal(want[0, :, 3], torch.zeros(3, 16))  # (ATen's empty row)
+        got = compiled(qq, kk, v)
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_a_mask_made_at_run_time_keeps_atens_call(kernel_options: Options) -> None:
+    class Masked(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=q.sum(-1, keepdim=True) > 0)
+
+    gen = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(1, 2, 9, 16, generator=gen) for _ in range(3))
+    compiled = kiln.compile(Masked(), (q, k, v), kernel_options)
+    assert not any("kiln_attention" in (k_.source or "") for k_ in compiled.report.kernels)
+    torch.testing.assert_close(compiled(q, k, v), Masked()(q, k, v), equal_nan=True)

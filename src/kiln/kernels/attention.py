@@ -16,12 +16,16 @@ not whole vectors, types other than float32.
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 
 from kiln.codegen.isa import target_isa
 from kiln.ir import fused
-from kiln.ir.attrs import CallAttrs
-from kiln.ir.graph import Graph, Node
+from kiln.ir.attrs import CallAttrs, Operand
+from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.shared import packed
 from kiln.ir.types import DType
@@ -30,7 +34,7 @@ from kiln.kernels.attention_schedule import (
     default_attention_config,
     transposed_mask,
 )
-from kiln.kernels.build import checked_candidate
+from kiln.kernels.build import compile_plan
 from kiln.kernels.checks import Checks
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
@@ -44,27 +48,83 @@ __all__ = ["attention_candidate", "attention_groups", "attention_shape", "attent
            "plan_attention", "refusal"]
 
 AttentionPlanned = tuple[KernelPlan, tuple, dict]
+# ATen's fused attention as a model calls it, and as torch.export leaves that call on CPU
+# (the flash kernel's entry point; its second result, the log-sum-exp, unread in inference)
+_ATEN = (torch.ops.aten.scaled_dot_product_attention.default,
+         torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
 
 
 def attention_groups(graph: Graph) -> list[KernelGroup]:
-    """One group per ``kiln::attention`` call the generated kernel takes (`refusal` None)."""
+    """One group per attention call the generated kernel takes (`refusal` None): the
+    attention pass's ``kiln::attention``, or the model's own ATen fused attention whose
+    log-sum-exp (a second result) nothing reads."""
     if graph.device.type != "cpu":
         return []
-    return singles(graph, lambda node: _is_attention(node) and refusal(node) is None)
+    read = {v for n in graph.nodes for v in n.inputs} | set(graph.outputs)
+    return singles(graph, lambda node: _call(node) is not None and refusal(node) is None
+                   and not any(v in read for v in node.outputs[1:]))
 
 
-def _is_attention(node: Node) -> bool:
-    return node.op is Op.CALL and isinstance(node.attrs, CallAttrs) \
-        and node.attrs.target is fused.attention._opoverload
+@dataclass(frozen=True)
+class AttentionCall:
+    """An attention call's operands and arguments."""
+
+    q: Value
+    k: Value
+    v: Value
+    mask: Value | None
+    scale: float | None  # None: 1 / sqrt(E)
+    causal: bool = False  # ATen's ``is_causal``
+    dropout: float = 0.0
+    grouped: bool = False  # ATen's ``enable_gqa``: K and V with fewer heads
+    # ATen's call (the model's own): its results for non-finite operands are its kernel's,
+    # not the decomposition's, so the library runs again where the kernel's are not finite
+    aten: bool = False
+
+
+def _call(node: Node) -> AttentionCall | None:
+    """The call as an `AttentionCall`, or None where it is no attention call."""
+    if node.op is not Op.CALL or not isinstance(node.attrs, CallAttrs):
+        return None
+    attrs = node.attrs
+
+    def value(arg: Any) -> Value | None:
+        return node.inputs[arg.index] if isinstance(arg, Operand) else None
+
+    if attrs.target is fused.attention._opoverload:
+        q, k, v, mask, scale = attrs.args
+        return AttentionCall(value(q), value(k), value(v), value(mask), float(scale))
+    if attrs.target not in _ATEN:
+        return None
+    schema = attrs.target._schema.arguments
+    bound = {a.name: a.default_value if a.has_default_value() else None for a in schema}
+    bound.update(zip((a.name for a in schema), attrs.args))
+    bound.update(dict(attrs.kwargs))
+    if not all(isinstance(bound[n], Operand) for n in ("query", "key", "value")):
+        return None
+    mask = bound["attn_mask"]
+    return AttentionCall(value(bound["query"]), value(bound["key"]), value(bound["value"]),
+                         value(mask), bound["scale"], bool(bound["is_causal"]),
+                         float(bound["dropout_p"]), bool(bound.get("enable_gqa")), aten=True)
 
 
 def refusal(node: Node) -> str | None:
     """Why the generated kernel does not take this attention call; None where it does."""
-    q, k, v, *mask = node.inputs
-    if mask and mask[0].node.op is not Op.CONSTANT:
-        return "a mask computed at run time (only a constant one is laid out for the kernel)"
+    call = _call(node)
+    if call is None:
+        return "not an attention call"
+    q, k, v = call.q, call.k, call.v
+    if call.dropout or call.grouped:
+        return "dropout" if call.dropout else "grouped query heads (enable_gqa)"
+    if call.mask is not None and (call.mask.node.op is not Op.CONSTANT or call.causal):
+        return "a mask computed at run time (only a constant one is laid out for the kernel)" \
+            if not call.causal else "a mask and is_causal"
+    if call.mask is not None and call.mask.type.dtype not in (DType.F32, DType.BOOL):
+        return f"a {call.mask.type.dtype.name} mask"
     if any(x.type.dtype is not DType.F32 or len(x.type.shape) != 4 for x in (q, k, v)):
         return "not 4-d float32 operands"
+    if k.type.shape[:2] != q.type.shape[:2] or v.type.shape[:3] != k.type.shape[:3]:
+        return "operands whose batch, heads or keys differ (broadcast)"
     if any(d == 0 for x in (q, k, v) for d in x.type.shape):
         return "an empty tensor"
     return None
@@ -72,18 +132,19 @@ def refusal(node: Node) -> str | None:
 
 def attention_shape(graph: Graph, node: Node) -> AttentionShape:
     """The call's shapes, scale and the strides its operands have at run time."""
-    q, k, v, *mask = node.inputs
+    call = _call(node)
+    assert call is not None
+    q, k, v = call.q, call.k, call.v
     batch, heads, queries, depth = q.type.shape
-    attrs = node.attrs
-    assert isinstance(attrs, CallAttrs)
     extents = None
-    if mask:
-        dims = mask[0].type.shape
+    if call.mask is not None:
+        dims = call.mask.type.shape
         full = (1,) * (4 - len(dims)) + tuple(dims)
         extents = (batch if full[0] > 1 else 1, heads if full[1] > 1 else 1)
+    scale = call.scale if call.scale is not None else depth ** -0.5
     return AttentionShape(batch, heads, queries, k.type.shape[2], depth, v.type.shape[3],
-                          float(attrs.args[4]), runtime_strides(graph, q),
-                          runtime_strides(graph, k), runtime_strides(graph, v), extents)
+                          scale, runtime_strides(graph, q), runtime_strides(graph, k),
+                          runtime_strides(graph, v), extents, call.causal)
 
 
 def plan_attention(graph: Graph, group: KernelGroup,
@@ -94,13 +155,14 @@ def plan_attention(graph: Graph, group: KernelGroup,
     if isinstance(space, Skipped):
         return space
     plan, _ = tuned_or_default(space, options)
-    node, shape = group.last, space.shape
+    call, shape = _call(group.last), space.shape
+    assert call is not None
     weights = {}
-    if shape.mask is not None:  # laid out once, here, as the kernel reads it
-        mask = node.inputs[3]
-        weights[mask] = packed(transposed_mask, graph.constant(mask.node), shape.batch,
-                               shape.heads, shape.queries, shape.keys)
-    return plan, tuple(node.inputs), weights
+    if call.mask is not None:  # laid out once, here, as the kernel reads it
+        weights[call.mask] = packed(transposed_mask, graph.constant(call.mask.node),
+                                    shape.batch, shape.heads, shape.queries, shape.keys)
+    operands = (call.q, call.k, call.v) + ((call.mask,) if call.mask is not None else ())
+    return plan, operands, weights
 
 
 def attention_space(graph: Graph, group: KernelGroup,
@@ -127,4 +189,14 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
     """The generated attention for a one-call group, compiled and checked against the call on
     random operands with the run-time strides, not yet measured."""
     planned = planned if planned is not None else plan_attention(graph, group, options)
-    return checked_candidate(graph, group, options, planned, checks)
+    if isinstance(planned, Skipped):
+        return planned
+    plan, inputs, weights = planned
+    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
+    if isinstance(built, Skipped):
+        return built
+    call = _call(group.last)
+    if call is not None and call.aten:  # (checked as the executor runs it)
+        built = dataclasses.replace(built, library_where_not_finite=True)
+    checks = Checks() if checks is None else checks
+    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)

@@ -25,7 +25,8 @@ vector lanes: no horizontal reductions. A block of QB = 32 queries holds 32 x S 
 scores and as many of probabilities (188 KiB each for Whisper's 1500 keys): L2-resident.
 
 A constant additive mask M (a causal mask, T5's position bias; optional) is read as the
-scores are, keys by queries: `transposed_mask` lays it out so once, at compile time.
+scores are, keys by queries: `transposed_mask` lays it out so once, at compile time. ATen's
+``is_causal`` (``causal``) sets the scores of the keys after each query to -inf instead.
 
 Numerics are the decomposition's (``softmax(Q Kᵀ · c + M) @ V`` as capture writes it): the
 maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 import torch
@@ -60,9 +62,9 @@ from kiln.kernels.plan import (
     VersionTails,
     ZeroPadding,
 )
-from kiln.tir.nodes import BinOp, PrimFunc, Scope, Unary, UnOp, const
+from kiln.tir.nodes import BinOp, CmpOp, PrimFunc, Scope, Unary, UnOp, const
 from kiln.tir.schedule import Schedule
-from kiln.tir.te import Builder
+from kiln.tir.te import Builder, cmp, select
 
 __all__ = ["AttentionConfig", "AttentionShape", "attention_func", "attention_plan",
            "default_attention_config", "schedule_attention", "transposed_mask"]
@@ -96,6 +98,8 @@ class AttentionShape:
     # is one: its parameter M is [MB, MH, S, L], transposed as the scores are (keys by
     # queries), contiguous (`transposed_mask`, once per constant mask)
     mask: tuple[int, int] | None = None
+    # the keys after each query masked out (-inf), as ATen's ``is_causal``: key j > query i
+    causal: bool = False
 
 
 @dataclass(frozen=True)
@@ -152,10 +156,10 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
 
     def scaled(bi, hi, key, query):  # noqa: ANN001, ANN202 - the softmax's input, as the graph's
         x = scores[bi, hi, key, query] * c
-        if m is None:
-            return x
-        mb, mh = shape.mask  # type: ignore[misc]
-        return x + m[bi if mb > 1 else 0, hi if mh > 1 else 0, key, query]
+        if m is not None:
+            mb, mh = shape.mask  # type: ignore[misc]
+            x = x + m[bi if mb > 1 else 0, hi if mh > 1 else 0, key, query]
+        return select(cmp(CmpOp.LE, key, query), x, -math.inf) if shape.causal else x
     b.reduce("scores", scores, (e,), BinOp.ADD,
              lambda w, r: k[w[0], w[1], w[2], r[0]] * q[w[0], w[1], w[3], r[0]])
     b.reduce("max", row_max, (n_k,), BinOp.MAX, lambda w, r: scaled(w[0], w[1], r[0], w[2]))
@@ -170,8 +174,11 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
 
 def transposed_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
                     keys: int) -> torch.Tensor:
-    """A constant additive mask (any shape that broadcasts to [B, H, L, S]) as the kernel's
-    M reads it: [MB, MH, S, L] contiguous, MB and MH 1 where the mask broadcasts there."""
+    """A constant additive mask (any shape that broadcasts to [B, H, L, S]; a bool one, True
+    where a query attends, as 0 and -inf) as the kernel's M reads it: [MB, MH, S, L]
+    contiguous, MB and MH 1 where the mask broadcasts there."""
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, -math.inf)
     full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     mb = batch if full.shape[0] > 1 else 1
     mh = heads if full.shape[1] > 1 else 1

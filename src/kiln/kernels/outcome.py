@@ -63,6 +63,10 @@ class Built:
     # reads a transposed weight in place: no copy of GPT-2's 154 MB LM head)
     weights: dict[Value, torch.Tensor] = field(default_factory=dict, compare=False)
     measured: Measured | None = None
+    # the group's library calls run again where the kernel's output holds a NaN or an
+    # infinity: the library's results for non-finite operands are its own (ATen's fused
+    # attention), which the kernel's agree with only where everything is finite
+    library_where_not_finite: bool = False
 
     @property
     def source(self) -> str:

@@ -111,6 +111,8 @@ def agrees_with_library(graph: Graph, built: Built) -> bool:
     outs = [empty_output(built, i, float("nan")) for i in range(len(built.outputs))]
     with torch.no_grad():
         runner(graph, built, env, outs)()
+    if built.library_where_not_finite:  # (the executor then takes the library's results)
+        outs = [got.where(got.isfinite(), env[v]) for got, v in zip(outs, built.outputs)]
     return all(_close(got, env[v]) for got, v in zip(outs, built.outputs))
 
 

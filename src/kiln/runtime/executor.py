@@ -445,23 +445,28 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         elif strides is not None:  # any other strides: the kernel's own test of them
             checks.append(f"{_bind(env, 'LAYOUT_OK', layout_check(buffer))}({ref(v)})")
     call = f"{_bind(env, 'KERNEL', gk.kernel.run_unchecked)}({', '.join(pointers)})"
-    if not checks:  # (its outputs' slots then hold them on every call)
-        for v, buffer in zip(gk.outputs, params.outputs):
-            if v in slot:
-                fixed.fix_slot(v, slot[v], slot_strides.get(slot[v], _strides(buffer)))
-        gone = [f"    del {', '.join(temps)}"] if temps else []
-        return copies + [f"    {a}" for a in allocs] + [f"    {call}"] + gone
     # the library calls allocate (a kernel output's slot may have no out= kernel to fill it)
-    ops = "+".join(n.op.text for n in gk.group.nodes)
-    fallback = [f"FELL_BACK({gk.group.last.name!r}, {ops!r})"]
-    fallback += [library_line(n, False) for n in gk.group.nodes]
-    fallback += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs
-                 if v not in strided_outputs(gk)]  # (those may have any layout after it)
+    library = [library_line(n, False) for n in gk.group.nodes]
+    library += [f"{ref(v)} = {ref(v)}.contiguous()" for v in gk.outputs
+                if v not in strided_outputs(gk)]  # (those may have any layout after it)
     named = [ref(v) for n in gk.group.nodes for v in n.outputs if v not in gk.outputs]
-    fallback += [f"del {', '.join(named)}"] if named else []
+    library += [f"del {', '.join(named)}"] if named else []
+    calls = [call]
+    if gk.library_where_not_finite:  # (the library's own answers for non-finite operands)
+        finite = " and ".join(f"{ref(v)}.isfinite().all()" for v in gk.outputs)
+        calls += [f"if not ({finite}):"] + [f"    {line}" for line in library]
     gone = [f"    del {', '.join(temps)}"] if temps else []
+    if not checks:
+        if not gk.library_where_not_finite:  # (its outputs' slots hold them on every call)
+            for v, buffer in zip(gk.outputs, params.outputs):
+                if v in slot:
+                    fixed.fix_slot(v, slot[v], slot_strides.get(slot[v], _strides(buffer)))
+        return copies + [f"    {a}" for a in allocs] + [f"    {c}" for c in calls] + gone
+    ops = "+".join(n.op.text for n in gk.group.nodes)
+    fallback = [f"FELL_BACK({gk.group.last.name!r}, {ops!r})", *library]
     return (copies + [f"    if {' and '.join(checks)}:"] + [f"        {a}" for a in allocs]
-            + [f"        {call}", "    else:"] + [f"        {line}" for line in fallback] + gone)
+            + [f"        {c}" for c in calls] + ["    else:"]
+            + [f"        {line}" for line in fallback] + gone)
 
 
 def disjoint(shape: Sequence[int], strides: Sequence[int]) -> bool:
