@@ -133,6 +133,24 @@ def test_attention_portable_path(kernel_options: Options) -> None:
         torch.testing.assert_close(got, _decomposed(q, k, v, shape.scale), rtol=1e-5, atol=2e-6)
 
 
+def test_attention_writes_the_heads_side_by_side(kernel_options: Options) -> None:
+    """``heads_inner``: the output [B, L, H, Ev] (what the model's transpose before its
+    reshape wants), contiguous, the same values."""
+    case = (2, 3, 41, 29, 32, 32)
+    b, h, n_q, n_k, e, ev = case
+    q, k, v = _operands(case, seed=9)
+    shape = AttentionShape(b, h, n_q, n_k, e, ev, 0.2, q.stride(), k.stride(), v.stride(),
+                           heads_inner=True)
+    config = default_attention_config(Isa.AVX512, ev, n_q)
+    assert config is not None
+    plan = attention_plan(shape, config, "attention_test_heads_inner")
+    out = torch.empty(b, n_q, h, ev)
+    compile_kernel(plan.build(), kernel_options)(q, k, v, out)
+    want = _decomposed(q.double(), k.double(), v.double(), 0.2).transpose(1, 2)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
+    assert plan.replayed() == plan.build()
+
+
 MASKS = {
     # [L, S], aligned to the last query: with more queries than keys, the first see none
     "causal": lambda n_q, n_k, h: torch.full((n_q, n_k), -float("inf")).triu(1 + n_k - n_q),
@@ -213,6 +231,7 @@ def test_attention_through_kiln_compile(kernel_options: Options, causal: bool) -
     attention = [k for k in compiled.report.kernels
                  if k.kind == "generated" and "kiln_attention" in (k.source or "")]
     assert len(attention) == 1
+    assert attention[0].ops == ("call", "permute")  # (the heads' transpose written so)
     with torch.no_grad():
         want = model(x)
         got = compiled(x)

@@ -24,7 +24,7 @@ import torch
 
 from kiln.codegen.isa import target_isa
 from kiln.ir import fused
-from kiln.ir.attrs import CallAttrs, Operand
+from kiln.ir.attrs import CallAttrs, Operand, PermuteAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.shared import packed
@@ -40,7 +40,7 @@ from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
 from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup, singles
+from kiln.passes.partition import KernelGroup, chain
 from kiln.tune.apply import tuned_or_default
 from kiln.tune.space_attention import AttentionSpace
 
@@ -57,12 +57,26 @@ _ATEN = (torch.ops.aten.scaled_dot_product_attention.default,
 def attention_groups(graph: Graph) -> list[KernelGroup]:
     """One group per attention call the generated kernel takes (`refusal` None): the
     attention pass's ``kiln::attention``, or the model's own ATen fused attention whose
-    log-sum-exp (a second result) nothing reads."""
+    log-sum-exp (a second result) nothing reads. Where the call's one reader is the
+    transpose of heads and queries that a model reshapes to [B, L, H * Ev] next, the group
+    takes it in: the kernel writes that layout, and the reshape is a view."""
     if graph.device.type != "cpu":
         return []
     read = {v for n in graph.nodes for v in n.inputs} | set(graph.outputs)
-    return singles(graph, lambda node: _call(node) is not None and refusal(node) is None
-                   and not any(v in read for v in node.outputs[1:]))
+    users = graph.users()
+    returned = set(graph.outputs)
+    groups = []
+    for node in graph.nodes:
+        if _call(node) is None or refusal(node) is not None \
+                or any(v in read for v in node.outputs[1:]):
+            continue
+        after = users.get(node, [])
+        heads_out = len(after) == 1 and node.out() not in returned \
+            and after[0].op is Op.PERMUTE and after[0].inputs[0] == node.out() \
+            and isinstance(after[0].attrs, PermuteAttrs) \
+            and tuple(d % 4 for d in after[0].attrs.dims) == (0, 2, 1, 3)
+        groups.append(chain(graph, [node, after[0]] if heads_out else [node]))
+    return groups
 
 
 @dataclass(frozen=True)
@@ -130,8 +144,9 @@ def refusal(node: Node) -> str | None:
     return None
 
 
-def attention_shape(graph: Graph, node: Node) -> AttentionShape:
-    """The call's shapes, scale and the strides its operands have at run time."""
+def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> AttentionShape:
+    """The call's shapes, scale and the strides its operands have at run time; with
+    ``heads_inner``, its result written transposed ([B, L, H, Ev])."""
     call = _call(node)
     assert call is not None
     q, k, v = call.q, call.k, call.v
@@ -144,18 +159,18 @@ def attention_shape(graph: Graph, node: Node) -> AttentionShape:
     scale = call.scale if call.scale is not None else depth ** -0.5
     return AttentionShape(batch, heads, queries, k.type.shape[2], depth, v.type.shape[3],
                           scale, runtime_strides(graph, q), runtime_strides(graph, k),
-                          runtime_strides(graph, v), extents, call.causal)
+                          runtime_strides(graph, v), extents, call.causal, heads_inner)
 
 
 def plan_attention(graph: Graph, group: KernelGroup,
                    options: Options) -> AttentionPlanned | Skipped:
-    """The generated kernel's plan for a one-call group (the tuning database's best schedule
+    """The generated kernel's plan for an attention group (the tuning database's best schedule
     where it has one), its operands (Q, K, V, and the mask) and the mask's layout for it."""
     space = attention_space(graph, group, options)
     if isinstance(space, Skipped):
         return space
     plan, _ = tuned_or_default(space, options)
-    call, shape = _call(group.last), space.shape
+    call, shape = _call(group.nodes[0]), space.shape
     assert call is not None
     weights = {}
     if call.mask is not None:  # laid out once, here, as the kernel reads it
@@ -167,13 +182,14 @@ def plan_attention(graph: Graph, group: KernelGroup,
 
 def attention_space(graph: Graph, group: KernelGroup,
                     options: Options) -> AttentionSpace | Skipped:
-    """The design space of the generated kernel for a one-call group, or why there is none;
-    its default point is `default_attention_config`, `kiln tune` searches the rest."""
-    node = group.last
+    """The design space of the generated kernel for an `attention_groups` group, or why
+    there is none; its default point is `default_attention_config`, `kiln tune` searches the
+    rest."""
+    node = group.nodes[0]
     why = refusal(node)
     if why is not None:
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
-    shape = attention_shape(graph, node)
+    shape = attention_shape(graph, node, heads_inner=len(group.nodes) == 2)
     isa = target_isa(options)
     if default_attention_config(isa, shape.v_depth, shape.queries) is None:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
@@ -186,7 +202,7 @@ def attention_space(graph: Graph, group: KernelGroup,
 def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
                         checks: Checks | None = None,
                         planned: AttentionPlanned | Skipped | None = None) -> Built | Skipped:
-    """The generated attention for a one-call group, compiled and checked against the call on
+    """The generated attention for an attention group, compiled and checked against its calls on
     random operands with the run-time strides, not yet measured."""
     planned = planned if planned is not None else plan_attention(graph, group, options)
     if isinstance(planned, Skipped):
@@ -195,7 +211,7 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
     built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
     if isinstance(built, Skipped):
         return built
-    call = _call(group.last)
+    call = _call(group.nodes[0])
     if call is not None and call.aten:  # (checked as the executor runs it)
         built = dataclasses.replace(built, library_where_not_finite=True)
     checks = Checks() if checks is None else checks

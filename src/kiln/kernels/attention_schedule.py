@@ -82,7 +82,8 @@ KEY_ROWS = 6  # rows of the scores' register tile (keys), where the registers al
 @dataclass(frozen=True)
 class AttentionShape:
     """The operands: Q [B, H, L, E], K [B, H, S, E], V [B, H, S, Ev] read with the given
-    element strides (views of projections), the output [B, H, L, Ev] contiguous."""
+    element strides (views of projections), the output [B, H, L, Ev] contiguous (or
+    [B, L, H, Ev]: ``heads_inner``)."""
 
     batch: int
     heads: int
@@ -100,6 +101,9 @@ class AttentionShape:
     mask: tuple[int, int] | None = None
     # the keys after each query masked out (-inf), as ATen's ``is_causal``: key j > query i
     causal: bool = False
+    # the output laid out [B, L, H, Ev] (contiguous): the heads' results side by side, as
+    # the model's transpose(1, 2) before its reshape to [B, L, H * Ev] wants them
+    heads_inner: bool = False
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,7 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     k = param("K", (bt, h, n_k, e), shape.k_strides)
     v = param("V", (bt, h, n_k, ev), shape.v_strides)
     m = b.buffer("M", (*shape.mask, n_k, n_q), F32) if shape.mask is not None else None
-    out = b.buffer("out", (bt, h, n_q, ev), F32)
+    out = b.buffer("out", (bt, n_q, h, ev) if shape.heads_inner else (bt, h, n_q, ev), F32)
     scores = b.temp("scores", (bt, h, n_k, n_q), F32)
     row_max = b.temp("row_max", (bt, h, n_q), F32)
     probs = b.temp("probs", (bt, h, n_k, n_q), F32)
@@ -168,7 +172,10 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], r[0], w[2]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], w[1], r[0], w[3]])
-    b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
+    if shape.heads_inner:  # out[b, i, h, :]
+        b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
+    else:
+        b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
     return PrimFunc(name, (q, k, v) if m is None else (q, k, v, m), (out,), b.body())
 
 
@@ -185,13 +192,18 @@ def transposed_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
     return full.expand(mb, mh, queries, keys).transpose(-1, -2).contiguous()
 
 
-def schedule_attention(func: PrimFunc, config: AttentionConfig) -> tuple[Schedule, list[str]]:
+def schedule_attention(func: PrimFunc, config: AttentionConfig,
+                       heads_inner: bool = False) -> tuple[Schedule, list[str]]:
     """The schedule of the module docstring, as primitives. Also returns the loops whose
     bodies `kiln.tir.tails.version_tails` versions (the query block, the key tiles, the
     product's row tiles) and the two micro-kernels' reduction loops, for `plan.Tensorize`."""
     sch = Schedule(func)
     out_block = sch.blocks()[-1]  # (the division, named after the function)
-    _, heads, queries, _ = sch.get_loops(out_block)
+    if heads_inner:  # (the output [B, L, H, Ev]: its loops put the heads outside again)
+        _, queries, heads, _ = sch.get_loops(out_block)
+        sch.reorder(heads, queries)
+    else:
+        _, heads, queries, _ = sch.get_loops(out_block)
     q_block, _ = sch.split(queries, [None, config.qb])
     for block in ("pv", "sum", "exp", "max", "scores"):  # consumers first
         sch.compute_at(block, q_block)
@@ -253,7 +265,7 @@ def attention_plan(shape: AttentionShape, config: AttentionConfig,
     the tails' loops cut to their steps, guards that protect only padding dropped, and both
     micro-kernels tensorized."""
     program = attention_func(shape, name)
-    sch, loops = schedule_attention(program, config)
+    sch, loops = schedule_attention(program, config, shape.heads_inner)
     *tails, depth, keys = loops
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), ZeroPadding("Q_local"),
                                   VersionTails(tuple(tails)), ShrinkTails(),

@@ -124,7 +124,7 @@ class _Stage:
                 return decided
             group = alone(graph, group)
             self.plan(group)
-        if len(group.nodes) > 1 and group.last not in self.gemm:
+        if len(group.nodes) > 1 and group.last not in self.gemm | self.attention:
             group = alone(graph, group)  # (only the generated GEMM takes a residual's sum)
         generated = gemm_candidate if group.last in self.gemm else \
             depthwise_candidate if group.last in self.depthwise else \
@@ -136,7 +136,8 @@ class _Stage:
             if isinstance(built, Skipped) and built.reason is SkipReason.NO_COMPILER:
                 self.compiler = False  # (warned once, by codegen.build)
             (candidates if isinstance(built, Built) else reasons).append(built)
-        if len(group.nodes) > 1 and not candidates:  # the library's, for the GEMM alone
+        if len(group.nodes) > 1 and not candidates and group.last in self.gemm:
+            # the library's, for the GEMM alone
             group = alone(graph, group)
         if options.prepacked_library and len(group.nodes) == 1:
             for built in library_candidates(graph, group, checks):

@@ -134,7 +134,9 @@ class AttentionSpace:
             scores = scores + bias
             mask = [transposed_mask(bias, s.batch, s.heads, s.queries, s.keys)]
         expected = torch.softmax(scores, -1) @ v
-        return [q, k, v, *mask, torch.empty(s.batch, s.heads, s.queries, s.v_depth)], [expected]
+        if s.heads_inner:  # (the transposed result, [B, L, H, Ev])
+            expected = expected.transpose(1, 2).contiguous()
+        return [q, k, v, *mask, torch.empty(expected.shape)], [expected]
 
 
 @functools.lru_cache(maxsize=256)
