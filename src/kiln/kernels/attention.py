@@ -191,7 +191,7 @@ def attention_space(graph: Graph, group: KernelGroup,
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
     shape = attention_shape(graph, node, heads_inner=len(group.nodes) == 2)
     isa = target_isa(options)
-    if default_attention_config(isa, shape.v_depth, shape.queries) is None:
+    if default_attention_config(isa, shape.v_depth, shape.queries, shape.heads) is None:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
                        f"a value width of {shape.v_depth} has no register tile on {isa.label}")
     name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"

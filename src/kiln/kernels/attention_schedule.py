@@ -7,7 +7,8 @@ the division) and schedules it with primitives into::
 
     for b in range(B):
       for h in parallel(H):                      # a head's K and V stay in its core's L2
-        for qo in range(L / QB):                 # QB queries at a time (split)
+        for qo in range(L / QB):                 # QB queries at a time (split; the loop
+                                                 #   on the threads where H is too few)
           alloc Q_local: f32[E, QB] local        # cache_read + transform_layout: Qᵀ packed
           for jo in range(S / MR_KEYS):          # scoresᵀ[j, i] = K[j, :] . Q[i, :]
             fma_tile MR_KEYS x QB: a = K[j, d] (broadcast), b = Q_local[d, :] (vectors)
@@ -115,11 +116,17 @@ class AttentionConfig:
     mr_keys: int = KEY_ROWS
     mr_rows: int = 4
     lanes: int = 16
+    # the threads share each head's blocks of queries, not the heads (fewer heads than
+    # threads, or heads that fall less evenly on them than the blocks)
+    split_queries: bool = False
 
 
-def default_attention_config(isa: Isa, v_depth: int, queries: int) -> AttentionConfig | None:
-    """The tiles for ``isa``'s registers and ``queries`` rows of Q; None where the product's
-    tile cannot hold one row of Ev in registers (or the ISA has no vectors)."""
+def default_attention_config(isa: Isa, v_depth: int, queries: int, heads: int = 0,
+                             threads: int = 1) -> AttentionConfig | None:
+    """The tiles for ``isa``'s registers and ``queries`` rows of Q, and whether ``threads``
+    share the blocks of queries rather than the ``heads`` (where the blocks fall more evenly
+    on them); None where the product's tile cannot hold one row of Ev in registers (or the
+    ISA has no vectors)."""
     lanes = isa.f32_lanes
     if lanes < 4 or v_depth % lanes:
         return None
@@ -132,7 +139,13 @@ def default_attention_config(isa: Isa, v_depth: int, queries: int) -> AttentionC
         return None
     qb = vectors * lanes
     mr_rows = max(r for r in range(1, mr_rows + 1) if qb % r == 0)  # (whole tiles in a block)
-    return AttentionConfig(qb, mr_keys, mr_rows, lanes)
+    split = heads > 0 and _evenness(-(-queries // qb), threads) > _evenness(heads, threads)
+    return AttentionConfig(qb, mr_keys, mr_rows, lanes, split)
+
+
+def _evenness(tasks: int, threads: int) -> float:
+    """The share of the threads' time that ``tasks`` equal tasks keep busy."""
+    return tasks / (-(-tasks // threads) * threads)
 
 
 def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
@@ -252,7 +265,7 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig,
         sch.unroll(rows_t)
         sch.vectorize(cols_t)
     sch.vectorize(sch.get_loops(out_block)[-1])
-    sch.parallel(heads)
+    sch.parallel(q_block if config.split_queries else heads)
     return sch, [q_block.name, key_tile.name, row_tile.name, depth.name, keys_p.name]
 
 

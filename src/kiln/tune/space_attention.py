@@ -8,7 +8,8 @@ Decisions, in order (a later one's candidates depend on the earlier ones):
 * ``key_rows``: keys per register tile of the scores (its accumulators: key_rows x
   query_vectors, plus the vectors of Q and a broadcast, within the registers);
 * ``value_rows``: queries per register tile of the product with V (a divisor of the
-  block, value_rows x Ev vectors of accumulators within the registers).
+  block, value_rows x Ev vectors of accumulators within the registers);
+* ``split_queries``: the threads take the heads, or each head's blocks of queries.
 
     space = AttentionSpace(shape, Isa.AVX512, threads=2)
     plan = space.plan(space.default())     # the schedule kiln compiles untuned
@@ -67,10 +68,11 @@ class AttentionSpace:
         return (0, 1, 2)
 
     def names(self) -> tuple[str, ...]:
-        return ("query_vectors", "key_rows", "value_rows")
+        return ("query_vectors", "key_rows", "value_rows", "split_queries")
 
     def _heuristic(self) -> AttentionConfig:
-        config = default_attention_config(self.isa, self.shape.v_depth, self.shape.queries)
+        config = default_attention_config(self.isa, self.shape.v_depth, self.shape.queries,
+                                          self.shape.heads, self.threads)
         if config is None:
             raise ValueError(f"no attention kernel for a value width of {self.shape.v_depth} "
                              f"on {self.isa.label}")
@@ -79,12 +81,14 @@ class AttentionSpace:
     def default(self) -> Decisions:
         cfg = self._heuristic()
         return {"query_vectors": cfg.qb // cfg.lanes, "key_rows": cfg.mr_keys,
-                "value_rows": cfg.mr_rows}
+                "value_rows": cfg.mr_rows, "split_queries": cfg.split_queries}
 
     def candidates(self, name: str, fixed: Mapping[str, Any]) -> tuple[Any, ...]:
         free = self.isa.registers - 2  # (a broadcast and a spare)
         if name == "query_vectors":
             return tuple(sorted(QUERY_VECTORS))
+        if name == "split_queries":  # (the threads take the heads, or each head's blocks)
+            return (False, True) if self.threads > 1 else (self.default()[name],)
         vectors = fixed["query_vectors"]
         if name == "key_rows":
             largest = (free - vectors) // vectors
@@ -104,7 +108,7 @@ class AttentionSpace:
     def config(self, decisions: Mapping[str, Any]) -> AttentionConfig:
         lanes = self.isa.f32_lanes
         return AttentionConfig(decisions["query_vectors"] * lanes, decisions["key_rows"],
-                               decisions["value_rows"], lanes)
+                               decisions["value_rows"], lanes, decisions["split_queries"])
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)
