@@ -1,17 +1,27 @@
-"""Generated attention: the ``kiln::attention`` call the attention pass makes of a model's
-softmax(Q Kᵀ · c + M) V becomes the loop program of `kiln.kernels.attention_schedule`, used only
-where it measures faster than ATen's fused attention on its shapes, on this machine (the
-contraction stage times the two side by side).
+"""Generated attention: an attention call becomes the loop program of
+`kiln.kernels.attention_schedule`, used only where it measures faster than ATen's fused
+attention on its shapes, on this machine (the contraction stage times the two side by side).
+The calls are the attention pass's ``kiln::attention`` (the decomposed softmax(Q Kᵀ · c + M) V
+of a model's eager attention) and the model's own ``scaled_dot_product_attention`` (Hugging
+Face's default), which torch.export leaves as ATen's CPU flash entry point.
 
     %o = kiln::attention(Q, K, V, None, 0.125)  f32[1, 8, 1500, 64]:
-        library 31.0 ms | kiln_attention_8x1500x1500x64 27.8 ms -> kiln_attention_8x1500x1500x64
+        library 31.0 ms | kiln_attention_8x1500x1500x64 25.7 ms -> kiln_attention_8x1500x1500x64
 
 The kernel reads Q, K and V where they lie (views of the projections, with the strides the
-run time gives them: `runtime_strides`), a constant mask transposed once at compile time
-(`transposed_mask`: it is read as the scores are, keys by queries), and computes the
-decomposition's numerics, so it needs no run-time check of its inputs (see
-`kiln.ir.fused.attention`). Not taken: a mask computed at run time, a value width that is
-not whole vectors, types other than float32.
+run time gives them: `runtime_strides`) and a constant mask transposed once at compile time
+(`transposed_mask`: it is read as the scores are, keys by queries); ATen's ``is_causal``
+masks the keys after each query. Where the call's one reader is the transpose of heads and
+queries a model reshapes next, the kernel writes that layout and the reshape is a view.
+
+Its numerics are the decomposition's, which ``kiln::attention`` computes wherever an operand
+is not finite (`kiln.ir.fused.attention`): so no run-time check there. ATen's own call answers
+an empty row (every key masked) and non-finite operands in its own way; for it the library
+runs again wherever the kernel's output is not finite (`Built.library_where_not_finite`).
+
+Not taken (the call stays): a mask computed at run time, dropout, ``enable_gqa``, operands
+that broadcast, a value width that is not whole vectors, types other than float32, a read
+log-sum-exp.
 """
 
 from __future__ import annotations
