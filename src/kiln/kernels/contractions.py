@@ -3,8 +3,9 @@ on this machine: the node's own ATen call, kiln's generated GEMM on weights pack
 time (`kiln.kernels.gemm`), kiln's generated depthwise or dense direct convolution on
 channels-last data (`kiln.kernels.depthwise`, `kiln.kernels.conv`), or the library's kernel
 on weights reordered once (`kiln.kernels.library`, oneDNN). Pools, the weightless window
-reductions, compete the same way (`kiln.kernels.pool`), and so does the attention pass's fused
-call, against kiln's generated attention (`kiln.kernels.attention`). Each candidate is checked
+reductions, compete the same way (`kiln.kernels.pool`), and so do attention calls (the
+attention pass's, or the model's own ATen fused attention) against kiln's generated attention
+(`kiln.kernels.attention`). Each candidate is checked
 against the ATen call first; then all are timed together with it, interleaved
 (`kiln.kernels.decide.fastest`), and the decision is kept on disk.
 
