@@ -26,7 +26,6 @@ log-sum-exp.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +43,7 @@ from kiln.kernels.attention_schedule import (
     default_attention_config,
     transposed_mask,
 )
-from kiln.kernels.build import compile_plan
+from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
@@ -215,14 +214,6 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
     """The generated attention for an attention group, compiled and checked against its calls on
     random operands with the run-time strides, not yet measured."""
     planned = planned if planned is not None else plan_attention(graph, group, options)
-    if isinstance(planned, Skipped):
-        return planned
-    plan, inputs, weights = planned
-    built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
-    if isinstance(built, Skipped):
-        return built
     call = _call(group.nodes[0])
-    if call is not None and call.aten:  # (checked as the executor runs it)
-        built = dataclasses.replace(built, library_where_not_finite=True)
-    checks = Checks() if checks is None else checks
-    return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)
+    return checked_candidate(graph, group, options, planned, checks,
+                             library_where_not_finite=call is not None and call.aten)

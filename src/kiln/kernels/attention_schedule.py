@@ -64,7 +64,7 @@ from kiln.kernels.plan import (
     ZeroPadding,
 )
 from kiln.tir.nodes import BinOp, CmpOp, PrimFunc, Scope, Unary, UnOp, const
-from kiln.tir.schedule import Schedule
+from kiln.tir.schedule import BlockRV, LoopRV, Schedule
 from kiln.tir.te import Builder, cmp, select
 
 __all__ = ["AttentionConfig", "AttentionShape", "attention_func", "attention_plan",
@@ -222,11 +222,8 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig,
         sch.compute_at(block, q_block)
     # scoresᵀ: MR_KEYS keys x QB queries a register tile, Q's block packed as [E, QB]
     keys, queries_s, depth = sch.get_loops("scores")[-3:]
-    key_tile, key_row = sch.split(keys, [None, config.mr_keys])
-    sch.reorder(key_tile, depth, key_row, queries_s)
-    s_store = sch.cache_write("scores", Scope.LOCAL)
-    sch.reverse_compute_at(s_store, key_tile)
-    s_init = sch.decompose_reduction("scores", depth)
+    key_tile, key_row, s_store, s_init = _register_tile(sch, "scores", keys, queries_s, depth,
+                                                        config.mr_keys)
     q_pack = sch.cache_read("scores", "Q", Scope.LOCAL)
     sch.compute_at(q_pack, q_block)
     sch.transform_layout("scores", "Q_local", [(0, "", 0), (1, "", 0), (3, "", 0), (2, "", 0)])
@@ -253,11 +250,8 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig,
     sch.vectorize(sch.get_loops("exp")[-1])
     # the product: MR_ROWS queries x Ev a register tile, the probabilities broadcast
     rows_p, cols_p, keys_p = sch.get_loops("pv")[-3:]
-    row_tile, row_in = sch.split(rows_p, [None, config.mr_rows])
-    sch.reorder(row_tile, keys_p, row_in, cols_p)
-    p_store = sch.cache_write("pv", Scope.LOCAL)
-    sch.reverse_compute_at(p_store, row_tile)
-    p_init = sch.decompose_reduction("pv", keys_p)
+    row_tile, row_in, p_store, p_init = _register_tile(sch, "pv", rows_p, cols_p, keys_p,
+                                                       config.mr_rows)
     sch.unroll(row_in)
     sch.vectorize(cols_p)
     for block in (s_init, s_store, p_init, p_store):
@@ -267,6 +261,18 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig,
     sch.vectorize(sch.get_loops(out_block)[-1])
     sch.parallel(q_block if config.split_queries else heads)
     return sch, [q_block.name, key_tile.name, row_tile.name, depth.name, keys_p.name]
+
+
+def _register_tile(sch: Schedule, block: str, rows: LoopRV, cols: LoopRV, k: LoopRV,
+                   rows_per_tile: int) -> tuple[LoopRV, LoopRV, BlockRV, BlockRV]:
+    """``block``'s rows in tiles of ``rows_per_tile``, each tile's accumulators local across
+    the reduction ``k`` (outside the tile's rows and columns), started by an init block and
+    stored once: the tile loop, the rows within it, the store and the init."""
+    tile, inner = sch.split(rows, [None, rows_per_tile])
+    sch.reorder(tile, k, inner, cols)
+    store = sch.cache_write(block, Scope.LOCAL)
+    sch.reverse_compute_at(store, tile)
+    return tile, inner, store, sch.decompose_reduction(block, k)
 
 
 @functools.lru_cache(maxsize=64)  # (a plan is immutable: a model's layers share one)

@@ -134,16 +134,19 @@ def compile_plan(graph: Graph, group: KernelGroup, plan: KernelPlan, ins: tuple[
 
 def checked_candidate(graph: Graph, group: KernelGroup, options: Options,
                       planned: tuple[KernelPlan, tuple[Value, ...], dict] | Skipped,
-                      checks: Checks | None = None) -> Built | Skipped:
-    """A contraction group's planned kernel (a GEMM, a direct convolution, a pool; its output
-    the last node's), compiled with its packed weights and checked against the group's ATen
-    calls (``checks`` remembers the answers)."""
+                      checks: Checks | None = None,
+                      library_where_not_finite: bool = False) -> Built | Skipped:
+    """A contraction group's planned kernel (a GEMM, a direct convolution, a pool, attention;
+    its output the last node's), compiled with its packed weights and checked against the
+    group's ATen calls (``checks`` remembers the answers), as the executor runs it
+    (`Built.library_where_not_finite`)."""
     if isinstance(planned, Skipped):
         return planned
     plan, inputs, weights = planned
     built = compile_plan(graph, group, plan, inputs, (group.last.out(),), options, weights)
     if isinstance(built, Skipped):
         return built
+    built = dataclasses.replace(built, library_where_not_finite=library_where_not_finite)
     checks = Checks() if checks is None else checks
     return built if checks.agrees(graph, built) else Skipped(group, SkipReason.DISAGREED)
 
