@@ -16,6 +16,7 @@ arena, and other intermediates are released right after their last use, as eager
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import warnings
 from collections import Counter
@@ -453,7 +454,11 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
     library += [f"del {', '.join(named)}"] if named else []
     calls = [call]
     if gk.library_where_not_finite:  # (the library's own answers for non-finite operands)
-        finite = " and ".join(f"{ref(v)}.isfinite().all()" for v in gk.outputs)
+        # a sum is NaN or infinite wherever an element is (or, rarely, where it overflows:
+        # the library then runs, as right): 32 us for Whisper's 768 K floats where
+        # isfinite().all() took 1.1 ms, 10 against 156 us for BERT's 98 K
+        isfinite = _bind(env, "ISFINITE", math.isfinite)
+        finite = " and ".join(f"{isfinite}(float({ref(v)}.sum()))" for v in gk.outputs)
         calls += [f"if not ({finite}):"] + [f"    {line}" for line in library]
     gone = [f"    del {', '.join(temps)}"] if temps else []
     if not checks:
