@@ -119,3 +119,60 @@ def test_each_rms_norm_runs_as_one_row_kernel(name: str) -> None:
     norms = [k for k in graph.kernels if "mean" in k.ops]
     assert len(means) == len(norms) > 2
     assert all(k.kind == "generated" and {"pow", "rsqrt", "mul"} <= set(k.ops) for k in norms)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+@pytest.mark.parametrize("name", ["bert", "llama"])
+def test_a_padded_batch_runs_the_generated_attention(name: str, implementation: str) -> None:
+    """Two sequences, the second padded (attention_mask 0 past its tenth token), through both
+    of HF's attention paths: the mask, computed from the input at run time, is read by the
+    generated attention kernel (the model's own fused call, or the attention pass's), and
+    every position matches eager."""
+    t = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    size = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=512,
+                max_position_embeddings=64, attn_implementation=implementation)
+    if name == "bert":
+        model = models.hf.TensorOutput(t.BertModel(t.BertConfig(**size, intermediate_size=128),
+                                                   add_pooling_layer=False))
+    else:
+        model = models.hf.TensorOutput(t.LlamaModel(t.LlamaConfig(**size, intermediate_size=128,
+                                                                   num_key_value_heads=4)),
+                                       use_cache=False)
+    ids = torch.randint(0, 512, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    mask[1, 10:] = 0
+    options = kiln.Options(strict=True, generated_kernels=True, measure_kernels=False)
+    compiled = kiln.compile(model.eval(), (ids, mask), options)
+    attention = [k for k in compiled.report.kernels
+                 if k.kind == "generated" and "kiln_attention" in (k.source or "")]
+    assert len(attention) == 2  # (one a layer)
+    with torch.no_grad():
+        _check(compiled(ids, mask), model(ids, mask), name)
+        mask[0, 12:] = 0  # (another padding: the same compiled model)
+        _check(compiled(ids, mask), model(ids, mask), name)
+
+
+def test_grouped_query_sdpa_runs_the_generated_attention() -> None:
+    """Llama with HF's default attention (sdpa) and two key heads for four query heads calls
+    torch's fused attention with ``enable_gqa`` (no mask: ``is_causal``); through either
+    frontend that call runs as the generated kernel, each query head reading its group's key
+    head, and matches eager."""
+    t = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = t.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+                           max_position_embeddings=64, attn_implementation="sdpa")
+    model = models.hf.TensorOutput(t.LlamaModel(config), use_cache=False).eval()
+    ids = torch.randint(0, 512, (1, 24))
+    options = {"strict": True, "generated_kernels": True, "measure_kernels": False}
+    report = CompileReport()
+    torch._dynamo.reset()
+    fast = torch.compile(model, backend=functools.partial(kiln_backend, options=options,
+                                                          report=report), fullgraph=True)
+    compiled = kiln.compile(model, (ids,), kiln.Options(**options))
+    for kernels in (compiled.report.kernels, None):
+        with torch.no_grad():
+            _check((fast if kernels is None else compiled)(ids), model(ids), "hf_llama")
+        kernels = kernels if kernels is not None else report.kernels
+        assert sum("kiln_attention" in (k.source or "") for k in kernels) == 2

@@ -19,6 +19,7 @@ from kiln.codegen.isa import Isa, target_isa
 from kiln.codegen.kernel import compile_kernel, prebuild
 from kiln.kernels.attention_schedule import (
     AttentionShape,
+    RuntimeMask,
     attention_plan,
     default_attention_config,
     transposed_mask,
@@ -208,6 +209,80 @@ def test_attention_with_a_constant_mask(kernel_options: Options, kind: str) -> N
     torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6, equal_nan=True)
 
 
+# masks computed at run time, as models hand them over: (the mask, its additive form)
+RUNTIME_MASKS = {
+    # a float mask per batch, broadcast over heads (HF's sdpa and eager paths)
+    "float_b1ls": lambda b, h, n_q, n_k, gen: torch.randn(b, 1, n_q, n_k, generator=gen),
+    # bool, True where a query attends; some queries of the first batch see no key at all
+    "bool_b1ls": lambda b, h, n_q, n_k, gen: (torch.rand(b, 1, n_q, n_k, generator=gen) > 0.3)
+    .index_fill_(2, torch.tensor([0, 50]), False),
+    # a padding mask expanded over queries (stride 0), -inf past the last real key
+    "padding_b11s": lambda b, h, n_q, n_k, gen: torch.where(
+        torch.arange(n_k) < 30, 0.0, -float("inf")).expand(b, 1, 1, n_k),
+    # two dims only, broadcast over batch and heads
+    "float_ls": lambda b, h, n_q, n_k, gen: torch.randn(n_q, n_k, generator=gen),
+    # one per head, laid out keys by queries (a transposed view)
+    "float_bhls_transposed": lambda b, h, n_q, n_k, gen: torch.randn(
+        b, h, n_k, n_q, generator=gen).transpose(-1, -2),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(RUNTIME_MASKS))
+def test_attention_with_a_mask_made_at_run_time(kernel_options: Options, kind: str) -> None:
+    """A mask the model computes is read where it lies (its run-time strides, broadcast dims
+    indexed at 0), each block of queries transposing its part into a zero-padded pack; a bool
+    one adds 0 or -inf. The decomposition's values, NaN rows where a query sees no key; the
+    plan replays."""
+    case = (2, 3, 53, 41, 32, 32)
+    b, h, n_q, n_k, e, ev = case
+    q, k, v = _operands(case, seed=5)
+    mask = RUNTIME_MASKS[kind](b, h, n_q, n_k, torch.Generator().manual_seed(6))
+    full = (1,) * (4 - mask.dim()) + tuple(mask.shape)
+    shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                           (b if full[0] > 1 else 1, h if full[1] > 1 else 1),
+                           RuntimeMask(tuple(mask.shape), mask.stride(),
+                                       mask.dtype == torch.bool))
+    config = default_attention_config(Isa.AVX512, ev, n_q)
+    assert config is not None
+    plan = attention_plan(shape, config, f"attention_test_runtime_mask_{kind}")
+    assert plan.replayed() == plan.build()
+    out = torch.empty(b, h, n_q, ev)
+    compile_kernel(plan.build(), kernel_options)(q, k, v, mask, out)
+    additive = torch.zeros(mask.shape).masked_fill_(~mask, -float("inf")) \
+        if mask.dtype == torch.bool else mask
+    want = torch.softmax(q.double() @ k.double().transpose(-1, -2) * shape.scale
+                         + additive.double(), -1) @ v.double()
+    assert want.isnan().any() == (kind == "bool_b1ls")
+    assert torch.equal(out.isnan(), want.isnan())
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6, equal_nan=True)
+
+
+@pytest.mark.parametrize("kv_heads", [2, 1], ids=["grouped", "multi-query"])
+def test_grouped_query_heads_read_their_groups_key_head(kernel_options: Options,
+                                                        kv_heads: int) -> None:
+    """Fewer key and value heads than query heads (ATen's ``enable_gqa``): query head h reads
+    key head h // (H / KV) where it lies (no repeated copy), causal here; ATen's values, and
+    both products still on register tiles (the key head's index, not affine, is outside
+    them)."""
+    b, h, n_q, n_k, e = 2, 6, 45, 45, 32
+    gen = torch.Generator().manual_seed(13)
+    q = torch.randn(b, n_q, h * e, generator=gen).view(b, n_q, h, e).transpose(1, 2)
+    k, v = (torch.randn(b, n_k, kv_heads * e, generator=gen).view(b, n_k, kv_heads, e)
+            .transpose(1, 2) for _ in range(2))
+    shape = AttentionShape(b, h, n_q, n_k, e, e, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                           causal=True, kv_heads=kv_heads)
+    config = default_attention_config(Isa.AVX512, e, n_q)
+    assert config is not None
+    plan = attention_plan(shape, config, f"attention_test_gqa_{kv_heads}")
+    kernel = compile_kernel(plan.build(), kernel_options)
+    assert kernel.source.count("fma_tile") >= 2 and plan.replayed() == plan.build()
+    out = torch.empty(b, h, n_q, e)
+    kernel(q, k, v, out)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
+                                          enable_gqa=True)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
+
+
 def test_attention_config_refuses() -> None:
     """No tile without vectors, nor for a value width that is not whole vectors; the block
     of queries that leaves the fewest padded in the last, the widest on a tie."""
@@ -264,8 +339,8 @@ def test_attention_through_kiln_compile(kernel_options: Options, causal: bool) -
 
 class _Sdpa(nn.Module):
     """Self-attention through torch's fused call, as Hugging Face's default (sdpa) attention
-    runs it: ``kind`` picks its mask (a constant bool or float mask, ``is_causal``) or
-    scale."""
+    runs it: ``kind`` picks its mask (a constant bool or float mask, ``is_causal``), scale, or
+    grouped-query heads (``enable_gqa``, causal: one key head for two query heads)."""
 
     def __init__(self, kind: str, tokens: int) -> None:
         super().__init__()
@@ -281,12 +356,16 @@ class _Sdpa(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n = x.shape[1]
         q, k, v = (t.view(1, n, 4, 16).transpose(1, 2) for t in self.qkv(x).chunk(3, -1))
+        if self.kind == "grouped":
+            k, v = k[:, :2], v[:, :2]  # (two key heads, each read by two query heads)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask,
                                               is_causal=self.kind == "causal",
                                               scale=0.3 if self.kind == "scale" else None)
 
 
-@pytest.mark.parametrize("kind", ["plain", "causal", "bool_mask", "float_mask", "scale"])
+@pytest.mark.parametrize("kind", ["plain", "causal", "bool_mask", "float_mask", "scale",
+                                  "grouped"])
 def test_the_models_own_fused_attention_runs_generated(kernel_options: Options,
                                                       kind: str) -> None:
     """ATen's scaled_dot_product_attention called by the model (kept whole by capture) runs
@@ -342,7 +421,10 @@ def test_non_finite_results_get_atens_answer(kernel_options: Options) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
-def test_a_mask_made_at_run_time_keeps_atens_call(kernel_options: Options) -> None:
+def test_a_mask_made_at_run_time_runs_generated(kernel_options: Options) -> None:
+    """A bool mask the model computes from its inputs ([B, H, L, 1]: some queries see no
+    key) runs in the generated kernel; those rows get ATen's answer (the library runs again
+    where the kernel's output is not finite), the others the kernel's."""
     class Masked(nn.Module):
         def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=q.sum(-1, keepdim=True) > 0)
@@ -350,5 +432,7 @@ def test_a_mask_made_at_run_time_keeps_atens_call(kernel_options: Options) -> No
     gen = torch.Generator().manual_seed(8)
     q, k, v = (torch.randn(1, 2, 9, 16, generator=gen) for _ in range(3))
     compiled = kiln.compile(Masked(), (q, k, v), kernel_options)
-    assert not any("kiln_attention" in (k_.source or "") for k_ in compiled.report.kernels)
-    torch.testing.assert_close(compiled(q, k, v), Masked()(q, k, v), equal_nan=True)
+    assert any("kiln_attention" in (k_.source or "") for k_ in compiled.report.kernels)
+    want = Masked()(q, k, v)
+    assert (q.sum(-1) <= 0).any() and (q.sum(-1) > 0).any()  # (both kinds of row)
+    torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-5, atol=1e-6, equal_nan=True)

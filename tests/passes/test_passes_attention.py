@@ -19,10 +19,10 @@ B, H, L, S, E = 2, 3, 5, 7, 4
 OPTIONS = Options(measure_kernels=False)
 
 
-def _attention(mask: torch.Tensor | None = None, mask_input: bool = False, scale: float = 0.5,
-               softmax_is_output: bool = False, v_depth: int = E):
+def _attention(mask: torch.Tensor | None = None, mask_dims: tuple[int, ...] | None = None,
+               scale: float = 0.5, softmax_is_output: bool = False, v_depth: int = E):
     """softmax(Q Kᵀ · scale + mask) V, as capture leaves it: views, a permute, two bmms;
-    V's rows ``v_depth`` long."""
+    V's rows ``v_depth`` long; the mask a constant, or an input of ``mask_dims``."""
     b = GraphBuilder()
     q = b.input("q", TensorType((B, H, L, E), DType.F32))
     k = b.input("k", TensorType((B, H, S, E), DType.F32))
@@ -31,8 +31,8 @@ def _attention(mask: torch.Tensor | None = None, mask_input: bool = False, scale
     scores = b.op(Op.BMM, b.op(Op.VIEW, q, attrs=ShapeAttrs((B * H, L, E))),
                   b.op(Op.VIEW, kt, attrs=ShapeAttrs((B * H, E, S))))
     x = b.op(Op.MUL, b.op(Op.VIEW, scores, attrs=ShapeAttrs((B, H, L, S))), b.scalar(scale))
-    if mask_input:
-        x = b.op(Op.ADD, x, b.input("m", TensorType((1, 1, L, S), DType.F32)))
+    if mask_dims is not None:
+        x = b.op(Op.ADD, b.input("m", TensorType(mask_dims, DType.F32)), x)  # (either side)
     elif mask is not None:
         x = b.op(Op.ADD, x, b.constant("mask", mask))
     p = b.op(Op.SOFTMAX, x, attrs=SoftmaxAttrs(3))
@@ -87,8 +87,7 @@ def test_values_longer_than_the_keys_keep_their_length():
                                atol=1e-6)
 
 
-@pytest.mark.parametrize("case", ["fully masked row", "mask from an input", "softmax read",
-                                  "+inf in the mask"])
+@pytest.mark.parametrize("case", ["fully masked row", "softmax read", "+inf in the mask"])
 def test_unsafe_chains_stay_as_they_are(case):
     if case == "fully masked row":
         mask = _causal().clone()
@@ -98,11 +97,38 @@ def test_unsafe_chains_stay_as_they_are(case):
         mask = _causal().clone()
         mask[..., 1, 0] = float("inf")
         graph = _attention(mask)
-    elif case == "mask from an input":
-        graph = _attention(mask_input=True)
     else:
         graph = _attention(softmax_is_output=True)
     assert fuse_attention(graph, OPTIONS) is graph
+
+
+@pytest.mark.parametrize("dims", [(1, 1, L, S), (B, 1, 1, S), (L, S)],
+                         ids=["1x1xLxS", "Bx1x1xS", "LxS"])
+def test_a_mask_computed_at_run_time_is_checked_each_call(dims):
+    """A mask from the graph's inputs (a padding mask, a per-query one) is fused too: the call
+    checks it each time, and where it has a NaN, a +inf or a row of -inf only (the fused
+    kernel gives 0 there, the chain NaN) computes the decomposition. Every case gives the
+    chain's values, NaN where the chain has them."""
+    graph = _attention(mask_dims=dims)
+    fused = fuse_attention(graph, OPTIONS)
+    calls = [n for n in fused.nodes if n.op is Op.CALL]
+    assert len(calls) == 1 and not any(n.op is Op.SOFTMAX for n in fused.nodes)
+    for case in ("finite", "padding", "every key masked", "+inf", "nan"):
+        xs = _inputs(graph)
+        mask = xs[3]
+        if case == "padding":
+            mask[..., S - 2:] = -float("inf")
+        elif case == "every key masked":  # (one query's row, or a batch's every row)
+            mask[..., 1 if dims[-2] > 1 else 0, :] = -float("inf")
+        elif case == "+inf":
+            mask[..., 0, 1] = float("inf")
+        elif case == "nan":
+            mask[..., 0, 2] = float("nan")
+        want, got = interpret(graph, xs)[0], interpret(fused, xs)[0]
+        assert bool(want.isnan().any()) == (case in ("every key masked", "+inf", "nan"))
+        assert torch.equal(want.isnan(), got.isnan())
+        finite = want.isfinite()
+        torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
 
 
 def test_the_guard_takes_the_decomposition_where_scores_could_overflow():

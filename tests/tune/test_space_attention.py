@@ -15,6 +15,7 @@ import kiln
 from kiln.codegen.isa import Isa
 from kiln.kernels.attention_schedule import (
     AttentionShape,
+    RuntimeMask,
     attention_plan,
     default_attention_config,
 )
@@ -30,6 +31,11 @@ B, H, L, S, E = 1, 2, 21, 19, 16
 STRIDES = (L * H * E, E, H * E, 1), (S * H * E, E, H * E, 1), (S * H * E, E, H * E, 1)
 SHAPE = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES)
 MASKED = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, H))
+# masks made at run time: a float one per head, a bool padding mask expanded over queries
+RUNTIME = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, H),
+                         runtime_mask=RuntimeMask((B, H, L, S), (H * L * S, L * S, S, 1)))
+PADDING = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, 1),
+                         runtime_mask=RuntimeMask((B, 1, L, S), (S, S, 0, 1), boolean=True))
 
 
 def test_the_heuristic_schedule_is_the_default_point() -> None:
@@ -40,7 +46,7 @@ def test_the_heuristic_schedule_is_the_default_point() -> None:
 
 
 def test_points_replay_from_their_trace_and_compute_the_decomposition() -> None:
-    for shape in (SHAPE, MASKED):
+    for shape in (SHAPE, MASKED, RUNTIME, PADDING):
         space = AttentionSpace(shape, Isa.AVX512, 2, "aspace")
         rng = random.Random(5)
         for point in [space.default(), *(random_point(space, rng) for _ in range(3))]:
@@ -48,6 +54,8 @@ def test_points_replay_from_their_trace_and_compute_the_decomposition() -> None:
             assert plan.trace.decisions() == point
             operands, (expected,) = space.operands(point, torch.Generator().manual_seed(1))
             assert operands[0].stride() == STRIDES[0]  # (as the kernel reads them)
+            if shape.runtime_mask is not None:
+                assert operands[3].stride() == shape.runtime_mask.strides
             (got,) = interp.run_torch(plan.build(), operands[:-1])
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
         assert all(n != space.default() for n in neighbours(space, space.default()))
@@ -68,6 +76,8 @@ def test_the_workload_is_the_program() -> None:
     space = AttentionSpace(SHAPE, Isa.AVX512, 2, "one")
     assert AttentionSpace(SHAPE, Isa.AVX512, 2, "other name").workload() == space.workload()
     assert AttentionSpace(MASKED, Isa.AVX512, 2).workload() != space.workload()
+    assert AttentionSpace(RUNTIME, Isa.AVX512, 2).workload() \
+        != AttentionSpace(MASKED, Isa.AVX512, 2).workload()
     contiguous = AttentionShape(B, H, L, S, E, E, 0.25)
     assert AttentionSpace(contiguous, Isa.AVX512, 2).workload() != space.workload()
 
@@ -75,10 +85,11 @@ def test_the_workload_is_the_program() -> None:
 def test_the_runner_measures_a_point(options: kiln.Options) -> None:
     from kiln.tune.measure import time_one
 
-    space = AttentionSpace(MASKED, Isa.AVX512, 2, "arun")
-    result = time_one(space, random_point(space, random.Random(3)), options, threads=1,
-                      budget_s=0.05)
-    assert result.error is None and result.run_times
+    for shape in (MASKED, PADDING):
+        space = AttentionSpace(shape, Isa.AVX512, 2, "arun")
+        result = time_one(space, random_point(space, random.Random(3)), options, threads=1,
+                          budget_s=0.05)
+        assert result.error is None and result.run_times
 
 
 class _Attention(nn.Module):

@@ -84,7 +84,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     no score can overflow, so that it equals the decomposition up to rounding; otherwise the
     decomposition itself. (The fused kernel returns 0 where a NaN or an infinity makes the
     decomposition's row NaN.)"""
-    if _fused_attention_is_exact(q, k, v, scale):
+    if _fused_attention_is_exact(q, k, v, mask, scale):
         return aten.scaled_dot_product_attention.default(q, k, v, mask, 0.0, False,
                                                          scale=scale)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
@@ -94,19 +94,28 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 
 
 def _fused_attention_is_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              scale: float) -> bool:
-    """q, k and v hold no NaN or infinity and |q·k · scale| stays below `_SCORE_BOUND`. One
-    pass over each (aminmax: NaN propagates to its result) and one sync with the host: the
-    former guard, abs().amax() and isfinite().all(), allocated a temporary per operand (an
-    AVX-512 Xeon, 2 threads, 8 heads x 128 tokens: the call 307 -> 221-241 us, SDPA alone
-    169-187; 12 x 1500: 32.2 -> 28.4-28.9 ms, SDPA alone 27.7)."""
-    if not (q.numel() and k.numel() and v.numel()):
+                              mask: torch.Tensor | None, scale: float) -> bool:
+    """q, k and v hold no NaN or infinity, the mask no NaN, no +inf and no row of -inf only
+    (the fused kernel answers such a row with 0, the decomposition with NaN), and
+    |q·k · scale + mask| stays below `_SCORE_BOUND`. One pass over each (aminmax: NaN
+    propagates to its result) and one sync with the host: the former guard, abs().amax() and
+    isfinite().all(), allocated a temporary per operand (an AVX-512 Xeon, 2 threads, 8 heads x
+    128 tokens: the call 307 -> 221-241 us, SDPA alone 169-187; 12 x 1500: 32.2 -> 28.4-28.9
+    ms, SDPA alone 27.7)."""
+    if not (q.numel() and k.numel() and v.numel()) or (mask is not None and not mask.numel()):
         return False
-    qmin, qmax, kmin, kmax, vmin, vmax = torch.stack(
-        [*torch.aminmax(q), *torch.aminmax(k), *torch.aminmax(v)]).tolist()
+    stats = [*torch.aminmax(q), *torch.aminmax(k), *torch.aminmax(v)]
+    if mask is not None:  # its largest value, and the least of its rows' largest
+        stats += [mask.amax(), mask.amax(-1).amin()]
+    qmin, qmax, kmin, kmax, vmin, vmax, *masked = torch.stack(stats).tolist()
     if not all(math.isfinite(x) for x in (qmin, qmax, kmin, kmax, vmin, vmax)):
         return False
     bound = max(-qmin, qmax) * max(-kmin, kmax) * q.shape[-1] * abs(scale)
+    if masked:
+        top, least_row = masked
+        if not (top < _SCORE_BOUND and least_row > -math.inf):  # (False for a NaN)
+            return False
+        bound += max(top, 0.0)
     return bound < _SCORE_BOUND
 
 

@@ -9,9 +9,11 @@ Face's default), which torch.export leaves as ATen's CPU flash entry point.
         library 31.0 ms | kiln_attention_8x1500x1500x64 25.7 ms -> kiln_attention_8x1500x1500x64
 
 The kernel reads Q, K and V where they lie (views of the projections, with the strides the
-run time gives them: `runtime_strides`) and a constant mask transposed once at compile time
-(`transposed_mask`: it is read as the scores are, keys by queries); ATen's ``is_causal``
-masks the keys after each query. Where the call's one reader is the transpose of heads and
+run time gives them: `runtime_strides`). A constant mask is transposed once at compile time
+(`transposed_mask`: it is read as the scores are, keys by queries); one the model computes
+(a padded batch's attention mask, float or bool) is read where it lies and transposed a block
+of queries at a time inside the kernel (`RuntimeMask`). ATen's ``is_causal`` masks the keys
+after each query. Where the call's one reader is the transpose of heads and
 queries a model reshapes next, the kernel writes that layout and the reshape is a view.
 
 Its numerics are the decomposition's, which ``kiln::attention`` computes wherever an operand
@@ -19,9 +21,13 @@ is not finite (`kiln.ir.fused.attention`): so no run-time check there. ATen's ow
 an empty row (every key masked) and non-finite operands in its own way; for it the library
 runs again wherever the kernel's output is not finite (`Built.library_where_not_finite`).
 
-Not taken (the call stays): a mask computed at run time, dropout, ``enable_gqa``, operands
-that broadcast, a value width that is not whole vectors, types other than float32, a read
-log-sum-exp.
+With ``enable_gqa`` (grouped-query attention: fewer key and value heads than query heads,
+as Hugging Face's sdpa path calls it for Llama-style models), each query head reads its
+group's key head where it lies.
+
+Not taken (the call stays): dropout, a mask together with ``is_causal``,
+operands that broadcast, a value width that is not whole vectors, types other than float32, a
+read log-sum-exp.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from kiln.ir.shared import packed
 from kiln.ir.types import DType
 from kiln.kernels.attention_schedule import (
     AttentionShape,
+    RuntimeMask,
     default_attention_config,
     transposed_mask,
 )
@@ -126,9 +133,13 @@ def _call(node: Node) -> AttentionCall | None:
     if not all(isinstance(bound[n], Operand) for n in ("query", "key", "value")):
         return None
     mask = bound["attn_mask"]
-    return AttentionCall(value(bound["query"]), value(bound["key"]), value(bound["value"]),
-                         value(mask), bound["scale"], bool(bound["is_causal"]),
-                         float(bound["dropout_p"]), bool(bound.get("enable_gqa")), aten=True)
+    q, k = value(bound["query"]), value(bound["key"])
+    # (the CPU flash entry point has no enable_gqa: it takes fewer key heads as groups)
+    grouped = bool(bound.get("enable_gqa", "enable_gqa" not in bound and q.type.shape[1:2]
+                             != k.type.shape[1:2]))
+    return AttentionCall(q, k, value(bound["value"]), value(mask), bound["scale"],
+                         bool(bound["is_causal"]), float(bound["dropout_p"]), grouped,
+                         aten=True)
 
 
 def refusal(node: Node) -> str | None:
@@ -137,16 +148,24 @@ def refusal(node: Node) -> str | None:
     if call is None:
         return "not an attention call"
     q, k, v = call.q, call.k, call.v
-    if call.dropout or call.grouped:
-        return "dropout" if call.dropout else "grouped query heads (enable_gqa)"
-    if call.mask is not None and (call.mask.node.op is not Op.CONSTANT or call.causal):
-        return "a mask computed at run time (only a constant one is laid out for the kernel)" \
-            if not call.causal else "a mask and is_causal"
-    if call.mask is not None and call.mask.type.dtype not in (DType.F32, DType.BOOL):
-        return f"a {call.mask.type.dtype.name} mask"
+    if call.dropout:
+        return "dropout"
+    if call.mask is not None:
+        mask = call.mask.type
+        if call.causal:
+            return "a mask and is_causal"
+        if mask.dtype not in (DType.F32, DType.BOOL):
+            return f"a {mask.dtype.name} mask"
+        full = (1,) * (4 - len(mask.shape)) + tuple(mask.shape)
+        if len(full) != 4 or any(n not in (1, want) for n, want in zip(
+                full, (*q.type.shape[:3], k.type.shape[2]))):
+            return f"a mask of shape {list(mask.shape)} (each dim 1 or the scores' [B, H, L, S])"
     if any(x.type.dtype is not DType.F32 or len(x.type.shape) != 4 for x in (q, k, v)):
         return "not 4-d float32 operands"
-    if k.type.shape[:2] != q.type.shape[:2] or v.type.shape[:3] != k.type.shape[:3]:
+    heads, kv_heads = q.type.shape[1], k.type.shape[1]
+    grouped = call.grouped and kv_heads and heads % kv_heads == 0
+    if k.type.shape[0] != q.type.shape[0] or v.type.shape[:3] != k.type.shape[:3] \
+            or (kv_heads != heads and not grouped):
         return "operands whose batch, heads or keys differ (broadcast)"
     if any(d == 0 for x in (q, k, v) for d in x.type.shape):
         return "an empty tensor"
@@ -160,15 +179,19 @@ def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> Atte
     assert call is not None
     q, k, v = call.q, call.k, call.v
     batch, heads, queries, depth = q.type.shape
-    extents = None
+    extents, runtime = None, None
     if call.mask is not None:
-        dims = call.mask.type.shape
-        full = (1,) * (4 - len(dims)) + tuple(dims)
+        dims = tuple(call.mask.type.shape)
+        full = (1,) * (4 - len(dims)) + dims
         extents = (batch if full[0] > 1 else 1, heads if full[1] > 1 else 1)
+        if call.mask.node.op is not Op.CONSTANT:  # (a constant is laid out for it instead)
+            runtime = RuntimeMask(dims, runtime_strides(graph, call.mask),
+                                  call.mask.type.dtype is DType.BOOL)
     scale = call.scale if call.scale is not None else depth ** -0.5
     return AttentionShape(batch, heads, queries, k.type.shape[2], depth, v.type.shape[3],
                           scale, runtime_strides(graph, q), runtime_strides(graph, k),
-                          runtime_strides(graph, v), extents, call.causal, heads_inner)
+                          runtime_strides(graph, v), extents, runtime, call.causal,
+                          heads_inner, k.type.shape[1] if k.type.shape[1] != heads else 0)
 
 
 def plan_attention(graph: Graph, group: KernelGroup,
@@ -182,7 +205,7 @@ def plan_attention(graph: Graph, group: KernelGroup,
     call, shape = _call(group.nodes[0]), space.shape
     assert call is not None
     weights = {}
-    if call.mask is not None:  # laid out once, here, as the kernel reads it
+    if call.mask is not None and shape.runtime_mask is None:  # laid out once, here
         weights[call.mask] = packed(transposed_mask, graph.constant(call.mask.node),
                                     shape.batch, shape.heads, shape.queries, shape.keys)
     operands = (call.q, call.k, call.v) + ((call.mask,) if call.mask is not None else ())

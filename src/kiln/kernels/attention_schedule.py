@@ -26,8 +26,12 @@ vector lanes: no horizontal reductions. A block of QB = 32 queries holds 32 x S 
 scores and as many of probabilities (188 KiB each for Whisper's 1500 keys): L2-resident.
 
 A constant additive mask M (a causal mask, T5's position bias; optional) is read as the
-scores are, keys by queries: `transposed_mask` lays it out so once, at compile time. ATen's
-``is_causal`` (``causal``) sets the scores of the keys after each query to -inf instead.
+scores are, keys by queries: `transposed_mask` lays it out so once, at compile time. A mask
+the model computes at run time (`RuntimeMask`: a padded batch's, float or bool) is read where
+it lies: a block ``mask`` copies each block's QB rows of it into a local pack, keys by
+queries (zero-padded past L), which the maximum and the exponentials read as they would the
+constant one. ATen's ``is_causal`` (``causal``) sets the scores of the keys after each query
+to -inf instead.
 
 Numerics are the decomposition's (``softmax(Q Kᵀ · c + M) @ V`` as capture writes it): the
 maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
@@ -63,11 +67,11 @@ from kiln.kernels.plan import (
     VersionTails,
     ZeroPadding,
 )
-from kiln.tir.nodes import BinOp, CmpOp, PrimFunc, Scope, Unary, UnOp, const
+from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, Scope, Unary, UnOp, const
 from kiln.tir.schedule import BlockRV, LoopRV, Schedule
 from kiln.tir.te import Builder, cmp, select
 
-__all__ = ["AttentionConfig", "AttentionShape", "attention_func", "attention_plan",
+__all__ = ["AttentionConfig", "AttentionShape", "RuntimeMask", "attention_func", "attention_plan",
            "default_attention_config", "schedule_attention", "transposed_mask"]
 
 F32 = DType.F32
@@ -78,6 +82,23 @@ F32 = DType.F32
 # Whisper-base's 8 x 1500 x 1500 x 64: 48 26.6-26.9 ms, 64 26.6-26.9, 32 25.3-25.5
 QUERY_VECTORS = (4, 3, 2)
 KEY_ROWS = 6  # rows of the scores' register tile (keys), where the registers allow
+
+
+@dataclass(frozen=True)
+class RuntimeMask:
+    """A mask computed at run time, read where it lies: its own dims (up to 4, broadcasting
+    to [B, H, L, S] as ATen's do: each 1 or the full extent) and element strides; float
+    (additive) or bool (True where a query attends: 0, else -inf)."""
+
+    dims: tuple[int, ...]
+    strides: tuple[int, ...]
+    boolean: bool = False
+
+    def index(self, batch: Expr, head: Expr, query: Expr, key: Expr) -> tuple[Expr | int, ...]:
+        """M's index for the scores' [batch, head, query, key] (0 where it broadcasts)."""
+        full = (1,) * (4 - len(self.dims)) + self.dims
+        at = tuple(i if n > 1 else 0 for i, n in zip((batch, head, query, key), full))
+        return at[4 - len(self.dims):]
 
 
 @dataclass(frozen=True)
@@ -100,11 +121,17 @@ class AttentionShape:
     # is one: its parameter M is [MB, MH, S, L], transposed as the scores are (keys by
     # queries), contiguous (`transposed_mask`, once per constant mask)
     mask: tuple[int, int] | None = None
+    # the mask as the model computes it (not a constant): M is then read where it lies, as
+    # `RuntimeMask` says, and each block of queries transposes its part into a local pack
+    runtime_mask: RuntimeMask | None = None
     # the keys after each query masked out (-inf), as ATen's ``is_causal``: key j > query i
     causal: bool = False
     # the output laid out [B, L, H, Ev] (contiguous): the heads' results side by side, as
     # the model's transpose(1, 2) before its reshape to [B, L, H * Ev] wants them
     heads_inner: bool = False
+    # grouped-query attention (ATen's ``enable_gqa``): K and V have this many heads, query
+    # head h reads key head h // (H / KV); 0: as many as Q
+    kv_heads: int = 0
 
 
 @dataclass(frozen=True)
@@ -160,9 +187,19 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
         return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
 
     q = param("Q", (bt, h, n_q, e), shape.q_strides)
-    k = param("K", (bt, h, n_k, e), shape.k_strides)
-    v = param("V", (bt, h, n_k, ev), shape.v_strides)
+    kv = shape.kv_heads or h
+    k = param("K", (bt, kv, n_k, e), shape.k_strides)
+    v = param("V", (bt, kv, n_k, ev), shape.v_strides)
+
+    def kv_head(hi):  # noqa: ANN001, ANN202 - the key head a query head reads
+        return hi if kv == h else hi // (h // kv)
     m = b.buffer("M", (*shape.mask, n_k, n_q), F32) if shape.mask is not None else None
+    runtime = shape.runtime_mask
+    if runtime is not None:  # (M as the model lays it out; transposed block by block below)
+        assert shape.mask is not None
+        m = param("M", runtime.dims, runtime.strides)
+        if runtime.boolean:
+            m = dataclasses.replace(m, dtype=DType.BOOL)
     out = b.buffer("out", (bt, n_q, h, ev) if shape.heads_inner else (bt, h, n_q, ev), F32)
     scores = b.temp("scores", (bt, h, n_k, n_q), F32)
     row_max = b.temp("row_max", (bt, h, n_q), F32)
@@ -171,20 +208,34 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     pv = b.temp("pv", (bt, h, n_q, ev), F32)
     c = const(shape.scale, F32)
 
+    def mask_at(bi, hi, key, query):  # noqa: ANN001, ANN202 - the additive mask's value
+        assert m is not None and shape.mask is not None
+        mb, mh = shape.mask
+        bi, hi = bi if mb > 1 else 0, hi if mh > 1 else 0
+        if runtime is None:
+            return m[bi, hi, key, query]
+        x = m[runtime.index(bi, hi, query, key)]
+        return select(x, const(0.0, F32), -math.inf) if runtime.boolean else x
+
+    if runtime is not None:  # Mᵀ a block of queries at a time, as the scores are laid out
+        mask_t = b.temp("mask_t", (bt, h, n_k, n_q), F32)
+        b.compute("mask", mask_t, lambda w: mask_at(w[0], w[1], w[2], w[3]))
+
     def scaled(bi, hi, key, query):  # noqa: ANN001, ANN202 - the softmax's input, as the graph's
         x = scores[bi, hi, key, query] * c
-        if m is not None:
-            mb, mh = shape.mask  # type: ignore[misc]
-            x = x + m[bi if mb > 1 else 0, hi if mh > 1 else 0, key, query]
+        if runtime is not None:
+            x = x + mask_t[bi, hi, key, query]
+        elif m is not None:
+            x = x + mask_at(bi, hi, key, query)
         return select(cmp(CmpOp.LE, key, query), x, -math.inf) if shape.causal else x
     b.reduce("scores", scores, (e,), BinOp.ADD,
-             lambda w, r: k[w[0], w[1], w[2], r[0]] * q[w[0], w[1], w[3], r[0]])
+             lambda w, r: k[w[0], kv_head(w[1]), w[2], r[0]] * q[w[0], w[1], w[3], r[0]])
     b.reduce("max", row_max, (n_k,), BinOp.MAX, lambda w, r: scaled(w[0], w[1], r[0], w[2]))
     b.compute("exp", probs, lambda w: Unary(
         UnOp.EXP, scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[3]]))
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], r[0], w[2]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
-             lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], w[1], r[0], w[3]])
+             lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], kv_head(w[1]), r[0], w[3]])
     if shape.heads_inner:  # out[b, i, h, :]
         b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
     else:
@@ -220,6 +271,10 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig,
     q_block, _ = sch.split(queries, [None, config.qb])
     for block in ("pv", "sum", "exp", "max", "scores"):  # consumers first
         sch.compute_at(block, q_block)
+    if "mask" in sch.blocks():  # a run-time mask's block transposed: M's rows read in order
+        sch.compute_at("mask", q_block)
+        keys_m, queries_m = sch.get_loops("mask")[-2:]
+        sch.reorder(queries_m, keys_m)
     # scoresᵀ: MR_KEYS keys x QB queries a register tile, Q's block packed as [E, QB]
     keys, queries_s, depth = sch.get_loops("scores")[-3:]
     key_tile, key_row, s_store, s_init = _register_tile(sch, "scores", keys, queries_s, depth,
@@ -286,7 +341,8 @@ def attention_plan(shape: AttentionShape, config: AttentionConfig,
     program = attention_func(shape, name)
     sch, loops = schedule_attention(program, config, shape.heads_inner)
     *tails, depth, keys = loops
-    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), ZeroPadding("Q_local"),
+    pads = ("Q_local", "mask_t") if shape.runtime_mask is not None else ("Q_local",)
+    post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), *map(ZeroPadding, pads),
                                   VersionTails(tuple(tails)), ShrinkTails(),
                                   DropDeadGuards(), Tensorize((depth, keys), config.lanes))
     return KernelPlan(Recipe.ATTENTION, program, sch.trace, post,

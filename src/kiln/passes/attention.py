@@ -14,14 +14,16 @@ encoder: 1500 x 1500 per head).
 When it applies, and why it is safe:
 * float32, softmax over the last axis, every intermediate read by the chain only;
 * the scale is a number multiplying (or dividing) the scores before the mask is added;
-* the mask, if any, is a constant (a causal mask folded at compile time) with no NaN, no +inf
-  and no row that masks every key: the fused kernel returns 0 for a fully masked row where
-  the decomposition returns NaN, and an input-dependent mask cannot be checked here.
+* the mask, if any, is float32 and broadcasts to the scores without growing them; a constant
+  one (a causal mask folded at compile time) has no NaN, no +inf and no row that masks every
+  key (the fused kernel returns 0 for a fully masked row where the decomposition returns
+  NaN); one computed at run time (a padding mask, DeBERTa's position terms) is checked so by
+  the fused call each time.
 The fused kernel returns 0 where a NaN or infinity in Q, K or V makes the decomposition's row
-NaN, so `fused.attention` checks at run time that its inputs are finite and no score can
-overflow, and runs the decomposition otherwise: results differ by rounding only (a different
-summation order of the softmax), and NaN and infinities propagate exactly as in the graph
-(tests/passes/test_passes_attention.py).
+NaN, so `fused.attention` checks at run time that its inputs are finite, its mask has no such
+row, and no score can overflow, and runs the decomposition otherwise: results differ by
+rounding only (a different summation order of the softmax), and NaN and infinities propagate
+exactly as in the graph (tests/passes/test_passes_attention.py).
 With ``Options.measure_kernels`` the fused call replaces the chain only where the op timings of
 this machine (`kiln.cost.measured`) say it is faster, or where kiln's generated attention may
 run it (`kiln.kernels.attention`, timed against ATen's call in the kernel stage: values of
@@ -85,7 +87,7 @@ def fuse_attention(graph: Graph, options: Options) -> Graph:
 
 def _generated_may_take(m: _Match) -> bool:
     """Whether kiln's generated attention may run the call (`kiln.kernels.attention`: values
-    of whole vectors; the mask, if any, is a constant): the kernel stage then times it
+    of whole vectors): the kernel stage then times it
     against ATen's fused call and uses the faster, so the call is kept without timing it
     against the chain here.
     Zen 4, 2 threads, the generated kernel against the chain of generated kernels (two bmms
@@ -117,9 +119,9 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
     x, mask, scale = softmax.inputs[0], None, 1.0
     if x.node.op is Op.ADD and _only_user(x, users, outputs):
         a, b = x.node.inputs
-        if a.node.op is Op.CONSTANT:
+        if not _reads_scores(a):
             a, b = b, a
-        if b.node.op is Op.CONSTANT and _safe_mask(graph, b, t.shape):
+        if _reads_scores(a) and _usable_mask(graph, b, t.shape):
             chain.append(x.node)
             x, mask = a, b
     if x.node.op in (Op.MUL, Op.DIV) and x.node.inputs[1].node.op is Op.SCALAR \
@@ -160,6 +162,26 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
         return None
     return _Match(q, kt, v, scale, mask, bmm.out(),
                   (batch, heads, length, keys, depth, v_depth), tuple(chain))
+
+
+def _reads_scores(value: Value) -> bool:
+    """Whether ``value`` is the scores as the chain makes them: bmm, view, then perhaps a
+    scale (the side of the mask's add that `_match` follows)."""
+    node = value.node
+    if node.op in (Op.MUL, Op.DIV) and node.inputs[1].node.op is Op.SCALAR:
+        node = node.inputs[0].node
+    return node.op is Op.VIEW and node.inputs[0].node.op is Op.BMM
+
+
+def _usable_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
+    """A float32 mask that broadcasts to the scores' [B, H, L, S] without growing them; a
+    constant one also passes `_safe_mask`. One computed at run time is checked by the fused
+    call itself, each call (`fused.attention`)."""
+    dims = mask.type.shape
+    if mask.type.dtype is not DType.F32 or len(dims) > 4 \
+            or any(n not in (1, want) for n, want in zip(reversed(dims), reversed(shape))):
+        return False
+    return mask.node.op is not Op.CONSTANT or _safe_mask(graph, mask, shape)
 
 
 def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:

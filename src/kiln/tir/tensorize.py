@@ -57,7 +57,7 @@ from kiln.tir.nodes import (
     const,
 )
 from kiln.tir.primitives.common import binding_map
-from kiln.tir.visit import iter_stmts, map_stmt, substitute
+from kiln.tir.visit import iter_stmts, map_stmt, substitute, vars_of
 
 __all__ = ["AccInit", "FmaTile", "WriteBack", "acc_init", "fma_tile", "fuse_inits",
            "fuse_write_backs", "load_at", "loop_points", "moves_by", "tensorize_fma_tiles",
@@ -113,7 +113,10 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     acc, a, b = parts
     j = cols.var
     moves = {name: _moves(load) for name, load in (("acc", acc), ("a", a), ("b", b))}
-    if any(m is None for m in moves.values()):
+    if any(m is None for m in moves.values()) or moves["acc"].opaque:  # type: ignore[union-attr]
+        return None
+    tile_vars = {p.var for p in (*k_loops, *row_loops, cols)}
+    if any(m.opaque & tile_vars for m in moves.values()):  # type: ignore[union-attr]
         return None
     if moves["b"][j] != 1 and moves["a"][j] == 1:  # a * b written b * a
         a, b = b, a
@@ -429,25 +432,35 @@ def _operands(store: BufferStore) -> tuple[Load, Load, Load] | None:
 
 
 class _Moves(dict[Var, int]):
-    """How far (in elements) a load's address moves per unit of each var (0 if absent)."""
+    """How far (in elements) a load's address moves per unit of each var (0 if absent;
+    None for a var in an index that is not affine: unknown)."""
 
-    def __missing__(self, key: Var) -> int:
-        return 0
+    def __init__(self) -> None:
+        super().__init__()
+        self.opaque: set[Var] = set()  # the vars of indices that are not affine
+
+    def __missing__(self, key: Var) -> int | None:  # type: ignore[override]
+        return None if key in self.opaque else 0
 
 
 def _moves(load: Load) -> _Moves | None:
-    """The load's flat element offset as affine coefficients per var, or None if it is not
-    affine (a division, a min, a select in an index)."""
+    """The load's flat element offset as affine coefficients per var. An index that is not
+    affine (a division, a min, a select) leaves its vars' movement unknown (None), which is
+    no matter where they are loops outside the tile (grouped-query attention's key head,
+    h // group)."""
     total = _Moves()
     for index, stride in zip(load.indices, load.buffer.elem_strides):
         if isinstance(index, Const):
             continue
         terms = linear(index)
         if terms is None:
-            return None
+            total.opaque |= vars_of(index)
+            continue
         for var, coef in terms.items():
             if var is not None:
-                total[var] = total[var] + coef * stride
+                total[var] = total.get(var, 0) + coef * stride
+    for var in total.opaque:
+        total.pop(var, None)
     return total
 
 

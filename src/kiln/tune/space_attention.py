@@ -64,8 +64,9 @@ class AttentionSpace:
 
     @property
     def strided_operands(self) -> tuple[int, ...]:
-        """Q, K and V are views with the strides the kernel reads: passed as they are."""
-        return (0, 1, 2)
+        """Q, K and V are views with the strides the kernel reads, and so is a mask made at
+        run time: passed as they are."""
+        return (0, 1, 2, 3) if self.shape.runtime_mask is not None else (0, 1, 2)
 
     def names(self) -> tuple[str, ...]:
         return ("query_vectors", "key_rows", "value_rows", "split_queries")
@@ -123,21 +124,35 @@ class AttentionSpace:
 
     def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Random Q, K, V laid out with the kernel's strides, a random finite mask where the
-        kernel adds one (transposed, as compiled), the output; and the decomposition's
+        """Random Q, K, V laid out with the kernel's strides, a random mask where the kernel
+        adds one (finite and transposed, as a constant is compiled; or with the run-time
+        mask's own strides, a bool one mostly True), the output; and the decomposition's
         result."""
         s = self.shape
-        dims = ((s.batch, s.heads, s.queries, s.depth), (s.batch, s.heads, s.keys, s.depth),
-                (s.batch, s.heads, s.keys, s.v_depth))
+        kv = s.kv_heads or s.heads
+        dims = ((s.batch, s.heads, s.queries, s.depth), (s.batch, kv, s.keys, s.depth),
+                (s.batch, kv, s.keys, s.v_depth))
         q, k, v = (random_strided(d, st if st is not None else contiguous_strides(d), gen)
                    for d, st in zip(dims, (s.q_strides, s.k_strides, s.v_strides)))
-        scores = q @ k.transpose(-1, -2) * s.scale
+        # (grouped-query heads: query head h reads key head h // (H / KV))
+        k_h, v_h = (x.repeat_interleave(s.heads // kv, 1) for x in (k, v))
+        scores = q @ k_h.transpose(-1, -2) * s.scale
         mask = []
-        if s.mask is not None:
+        runtime = s.runtime_mask
+        if runtime is not None:
+            given = random_strided(runtime.dims, runtime.strides, gen)
+            if runtime.boolean:  # (about one in ten keys masked; memory shared as laid out)
+                flat = given.as_strided((given.untyped_storage().nbytes() // 4,), (1,))
+                given = (flat < 1.3).as_strided(runtime.dims, runtime.strides)
+                scores = scores.masked_fill(~given, -float("inf"))
+            else:
+                scores = scores + given
+            mask = [given]
+        elif s.mask is not None:
             bias = torch.randn(*s.mask, s.queries, s.keys, generator=gen)
             scores = scores + bias
             mask = [transposed_mask(bias, s.batch, s.heads, s.queries, s.keys)]
-        expected = torch.softmax(scores, -1) @ v
+        expected = torch.softmax(scores, -1) @ v_h
         if s.heads_inner:  # (the transposed result, [B, L, H, Ev])
             expected = expected.transpose(1, 2).contiguous()
         return [q, k, v, *mask, torch.empty(expected.shape)], [expected]
