@@ -33,8 +33,8 @@ before the heads run, into a panel [S, QB] per block of queries (block ``mask_on
 block then reads its panel in order; read as rows of L, Whisper-sized 8 x 1500 x 1500 took
 40 ms against 26.5 unmasked, as panels 30.5, ATen's masked call 37); where each head has its
 own, a block ``mask`` copies the block's QB rows into a local pack, zero-padded past L. The
-maximum and the exponentials read either as they would the constant one. ATen's ``is_causal`` (``causal``) sets the scores of the keys after each query
-to -inf instead.
+maximum and the exponentials read either as they would the constant one. ATen's
+``is_causal`` (``causal``) sets the scores of the keys after each query to -inf instead.
 
 Numerics are the decomposition's (``softmax(Q Kᵀ · c + M) @ V`` as capture writes it): the
 maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
