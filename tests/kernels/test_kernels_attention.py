@@ -436,3 +436,20 @@ def test_a_mask_made_at_run_time_runs_generated(kernel_options: Options) -> None
     want = Masked()(q, k, v)
     assert (q.sum(-1) <= 0).any() and (q.sum(-1) > 0).any()  # (both kinds of row)
     torch.testing.assert_close(compiled(q, k, v), want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
+def test_the_report_says_why_an_attention_call_keeps_atens_kernel(
+        kernel_options: Options) -> None:
+    """A call the generated kernel refuses (float64 operands here) stays ATen's, and the
+    report's decision for it names the reason, once."""
+    class Double(nn.Module):
+        def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, k, v)
+
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 9, 32, generator=gen, dtype=torch.float64) for _ in range(3))
+    compiled = kiln.compile(Double(), (q, k, v), kernel_options)
+    (call,) = [k_ for k_ in compiled.report.kernels if k_.ops == ("call",)]
+    assert call.kind == "library"
+    assert call.decision == "not lowerable: not 4-d float32 operands"
+    torch.testing.assert_close(compiled(q, k, v), Double()(q, k, v))

@@ -71,11 +71,12 @@ _ATEN = (torch.ops.aten.scaled_dot_product_attention.default,
 
 
 def attention_groups(graph: Graph) -> list[KernelGroup]:
-    """One group per attention call the generated kernel takes (`refusal` None): the
-    attention pass's ``kiln::attention``, or the model's own ATen fused attention whose
-    log-sum-exp (a second result) nothing reads. Where the call's one reader is the
-    transpose of heads and queries that a model reshapes to [B, L, H * Ev] next, the group
-    takes it in: the kernel writes that layout, and the reshape is a view."""
+    """One group per attention call: the attention pass's ``kiln::attention``, or the
+    model's own ATen fused attention whose log-sum-exp (a second result) nothing reads. A
+    call the generated kernel refuses is a group of its own (`attention_space` says why,
+    and the report shows it). Where the call's one reader is the transpose of heads and
+    queries that a model reshapes to [B, L, H * Ev] next, the group takes it in: the kernel
+    writes that layout, and the reshape is a view."""
     if graph.device.type != "cpu":
         return []
     read = {v for n in graph.nodes for v in n.inputs} | set(graph.outputs)
@@ -83,11 +84,10 @@ def attention_groups(graph: Graph) -> list[KernelGroup]:
     returned = set(graph.outputs)
     groups = []
     for node in graph.nodes:
-        if _call(node) is None or refusal(node) is not None \
-                or any(v in read for v in node.outputs[1:]):
+        if _call(node) is None or any(v in read for v in node.outputs[1:]):
             continue
         after = users.get(node, [])
-        heads_out = len(after) == 1 and node.out() not in returned \
+        heads_out = refusal(node) is None and len(after) == 1 and node.out() not in returned \
             and after[0].op is Op.PERMUTE and after[0].inputs[0] == node.out() \
             and isinstance(after[0].attrs, PermuteAttrs) \
             and tuple(d % 4 for d in after[0].attrs.dims) == (0, 2, 1, 3)

@@ -144,8 +144,9 @@ class _Stage:
             for built in library_candidates(graph, group, checks):
                 if not (isinstance(built, Skipped) and built.reason is SkipReason.NO_RECIPE):
                     (candidates if isinstance(built, Built) else reasons).append(built)
-        if not candidates:
-            return Skipped(group, reasons[0].reason, "; ".join(str(r) for r in reasons)) \
+        if not candidates:  # (the first reason's kind, then every reason: that one's detail)
+            details = [reasons[0].detail, *map(str, reasons[1:])] if reasons else []
+            return Skipped(group, reasons[0].reason, "; ".join(d for d in details if d)) \
                 if reasons else None
         decided = fastest(graph, candidates, decisions)
         if isinstance(decided, Skipped) and len(group.nodes) > 1 and options.prepacked_library:
