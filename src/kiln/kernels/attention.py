@@ -11,10 +11,11 @@ Face's default), which torch.export leaves as ATen's CPU flash entry point.
 The kernel reads Q, K and V where they lie (views of the projections, with the strides the
 run time gives them: `runtime_strides`). A constant mask is transposed once at compile time
 (`transposed_mask`: it is read as the scores are, keys by queries); one the model computes
-(a padded batch's attention mask, float or bool) is read where it lies and transposed a block
-of queries at a time inside the kernel (`RuntimeMask`). ATen's ``is_causal`` masks the keys
-after each query. Where the call's one reader is the transpose of heads and
-queries a model reshapes next, the kernel writes that layout and the reshape is a view.
+(a padded batch's attention mask, float or bool) is read where it lies and transposed inside
+the kernel (`RuntimeMask`).
+ATen's ``is_causal`` masks the keys after each query. Where the call's one reader is the
+transpose of heads and queries a model reshapes next, the kernel writes that layout and the
+reshape is a view.
 
 Its numerics are the decomposition's, which ``kiln::attention`` computes wherever an operand
 is not finite (`kiln.ir.fused.attention`): so no run-time check there. ATen's own call answers
@@ -150,6 +151,8 @@ def refusal(node: Node) -> str | None:
     q, k, v = call.q, call.k, call.v
     if call.dropout:
         return "dropout"
+    if any(x.type.dtype is not DType.F32 or len(x.type.shape) != 4 for x in (q, k, v)):
+        return "not 4-d float32 operands"
     if call.mask is not None:
         mask = call.mask.type
         if call.causal:
@@ -160,8 +163,6 @@ def refusal(node: Node) -> str | None:
         if len(full) != 4 or any(n not in (1, want) for n, want in zip(
                 full, (*q.type.shape[:3], k.type.shape[2]))):
             return f"a mask of shape {list(mask.shape)} (each dim 1 or the scores' [B, H, L, S])"
-    if any(x.type.dtype is not DType.F32 or len(x.type.shape) != 4 for x in (q, k, v)):
-        return "not 4-d float32 operands"
     heads, kv_heads = q.type.shape[1], k.type.shape[1]
     grouped = call.grouped and kv_heads and heads % kv_heads == 0
     if k.type.shape[0] != q.type.shape[0] or v.type.shape[:3] != k.type.shape[:3] \
