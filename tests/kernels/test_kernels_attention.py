@@ -453,3 +453,54 @@ def test_the_report_says_why_an_attention_call_keeps_atens_kernel(
     assert call.kind == "library"
     assert call.decision == "not lowerable: not 4-d float32 operands"
     torch.testing.assert_close(compiled(q, k, v), Double()(q, k, v))
+
+
+class _RandomSdpa(nn.Module):
+    """ATen's fused attention on the graph's inputs: ``mask`` is None, a bool or float mask
+    input of its given shape, or ``is_causal``; ``grouped``: fewer key heads."""
+
+    def __init__(self, mask: str, grouped: bool) -> None:
+        super().__init__()
+        self.mask, self.grouped = mask, grouped
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                m: torch.Tensor) -> torch.Tensor:
+        attn_mask = None if self.mask in ("none", "causal") else m
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                              is_causal=self.mask == "causal",
+                                              enable_gqa=self.grouped)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_attention_calls_match_eager(kernel_options: Options, seed: int) -> None:
+    """Random sizes (tails everywhere), grouped or not, and a mask drawn from: none, causal,
+    a bool or float one computed at run time in any broadcast shape (padding rows of -inf
+    included): the generated kernel runs each call, matching eager, NaN rows included."""
+    rng = torch.Generator().manual_seed(100 + seed)
+
+    def draw(*options):  # noqa: ANN002, ANN202
+        return options[int(torch.randint(len(options), (1,), generator=rng))]
+
+    b, kv = draw(1, 2), draw(1, 2, 3)
+    h = kv * (draw(1, 2, 3) if seed % 2 else 1)
+    n_q, n_k = int(torch.randint(1, 70, (1,), generator=rng)), int(
+        torch.randint(1, 70, (1,), generator=rng))
+    e = ev = draw(16, 32, 48, 64)  # (capture writes a call with Ev != E out as its math)
+    mask = draw("none", "causal", "bool", "float")
+    # (capture writes a call with a 3-d mask out as its math: 4-d or 2-d ones)
+    dims = (draw(1, b), draw(1, h), draw(1, n_q), n_k)[draw(0, 2):]
+    q = torch.randn(b, h, n_q, e, generator=rng)
+    k = torch.randn(b, kv, n_k, e, generator=rng)
+    v = torch.randn(b, kv, n_k, ev, generator=rng)
+    m = torch.randn(dims, generator=rng)
+    if mask == "bool":
+        m = m > -1.0
+    elif mask == "float":
+        m = m.masked_fill(m < -1.5, -float("inf"))
+    model = _RandomSdpa(mask, h != kv)
+    compiled = kiln.compile(model, (q, k, v, m), kernel_options)
+    assert any("kiln_attention" in (k_.source or "") for k_ in compiled.report.kernels), \
+        (b, h, kv, n_q, n_k, e, ev, mask, dims)
+    want = model(q, k, v, m)
+    torch.testing.assert_close(compiled(q, k, v, m), want, rtol=1e-4, atol=1e-5,
+                               equal_nan=True)
