@@ -121,13 +121,28 @@ def test_each_rms_norm_runs_as_one_row_kernel(name: str) -> None:
     assert all(k.kind == "generated" and {"pow", "rsqrt", "mul"} <= set(k.ops) for k in norms)
 
 
+class _MaskByName(torch.nn.Module):
+    """An HF model called with its attention mask by name (GPT-J's second positional
+    parameter is the KV cache), its cache on as by default (GPT-J's sdpa mask then hides
+    every key from a row of padding only; without a cache it does not)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=ids, attention_mask=mask)[0]
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
-@pytest.mark.parametrize("name", ["bert", "llama"])
+@pytest.mark.parametrize("name", ["bert", "llama", "gptj"])
 def test_a_padded_batch_runs_the_generated_attention(name: str, implementation: str) -> None:
     """Two sequences, the second padded (attention_mask 0 past its tenth token), through both
     of HF's attention paths: the mask, computed from the input at run time, is read by the
     generated attention kernel (the model's own fused call, or the attention pass's), and
-    every position matches eager."""
+    every position matches eager; so it does where the second is padding only (GPT-J's sdpa
+    mask then hides every key from its rows: the kernel's NaN rows make ATen's call run
+    again, on the rotary embedding's views of the queries, which the kernel reads in place)."""
     t = pytest.importorskip("transformers")
     torch.manual_seed(0)
     size = dict(num_hidden_layers=2, hidden_size=64, num_attention_heads=4, vocab_size=512,
@@ -135,6 +150,10 @@ def test_a_padded_batch_runs_the_generated_attention(name: str, implementation: 
     if name == "bert":
         model = models.hf.TensorOutput(t.BertModel(t.BertConfig(**size, intermediate_size=128),
                                                    add_pooling_layer=False))
+    elif name == "gptj":
+        model = _MaskByName(t.GPTJModel(t.GPTJConfig(
+            n_layer=2, n_embd=64, n_head=4, rotary_dim=8, vocab_size=512, n_positions=64,
+            attn_implementation=implementation)))
     else:
         model = models.hf.TensorOutput(t.LlamaModel(t.LlamaConfig(**size, intermediate_size=128,
                                                                    num_key_value_heads=4)),
@@ -151,6 +170,9 @@ def test_a_padded_batch_runs_the_generated_attention(name: str, implementation: 
         _check(compiled(ids, mask), model(ids, mask), name)
         mask[0, 12:] = 0  # (another padding: the same compiled model)
         _check(compiled(ids, mask), model(ids, mask), name)
+        mask[1] = 0  # (a sequence of padding only)
+        torch.testing.assert_close(compiled(ids, mask), model(ids, mask), rtol=1e-4,
+                                   atol=1e-4, equal_nan=True)
 
 
 def test_grouped_query_sdpa_runs_the_generated_attention() -> None:

@@ -74,8 +74,9 @@ def views_read_in_place(graph: Graph, kernels: Iterable[Built], known: Mapping[V
                         keep: set[Value]) -> dict[Value, Value]:
     """The views and permutes the executor need not run, each mapped to the value whose
     pointer stands for it: those whose every reader is a generated kernel that then needs no
-    layout check at all (each of its inputs' known strides are its buffer's), or another
-    such view. ``keep``: values the caller sees (outputs and what they alias)."""
+    layout check at all (each of its inputs' known strides are its buffer's) and never runs
+    its library ops instead (`Built.library_where_not_finite`: those read the view), or
+    another such view. ``keep``: values the caller sees (outputs and what they alias)."""
     kernel_of = {n: gk for gk in kernels if gk.generated for n in gk.group.nodes}
     readers: dict[Value, list[Node]] = {}
     for node in graph.nodes:
@@ -89,6 +90,8 @@ def views_read_in_place(graph: Graph, kernels: Iterable[Built], known: Mapping[V
                 alias[value] = alias.get(source, source)
 
     def unchecked(gk: Built) -> bool:
+        if gk.library_where_not_finite:
+            return False
         params = gk.kernel.func.inputs  # type: ignore[union-attr]
         return all(v.node.op is Op.CONSTANT or laid_out_as(v, b, known)
                    for v, b in zip(gk.inputs, params))
