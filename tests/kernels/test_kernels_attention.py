@@ -27,6 +27,7 @@ from kiln.kernels.attention_schedule import (
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
 from kiln.tir.nodes import For
+from kiln.tir.printer import print_func
 from kiln.tir.visit import iter_stmts
 
 # (batch, heads, queries, keys, depth, value depth)
@@ -185,24 +186,33 @@ MASKS = {
 }
 
 
+@pytest.mark.parametrize("panel", ["block", "none", "other"])
 @pytest.mark.parametrize("kind", sorted(MASKS))
-def test_attention_with_a_constant_mask(kernel_options: Options, kind: str) -> None:
+def test_attention_with_a_constant_mask(kernel_options: Options, kind: str,
+                                        panel: str) -> None:
     """A causal mask ([L, S], broadcast over batch and heads) and a per-head bias
     ([1, H, L, S]) are laid out transposed once and added to the scaled scores: the
     decomposition's result, and its NaN rows where a query sees no key (a causal mask over
-    more queries than keys masks every key of the first ones)."""
+    more queries than keys masks every key of the first ones). Laid out in panels of the
+    kernel's block of queries (as compiled: each block's part in order, no division left in
+    its indices), as [S, L], or in panels of another width (a tuned block): the same."""
     case = (2, 3, 53, 41, 32, 32)
     b, h, n_q, n_k, e, ev = case
     q, k, v = _operands(case, seed=4)
     mask = MASKS[kind](n_q, n_k, h)
-    shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride(),
-                           (1, h if kind == "bias" else 1))
     config = default_attention_config(Isa.AVX512, ev, n_q)
     assert config is not None
-    plan = attention_plan(shape, config, f"attention_test_mask_{kind}")
+    width = {"block": config.qb, "none": 0, "other": 16}[panel]
+    shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                           (1, h if kind == "bias" else 1), mask_panel=width)
+    plan = attention_plan(shape, config, f"attention_test_mask_{kind}_{panel}")
     kernel = compile_kernel(plan.build(), kernel_options)
+    reads = [line.split("M[", 1)[1].split("]", 1)[0]
+             for line in print_func(plan.build()).splitlines() if " M[" in line]
+    assert reads and all(("//" in r) == (panel == "other") for r in reads)
+    assert plan.replayed() == plan.build()
     out = torch.empty(b, h, n_q, ev)
-    kernel(q, k, v, transposed_mask(mask, b, h, n_q, n_k), out)
+    kernel(q, k, v, transposed_mask(mask, b, h, n_q, n_k, width), out)
     want = torch.softmax(q @ k.transpose(-1, -2) * shape.scale + mask, -1) @ v
     assert torch.equal(out.isnan(), want.isnan())
     assert want.isnan().any() == (kind == "causal")

@@ -31,6 +31,9 @@ B, H, L, S, E = 1, 2, 21, 19, 16
 STRIDES = (L * H * E, E, H * E, 1), (S * H * E, E, H * E, 1), (S * H * E, E, H * E, 1)
 SHAPE = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES)
 MASKED = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, H))
+# the constant laid out as compiled: in panels of the default block (other points' blocks
+# read it through a division)
+PANELS = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, H), mask_panel=32)
 # masks made at run time: a float one per head, a bool padding mask expanded over queries
 RUNTIME = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, H),
                          runtime_mask=RuntimeMask((B, H, L, S), (H * L * S, L * S, S, 1)))
@@ -46,7 +49,7 @@ def test_the_heuristic_schedule_is_the_default_point() -> None:
 
 
 def test_points_replay_from_their_trace_and_compute_the_decomposition() -> None:
-    for shape in (SHAPE, MASKED, RUNTIME, PADDING):
+    for shape in (SHAPE, MASKED, PANELS, RUNTIME, PADDING):
         space = AttentionSpace(shape, Isa.AVX512, 2, "aspace")
         rng = random.Random(5)
         for point in [space.default(), *(random_point(space, rng) for _ in range(3))]:

@@ -9,8 +9,9 @@ Face's default), which torch.export leaves as ATen's CPU flash entry point.
         library 31.0 ms | kiln_attention_8x1500x1500x64 25.7 ms -> kiln_attention_8x1500x1500x64
 
 The kernel reads Q, K and V where they lie (views of the projections, with the strides the
-run time gives them: `runtime_strides`). A constant mask is transposed once at compile time
-(`transposed_mask`: it is read as the scores are, keys by queries); one the model computes
+run time gives them: `runtime_strides`). A constant mask is laid out once at compile time
+(`transposed_mask`: keys by queries, as the scores are, in panels of the default block of
+queries, so that each block reads its part in order); one the model computes
 (a padded batch's attention mask, float or bool) is read where it lies and transposed inside
 the kernel (`RuntimeMask`).
 ATen's ``is_causal`` masks the keys after each query. Where the call's one reader is the
@@ -33,6 +34,7 @@ read log-sum-exp.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -208,7 +210,8 @@ def plan_attention(graph: Graph, group: KernelGroup,
     weights = {}
     if call.mask is not None and shape.runtime_mask is None:  # laid out once, here
         weights[call.mask] = packed(transposed_mask, graph.constant(call.mask.node),
-                                    shape.batch, shape.heads, shape.queries, shape.keys)
+                                    shape.batch, shape.heads, shape.queries, shape.keys,
+                                    shape.mask_panel)
     operands = (call.q, call.k, call.v) + ((call.mask,) if call.mask is not None else ())
     return plan, operands, weights
 
@@ -224,9 +227,12 @@ def attention_space(graph: Graph, group: KernelGroup,
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
     shape = attention_shape(graph, node, heads_inner=len(group.nodes) == 2)
     isa = target_isa(options)
-    if default_attention_config(isa, shape.v_depth, shape.queries, shape.heads) is None:
+    config = default_attention_config(isa, shape.v_depth, shape.queries, shape.heads)
+    if config is None:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
                        f"a value width of {shape.v_depth} has no register tile on {isa.label}")
+    if shape.mask is not None and shape.runtime_mask is None:  # (panels of the default block)
+        shape = dataclasses.replace(shape, mask_panel=config.qb)
     name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"
             f"x{shape.depth}")
     return AttentionSpace(shape, isa, torch.get_num_threads(), name)

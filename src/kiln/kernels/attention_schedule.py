@@ -26,7 +26,10 @@ vector lanes: no horizontal reductions. A block of QB = 32 queries holds 32 x S 
 scores and as many of probabilities (188 KiB each for Whisper's 1500 keys): L2-resident.
 
 A constant additive mask M (a causal mask, T5's position bias; optional) is read as the
-scores are, keys by queries: `transposed_mask` lays it out so once, at compile time. A mask
+scores are, keys by queries: `transposed_mask` lays it out so once, at compile time, in
+panels [S, QB] of the kernel's block of queries (``mask_panel``), which each block reads in
+order (as rows of L, a block's QB columns of each: 8 x 1500 x 1500 x 64 with a causal-style
+mask 34.0 ms against 26.8 in panels and 25.9 without a mask; 12 x 197 0.90 against 0.79). A mask
 the model computes at run time (`RuntimeMask`: a padded batch's, float or bool) is read where
 it lies and transposed by the kernel: where the heads share it (a padding mask), once a call,
 before the heads run, into a panel [S, QB] per block of queries (block ``mask_once``: each
@@ -121,8 +124,8 @@ class AttentionShape:
     k_strides: tuple[int, ...] | None = None
     v_strides: tuple[int, ...] | None = None
     # an additive mask's batch and head extents (each 1, broadcast, or B and H), where there
-    # is one: its parameter M is [MB, MH, S, L], transposed as the scores are (keys by
-    # queries), contiguous (`transposed_mask`, once per constant mask)
+    # is one: a constant's parameter M is laid out as the scores are, keys by queries
+    # (`transposed_mask`, once per constant mask; see ``mask_panel``)
     mask: tuple[int, int] | None = None
     # the mask as the model computes it (not a constant): M is then read where it lies, as
     # `RuntimeMask` says, and each block of queries transposes its part into a local pack
@@ -135,6 +138,9 @@ class AttentionShape:
     # grouped-query attention (ATen's ``enable_gqa``): K and V have this many heads, query
     # head h reads key head h // (H / KV); 0: as many as Q
     kv_heads: int = 0
+    # a constant mask laid out in panels of this many queries (the kernel's block):
+    # [MB, MH, ceil(L / P), S, P], each block's part read in order; 0: [MB, MH, S, L]
+    mask_panel: int = 0
 
 
 @dataclass(frozen=True)
@@ -196,7 +202,11 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
 
     def kv_head(hi):  # noqa: ANN001, ANN202 - the key head a query head reads
         return hi if kv == h else hi // (h // kv)
-    m = b.buffer("M", (*shape.mask, n_k, n_q), F32) if shape.mask is not None else None
+    m = None
+    panel = shape.mask_panel
+    if shape.mask is not None:
+        m = b.buffer("M", (*shape.mask, -(-n_q // panel), n_k, panel) if panel else
+                     (*shape.mask, n_k, n_q), F32)
     runtime = shape.runtime_mask
     if runtime is not None:  # (M as the model lays it out; transposed block by block below)
         assert shape.mask is not None
@@ -216,7 +226,8 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
         mb, mh = shape.mask
         bi, hi = bi if mb > 1 else 0, hi if mh > 1 else 0
         if runtime is None:
-            return m[bi, hi, key, query]
+            return m[bi, hi, query // panel, key, query % panel] if panel \
+                else m[bi, hi, key, query]
         x = m[runtime.index(bi, hi, query, key)]
         return select(x, const(0.0, F32), -math.inf) if runtime.boolean else x
 
@@ -254,16 +265,23 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
 
 
 def transposed_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
-                    keys: int) -> torch.Tensor:
+                    keys: int, panel: int = 0) -> torch.Tensor:
     """A constant additive mask (any shape that broadcasts to [B, H, L, S]; a bool one, True
     where a query attends, as 0 and -inf) as the kernel's M reads it: [MB, MH, S, L]
-    contiguous, MB and MH 1 where the mask broadcasts there."""
+    contiguous, MB and MH 1 where the mask broadcasts there; with ``panel``, in panels of
+    that many queries, [MB, MH, ceil(L / panel), S, panel] (zeros past L)."""
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape).masked_fill_(~mask, -math.inf)
     full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     mb = batch if full.shape[0] > 1 else 1
     mh = heads if full.shape[1] > 1 else 1
-    return full.expand(mb, mh, queries, keys).transpose(-1, -2).contiguous()
+    laid = full.expand(mb, mh, queries, keys)
+    if not panel:
+        return laid.transpose(-1, -2).contiguous()
+    blocks = -(-queries // panel)
+    padded = torch.zeros(mb, mh, blocks * panel, keys)
+    padded[:, :, :queries] = laid
+    return padded.view(mb, mh, blocks, panel, keys).transpose(-1, -2).contiguous()
 
 
 def schedule_attention(func: PrimFunc, config: AttentionConfig,

@@ -151,7 +151,7 @@ class AttentionSpace:
         elif s.mask is not None:
             bias = torch.randn(*s.mask, s.queries, s.keys, generator=gen)
             scores = scores + bias
-            mask = [transposed_mask(bias, s.batch, s.heads, s.queries, s.keys)]
+            mask = [transposed_mask(bias, s.batch, s.heads, s.queries, s.keys, s.mask_panel)]
         expected = torch.softmax(scores, -1) @ v_h
         if s.heads_inner:  # (the transposed result, [B, L, H, Ev])
             expected = expected.transpose(1, 2).contiguous()
