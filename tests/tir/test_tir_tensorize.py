@@ -72,6 +72,27 @@ def test_a_register_tile_matches_and_other_nests_do_not() -> None:
     assert fma_tile(For(loop.var, 5, unvectorized), lanes=8) is None
 
 
+def test_an_index_that_is_not_affine_only_in_loops_outside_the_tile_still_matches() -> None:
+    """a[g // 2, p, i] (grouped-query attention's key head) is fixed within the tile: it
+    matches; a[p // 2, i] or a[p, i // 2], the tile's own loops in the division, do not (how
+    they move is unknown)."""
+    acc = Buffer("acc", (2, 8), F32, scope=Scope.LOCAL)
+    p, i, j, g = Var("p"), Var("i"), Var("j"), Var("g")
+    two = const(2, DType.I64)
+
+    def loop(a: Buffer, a_index: tuple[Expr, ...]) -> For:
+        b = Buffer("b", (5, 8), F32)
+        store = BufferStore(acc, (i, j), acc[i, j] + a[a_index] * b[p, j])
+        return For(p, 5, For(i, 2, For(j, 8, store, ForKind.VECTORIZED), ForKind.UNROLLED))
+
+    grouped = Buffer("a", (3, 5, 2), F32)
+    tile = fma_tile(loop(grouped, (Binary(BinOp.FLOORDIV, g, two), p, i)), lanes=8)
+    assert tile is not None and tile.a.buffer is grouped
+    flat = Buffer("a", (5, 2), F32)
+    assert fma_tile(loop(flat, (Binary(BinOp.FLOORDIV, p, two), i)), lanes=8) is None
+    assert fma_tile(loop(flat, (p, Binary(BinOp.FLOORDIV, i, two))), lanes=8) is None
+
+
 def test_the_gemm_plan_tensorizes_its_full_k_loops_and_prints_them() -> None:
     cfg = GemmConfig(mr=4, nr=16, kc=384, mc=8, nc=512, lanes=8)
     plan = gemm_plan(128, 3072, 768, cfg, bias=True, b_prepacked=True)

@@ -128,7 +128,8 @@ class AttentionShape:
     # (`transposed_mask`, once per constant mask; see ``mask_panel``)
     mask: tuple[int, int] | None = None
     # the mask as the model computes it (not a constant): M is then read where it lies, as
-    # `RuntimeMask` says, and each block of queries transposes its part into a local pack
+    # `RuntimeMask` says, and transposed by the kernel (once a call where the heads share
+    # it, else a block of queries at a time)
     runtime_mask: RuntimeMask | None = None
     # the keys after each query masked out (-inf), as ATen's ``is_causal``: key j > query i
     causal: bool = False
@@ -203,16 +204,15 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     def kv_head(hi):  # noqa: ANN001, ANN202 - the key head a query head reads
         return hi if kv == h else hi // (h // kv)
     m = None
-    panel = shape.mask_panel
-    if shape.mask is not None:
-        m = b.buffer("M", (*shape.mask, -(-n_q // panel), n_k, panel) if panel else
-                     (*shape.mask, n_k, n_q), F32)
-    runtime = shape.runtime_mask
-    if runtime is not None:  # (M as the model lays it out; transposed block by block below)
+    panel, runtime = shape.mask_panel, shape.runtime_mask
+    if runtime is not None:  # (M as the model lays it out; the kernel transposes it below)
         assert shape.mask is not None
         m = param("M", runtime.dims, runtime.strides)
         if runtime.boolean:
             m = dataclasses.replace(m, dtype=DType.BOOL)
+    elif shape.mask is not None:  # (laid out by `transposed_mask`)
+        m = b.buffer("M", (*shape.mask, -(-n_q // panel), n_k, panel) if panel else
+                     (*shape.mask, n_k, n_q), F32)
     out = b.buffer("out", (bt, n_q, h, ev) if shape.heads_inner else (bt, h, n_q, ev), F32)
     scores = b.temp("scores", (bt, h, n_k, n_q), F32)
     row_max = b.temp("row_max", (bt, h, n_q), F32)
@@ -375,9 +375,7 @@ def attention_plan(shape: AttentionShape, config: AttentionConfig,
     program = attention_func(shape, name)
     sch, loops = schedule_attention(program, config, shape.heads_inner)
     *tails, depth, keys = loops
-    per_block = shape.runtime_mask is not None and shape.mask is not None \
-        and (shape.mask[1] > 1 or shape.heads == 1)
-    pads = ("Q_local", "mask_t") if per_block else ("Q_local",)
+    pads = ("Q_local", "mask_t") if "mask" in sch.blocks() else ("Q_local",)  # (per block)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), *map(ZeroPadding, pads),
                                   VersionTails(tuple(tails)), ShrinkTails(),
                                   DropDeadGuards(), Tensorize((depth, keys), config.lanes))

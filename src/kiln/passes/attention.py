@@ -17,8 +17,8 @@ When it applies, and why it is safe:
 * the mask, if any, is float32 and broadcasts to the scores without growing them; a constant
   one (a causal mask folded at compile time) has no NaN, no +inf and no row that masks every
   key (the fused kernel returns 0 for a fully masked row where the decomposition returns
-  NaN); one computed at run time (a padding mask, DeBERTa's position terms) is checked so by
-  the fused call each time.
+  NaN); one computed at run time (a padded batch's mask) is checked so by the fused call
+  each time.
 The fused kernel returns 0 where a NaN or infinity in Q, K or V makes the decomposition's row
 NaN, so `fused.attention` checks at run time that its inputs are finite, its mask has no such
 row, and no score can overflow, and runs the decomposition otherwise: results differ by
