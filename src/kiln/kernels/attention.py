@@ -13,10 +13,9 @@ run time gives them: `runtime_strides`). A constant mask is laid out once at com
 (`transposed_mask`: keys by queries, as the scores are, in panels of the default block of
 queries, so that each block reads its part in order); one the model computes
 (a padded batch's attention mask, float or bool) is read where it lies and transposed inside
-the kernel (`RuntimeMask`).
-ATen's ``is_causal`` masks the keys after each query. Where the call's one reader is the
-transpose of heads and queries a model reshapes next, the kernel writes that layout and the
-reshape is a view.
+the kernel (`RuntimeMask`). ATen's ``is_causal`` masks the keys after each query. Where the
+call's one reader is the transpose of heads and queries a model reshapes next, the kernel
+writes that layout and the reshape is a view.
 
 Its numerics are the decomposition's, which ``kiln::attention`` computes wherever an operand
 is not finite (`kiln.ir.fused.attention`): so no run-time check there. ATen's own call answers
@@ -27,9 +26,9 @@ With ``enable_gqa`` (grouped-query attention: fewer key and value heads than que
 as Hugging Face's sdpa path calls it for Llama-style models), each query head reads its
 group's key head where it lies.
 
-Not taken (the call stays): dropout, a mask together with ``is_causal``,
-operands that broadcast, a value width that is not whole vectors, types other than float32, a
-read log-sum-exp.
+Not taken (the call stays): dropout, a mask together with ``is_causal``, operands that
+broadcast, a value width that is not whole vectors, types other than float32, a read
+log-sum-exp.
 """
 
 from __future__ import annotations
@@ -138,8 +137,8 @@ def _call(node: Node) -> AttentionCall | None:
     mask = bound["attn_mask"]
     q, k = value(bound["query"]), value(bound["key"])
     # (the CPU flash entry point has no enable_gqa: it takes fewer key heads as groups)
-    grouped = bool(bound.get("enable_gqa", "enable_gqa" not in bound and q.type.shape[1:2]
-                             != k.type.shape[1:2]))
+    grouped = bool(bound["enable_gqa"]) if "enable_gqa" in bound \
+        else q.type.shape[1:2] != k.type.shape[1:2]
     return AttentionCall(q, k, value(bound["value"]), value(mask), bound["scale"],
                          bool(bound["is_causal"]), float(bound["dropout_p"]), grouped,
                          aten=True)
