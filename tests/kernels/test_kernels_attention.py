@@ -431,6 +431,43 @@ def test_non_finite_results_get_atens_answer(kernel_options: Options) -> None:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+class _MaskedFill(nn.Module):
+    """nanoGPT's attention on the graph's inputs: scores scaled, a causal ``masked_fill``
+    with -inf from a buffer, softmax, then V."""
+
+    def __init__(self, tokens: int) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(tokens, tokens))[None, None])
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        n = q.shape[2]
+        scores = (q @ k.transpose(-2, -1)) * 0.25
+        scores = scores.masked_fill(self.bias[:, :, :n, :n] == 0, float("-inf"))
+        return torch.softmax(scores, -1) @ v
+
+
+def test_a_causal_masked_fill_runs_generated_and_selects(kernel_options: Options) -> None:
+    """The fill's condition becomes the kernel's constant bool mask; where a key's +inf
+    meets only masked queries, the fill leaves those scores -inf (the model's output is
+    finite), while the kernel's 0 / -inf added gives NaN: the library runs again there and
+    the compiled model gives the fill's answer."""
+    gen = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(1, 3, 21, 16, generator=gen) for _ in range(3))
+    model = _MaskedFill(21).eval()
+    compiled = kiln.compile(model, (q, k, v), kernel_options)
+    assert any(k_.kind == "generated" and "kiln_attention" in (k_.source or "")
+               for k_ in compiled.report.kernels)
+    for where in ("none", "masked key"):
+        kk = k.clone()
+        if where == "masked key":
+            kk[0, 1, 20, 3] = float("inf")  # (the last key: only the last query attends it)
+            kk[0, 1, 19, 3] = float("inf")
+        want = model(q, kk, v)
+        got = compiled(q, kk, v)
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def test_a_mask_made_at_run_time_runs_generated(kernel_options: Options) -> None:
     """A bool mask the model computes from its inputs ([B, H, L, 1]: some queries see no
     key) runs in the generated kernel; those rows get ATen's answer (the library runs again

@@ -20,9 +20,13 @@ OPTIONS = Options(measure_kernels=False)
 
 
 def _attention(mask: torch.Tensor | None = None, mask_dims: tuple[int, ...] | None = None,
-               scale: float = 0.5, softmax_is_output: bool = False, v_depth: int = E):
+               scale: float = 0.5, softmax_is_output: bool = False, v_depth: int = E,
+               fill: tuple | None = None):
     """softmax(Q Kᵀ · scale + mask) V, as capture leaves it: views, a permute, two bmms;
-    V's rows ``v_depth`` long; the mask a constant, or an input of ``mask_dims``."""
+    V's rows ``v_depth`` long; the mask a constant, or an input of ``mask_dims``. With
+    ``fill`` = (condition, value, the fill first) a ``masked_fill`` takes the add's place:
+    ``where(C, value, scores)``, or ``where(C, scores, value)``; C a bool constant, or an
+    input of the dims given, and the value a constant."""
     b = GraphBuilder()
     q = b.input("q", TensorType((B, H, L, E), DType.F32))
     k = b.input("k", TensorType((B, H, S, E), DType.F32))
@@ -31,7 +35,13 @@ def _attention(mask: torch.Tensor | None = None, mask_dims: tuple[int, ...] | No
     scores = b.op(Op.BMM, b.op(Op.VIEW, q, attrs=ShapeAttrs((B * H, L, E))),
                   b.op(Op.VIEW, kt, attrs=ShapeAttrs((B * H, E, S))))
     x = b.op(Op.MUL, b.op(Op.VIEW, scores, attrs=ShapeAttrs((B, H, L, S))), b.scalar(scale))
-    if mask_dims is not None:
+    if fill is not None:
+        cond, value, fill_first = fill
+        c = b.constant("cond", cond) if isinstance(cond, torch.Tensor) \
+            else b.input("c", TensorType(cond, DType.BOOL))
+        value = b.constant("fill", torch.tensor(value))
+        x = b.op(Op.WHERE, c, value, x) if fill_first else b.op(Op.WHERE, c, x, value)
+    elif mask_dims is not None:
         x = b.op(Op.ADD, b.input("m", TensorType(mask_dims, DType.F32)), x)  # (either side)
     elif mask is not None:
         x = b.op(Op.ADD, x, b.constant("mask", mask))
@@ -129,6 +139,69 @@ def test_a_mask_computed_at_run_time_is_checked_each_call(dims):
         assert torch.equal(want.isnan(), got.isnan())
         finite = want.isfinite()
         torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+
+
+def _tril() -> torch.Tensor:  # True where a query attends (nanoGPT's buffer, as bool)
+    return torch.ones(L, S, dtype=torch.bool).tril()[None, None]
+
+
+@pytest.mark.parametrize("form", ["masked_fill(~tril)", "where(tril, scores, -inf)",
+                                  "run-time condition"])
+def test_a_fill_with_minus_inf_becomes_a_bool_mask_that_selects(form):
+    """nanoGPT's ``att.masked_fill(bias == 0, -inf)`` and ``torch.where(tril, att, -inf)``
+    fuse, the call reading a bool mask that is True where a query attends (a constant inverted
+    at compile time; a condition computed at run time through a logical_not). It selects as
+    the fill does: a +inf or a NaN in a masked score changes nothing (an added -inf would give
+    NaN there), and a row that attends no key is NaN as in the chain."""
+    fill = {"masked_fill(~tril)": (~_tril(), -float("inf"), True),
+            "where(tril, scores, -inf)": (_tril(), -float("inf"), False),
+            "run-time condition": ((B, 1, L, S), -float("inf"), True)}[form]
+    graph = _attention(fill=fill)
+    fused = fuse_attention(graph, OPTIONS)
+    verify(fused)
+    calls = [n for n in fused.nodes if n.op is Op.CALL]
+    assert len(calls) == 1 and not any(n.op in (Op.SOFTMAX, Op.WHERE) for n in fused.nodes)
+    mask = calls[0].inputs[3]
+    assert mask.type.dtype is DType.BOOL
+    if form == "run-time condition":
+        assert mask.node.op is Op.LOGICAL_NOT
+    else:
+        assert torch.equal(fused.constant(mask.node), _tril())
+    for case in ("finite", "+inf key behind the mask", "nan key behind the mask",
+                 "a row that attends no key"):
+        xs = _inputs(graph)
+        if form == "run-time condition":
+            xs[3] = ~_tril().expand(B, 1, L, S).clone()
+        if case == "+inf key behind the mask":
+            xs[1][0, 1, S - 1, 0] = float("inf")  # (the last key: no query attends it)
+        elif case == "nan key behind the mask":
+            xs[1][1, 2, S - 1, 3] = float("nan")
+        elif case == "a row that attends no key":
+            if form != "run-time condition":
+                continue
+            xs[3][1, 0, 2] = True
+        want, got = interpret(graph, xs)[0], interpret(fused, xs)[0]
+        nan_rows = want.isnan().any(-1)
+        assert bool(nan_rows.any()) == (case == "a row that attends no key")
+        assert torch.equal(want.isnan(), got.isnan())
+        torch.testing.assert_close(got[~nan_rows], want[~nan_rows], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["a finite fill", "a row that attends no key",
+                                  "a fill of +inf"])
+def test_other_fills_stay_as_they_are(case):
+    """A fill with a finite number (a masked key then still counts: HF's finfo.min, whose
+    empty rows are a uniform average), a constant condition that leaves a query no key, and
+    a fill of +inf keep their chain."""
+    if case == "a finite fill":
+        graph = _attention(fill=(~_tril(), -1e9, True))
+    elif case == "a row that attends no key":
+        cond = ~_tril()
+        cond[..., 3, :] = True
+        graph = _attention(fill=(cond, -float("inf"), True))
+    else:
+        graph = _attention(fill=(~_tril(), float("inf"), True))
+    assert fuse_attention(graph, OPTIONS) is graph
 
 
 def test_the_guard_takes_the_decomposition_where_scores_could_overflow():

@@ -80,15 +80,18 @@ _SCORE_BOUND = 1e30
 @torch.library.custom_op("kiln::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
               scale: float) -> torch.Tensor:
-    """softmax(q kᵀ · scale + mask) v: ATen's fused attention where every input is finite and
-    no score can overflow, so that it equals the decomposition up to rounding; otherwise the
-    decomposition itself. (The fused kernel returns 0 where a NaN or an infinity makes the
-    decomposition's row NaN.)"""
+    """softmax(q kᵀ · scale + mask) v, where a bool mask selects (True: the query attends
+    the key; False: its score is -inf, whatever it was, as ``masked_fill`` makes it): ATen's
+    fused attention where every input is finite and no score can overflow, so that it equals
+    the decomposition up to rounding; otherwise the decomposition itself. (The fused kernel
+    returns 0 where a NaN or an infinity makes the decomposition's row NaN.)"""
     if _fused_attention_is_exact(q, k, v, mask, scale):
         return aten.scaled_dot_product_attention.default(q, k, v, mask, 0.0, False,
                                                          scale=scale)
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, -math.inf)
+    elif mask is not None:
         scores = scores + mask
     return torch.matmul(torch.softmax(scores, dim=-1), v)
 
@@ -96,16 +99,19 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
 def _fused_attention_is_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               mask: torch.Tensor | None, scale: float) -> bool:
     """q, k and v hold no NaN or infinity, the mask no NaN, no +inf and no row of -inf only
-    (the fused kernel answers such a row with 0, the decomposition with NaN), and
-    |q·k · scale + mask| stays below `_SCORE_BOUND`. One pass over each (aminmax: NaN
-    propagates to its result) and one sync with the host: the former guard, abs().amax() and
-    isfinite().all(), allocated a temporary per operand (an AVX-512 Xeon, 2 threads, 8 heads x
-    128 tokens: the call 307 -> 221-241 us, SDPA alone 169-187; 12 x 1500: 32.2 -> 28.4-28.9
-    ms, SDPA alone 27.7)."""
+    (a bool mask: no row that attends no key; the fused kernel answers such a row with 0,
+    the decomposition with NaN), and |q·k · scale + mask| stays below `_SCORE_BOUND`. One
+    pass over each (aminmax: NaN propagates to its result) and one sync with the host: the
+    former guard, abs().amax() and isfinite().all(), allocated a temporary per operand (an
+    AVX-512 Xeon, 2 threads, 8 heads x 128 tokens: the call 307 -> 221-241 us, SDPA alone
+    169-187; 12 x 1500: 32.2 -> 28.4-28.9 ms, SDPA alone 27.7)."""
     if not (q.numel() and k.numel() and v.numel()) or (mask is not None and not mask.numel()):
         return False
     stats = [*torch.aminmax(q), *torch.aminmax(k), *torch.aminmax(v)]
-    if mask is not None:  # its largest value, and the least of its rows' largest
+    if mask is not None and mask.dtype == torch.bool:  # adds nothing to the bound; the log
+        # of whether every row attends a key is -inf where one does not, as a float row is
+        stats += [torch.zeros((), dtype=q.dtype), mask.any(-1).all().to(q.dtype).log()]
+    elif mask is not None:  # its largest value, and the least of its rows' largest
         stats += [mask.amax(), mask.amax(-1).amin()]
     qmin, qmax, kmin, kmax, vmin, vmax, *masked = torch.stack(stats).tolist()
     if not all(math.isfinite(x) for x in (qmin, qmax, kmin, kmax, vmin, vmax)):

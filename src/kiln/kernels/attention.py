@@ -19,8 +19,11 @@ writes that layout and the reshape is a view.
 
 Its numerics are the decomposition's, which ``kiln::attention`` computes wherever an operand
 is not finite (`kiln.ir.fused.attention`): so no run-time check there. ATen's own call answers
-an empty row (every key masked) and non-finite operands in its own way; for it the library
-runs again wherever the kernel's output is not finite (`Built.library_where_not_finite`).
+an empty row (every key masked) and non-finite operands in its own way, and a bool mask of
+``kiln::attention`` selects (a score of +inf or NaN where the query attends no key is -inf
+there, not NaN as the kernel's 0 / -inf added makes it); for these the library runs again
+wherever the kernel's output is not finite (`Built.library_where_not_finite`: where the
+kernel's output is finite, no such score was met).
 
 With ``enable_gqa`` (grouped-query attention: fewer key and value heads than query heads,
 as Hugging Face's sdpa path calls it for Llama-style models), each query head reads its
@@ -112,6 +115,12 @@ class AttentionCall:
     # ATen's call (the model's own): its results for non-finite operands are its kernel's,
     # not the decomposition's, so the library runs again where the kernel's are not finite
     aten: bool = False
+
+    @property
+    def library_where_not_finite(self) -> bool:
+        """Whether the library's results must replace the kernel's where those are not
+        finite: ATen's call, or a bool mask that selects (the module docstring)."""
+        return self.aten or (self.mask is not None and self.mask.type.dtype is DType.BOOL)
 
 
 def _call(node: Node) -> AttentionCall | None:
@@ -245,4 +254,5 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
     planned = planned if planned is not None else plan_attention(graph, group, options)
     call = _call(group.nodes[0])
     return checked_candidate(graph, group, options, planned, checks,
-                             library_where_not_finite=call is not None and call.aten)
+                             library_where_not_finite=call is not None
+                             and call.library_where_not_finite)

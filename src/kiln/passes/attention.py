@@ -7,6 +7,10 @@ becomes `kiln.ir.fused.attention`, which runs ATen's fused ``scaled_dot_product_
     %p  = softmax(%a) {dim=-1}
     %o3 = bmm(view(clone(%p)), view(V))          (and views that keep %o3's shape)
 
+A causal mask written as a ``masked_fill`` (nanoGPT, minGPT: ``where(C, -inf, scores)``, or
+``where(A, scores, -inf)``) takes the add's place: M is then a bool mask, True where a query
+attends (``~C``, a constant folded here where C is one), and selects as the fill did.
+
 Eager PyTorch runs HF models' attention through that same call; capture decomposes it, and
 at long sequences the decomposition writes and reads the L x S score matrix twice (Whisper's
 encoder: 1500 x 1500 per head).
@@ -14,11 +18,11 @@ encoder: 1500 x 1500 per head).
 When it applies, and why it is safe:
 * float32, softmax over the last axis, every intermediate read by the chain only;
 * the scale is a number multiplying (or dividing) the scores before the mask is added;
-* the mask, if any, is float32 and broadcasts to the scores without growing them; a constant
-  one (a causal mask folded at compile time) has no NaN, no +inf and no row that masks every
-  key (the fused kernel returns 0 for a fully masked row where the decomposition returns
-  NaN); one computed at run time (a padded batch's mask) is checked so by the fused call
-  each time.
+* the mask, if any, is float32 (or the bool condition of a fill with -inf exactly) and
+  broadcasts to the scores without growing them; a constant one (a causal mask folded at
+  compile time) has no NaN, no +inf and no row that masks every key (the fused kernel
+  returns 0 for a fully masked row where the decomposition returns NaN); one computed at run
+  time (a padded batch's mask) is checked so by the fused call each time.
 The fused kernel returns 0 where a NaN or infinity in Q, K or V makes the decomposition's row
 NaN, so `fused.attention` checks at run time that its inputs are finite, its mask has no such
 row, and no score can overflow, and runs the decomposition otherwise: results differ by
@@ -32,6 +36,7 @@ whole vectors).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -40,8 +45,8 @@ from kiln.cost.analytic import AnalyticCost, Roofline
 from kiln.cost.graph import GraphCost
 from kiln.cost.measured import MeasuredCost
 from kiln.ir import fused
-from kiln.ir.attrs import CallAttrs, Operand, PermuteAttrs, ShapeAttrs, SoftmaxAttrs
-from kiln.ir.graph import Graph, Node, Value, substitute
+from kiln.ir.attrs import NO_ATTRS, CallAttrs, Operand, PermuteAttrs, ShapeAttrs, SoftmaxAttrs
+from kiln.ir.graph import Graph, Node, Value, make_constant, substitute
 from kiln.ir.ops import Op
 from kiln.ir.types import DType, TensorType
 from kiln.options import Options
@@ -57,7 +62,8 @@ class _Match:
     kt: Value  # (BH, E, S), its right operand
     v: Value  # (BH, S, Ev)
     scale: float
-    mask: Value | None
+    mask: Value | None  # float32 (added), or bool (selects: see `_selection`)
+    attends_where_false: bool  # a bool mask that is the fill's condition: the call reads ~M
     out: Value  # the second bmm's output, (BH, L, Ev)
     shape: tuple[int, int, int, int, int, int]  # B, H, L, S, E, Ev (LeViT: Ev = 2 E)
     chain: tuple[Node, ...]  # the nodes the fused call replaces
@@ -75,14 +81,15 @@ def fuse_attention(graph: Graph, options: Options) -> Graph:
         analytic = AnalyticCost(Roofline.of_machine(options))
         scorer = GraphCost(MeasuredCost.open(options, analytic, budget_s=2.0))
     mapping: dict[Value, Value] = {}
+    constants: dict[str, torch.Tensor] = {}
     for m in matches:
-        fused, new_nodes = _fused(m)
+        fused, new_nodes = _fused(m, graph, constants)
         if scorer is not None and not (options.generated_kernels and _generated_may_take(m)):
             chain = scorer.seconds(Graph([], list(m.chain), []))
             if scorer.seconds(Graph([], new_nodes, [])) > MARGIN * chain:
                 continue
         mapping[m.out] = fused
-    return substitute(graph, mapping) if mapping else graph
+    return substitute(graph, mapping, constants) if mapping else graph
 
 
 def _generated_may_take(m: _Match) -> bool:
@@ -116,7 +123,7 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
     if t.dtype is not DType.F32 or len(t.shape) != 4 or attrs.dim not in (3, -1):
         return None
     chain = [softmax]
-    x, mask, scale = softmax.inputs[0], None, 1.0
+    x, mask, scale, inverted = softmax.inputs[0], None, 1.0, False
     if x.node.op is Op.ADD and _only_user(x, users, outputs):
         a, b = x.node.inputs
         if not _reads_scores(a):
@@ -124,6 +131,11 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
         if _reads_scores(a) and _usable_mask(graph, b, t.shape):
             chain.append(x.node)
             x, mask = a, b
+    elif x.node.op is Op.WHERE and _only_user(x, users, outputs):
+        selection = _selection(graph, x.node, t.shape)
+        if selection is not None:
+            chain.append(x.node)
+            x, mask, inverted = selection
     if x.node.op in (Op.MUL, Op.DIV) and x.node.inputs[1].node.op is Op.SCALAR \
             and _only_user(x, users, outputs):
         c = float(x.node.inputs[1].node.attrs.value)  # type: ignore[attr-defined]
@@ -160,7 +172,7 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
     if v.type.shape[:2] != (batch * heads, keys) or \
             kt.type.shape != (batch * heads, depth, keys):
         return None
-    return _Match(q, kt, v, scale, mask, bmm.out(),
+    return _Match(q, kt, v, scale, mask, inverted, bmm.out(),
                   (batch, heads, length, keys, depth, v_depth), tuple(chain))
 
 
@@ -184,6 +196,41 @@ def _usable_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
     return mask.node.op is not Op.CONSTANT or _safe_mask(graph, mask, shape)
 
 
+def _selection(graph: Graph, where: Node,
+               shape: tuple[int, ...]) -> tuple[Value, Value, bool] | None:
+    """A ``masked_fill`` of the scores with -inf as (scores, its bool condition, whether the
+    query attends where the condition is False): ``where(C, -inf, scores)`` or
+    ``where(A, scores, -inf)``. The condition broadcasts to the scores without growing them,
+    and a constant one leaves every query a key. None where the node is no such fill."""
+    cond, picked, other = where.inputs
+    inverted = _is_minus_inf(graph, picked)
+    scores = other if inverted else picked
+    if not (inverted or _is_minus_inf(graph, other)) or not _reads_scores(scores) \
+            or scores.type.shape != tuple(shape) or cond.type.dtype is not DType.BOOL:
+        return None
+    dims = cond.type.shape
+    if len(dims) > 4 or any(n not in (1, want) for n, want in zip(reversed(dims),
+                                                                   reversed(shape))):
+        return None
+    if cond.node.op is Op.CONSTANT:
+        attends = graph.constant(cond.node)
+        attends = ~attends if inverted else attends
+        full = attends.reshape((1,) * (4 - attends.dim()) + tuple(attends.shape))
+        if not bool(full.expand(*full.shape[:2], *shape[-2:]).any(-1).all()):
+            return None  # (a row that attends no key: NaN in the graph, kept as it is)
+    return scores, cond, inverted
+
+
+def _is_minus_inf(graph: Graph, value: Value) -> bool:
+    """Whether ``value`` is -inf: a one-element float32 constant (capture folds the fill's
+    number, ``masked_fill``'s or ``torch.where``'s, into one)."""
+    node = value.node
+    if node.op is Op.CONSTANT and value.type.dtype is DType.F32:
+        fill = graph.constant(node)
+        return fill.numel() == 1 and float(fill.reshape(())) == -math.inf
+    return False
+
+
 def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
     m = graph.constant(mask.node)
     if m.dtype != torch.float32 or m.dim() > 4:
@@ -197,15 +244,27 @@ def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
     return not bool((full == -float("inf")).all(dim=-1).any())
 
 
-def _fused(m: _Match) -> tuple[Value, list[Node]]:
+def _fused(m: _Match, graph: Graph,
+           constants: dict[str, torch.Tensor]) -> tuple[Value, list[Node]]:
+    """The fused call's nodes, the view of its result in the chain's shape first; a constant
+    mask the call reads inverted goes into ``constants`` (once for all calls that read it)."""
     batch, heads, length, keys, depth, v_depth = m.shape
     f32 = DType.F32
     nodes: list[Node] = []
 
-    def add(op: Op, inputs, attrs, shape, name: str) -> Value:
-        node = Node(op, inputs, attrs, (TensorType(shape, f32),), name)
+    def add(op: Op, inputs, attrs, shape, name: str, dtype: DType = f32) -> Value:
+        node = Node(op, inputs, attrs, (TensorType(shape, dtype),), name)
         nodes.append(node)
         return node.out()
+
+    mask = m.mask
+    if mask is not None and m.attends_where_false and mask.node.op is Op.CONSTANT:
+        name = f"{mask.node.attrs.name}.attends"  # type: ignore[attr-defined]
+        constants.setdefault(name, ~graph.constant(mask.node))
+        mask = make_constant(name, constants[name]).out()
+    elif mask is not None and m.attends_where_false:
+        mask = add(Op.LOGICAL_NOT, (mask,), NO_ATTRS, mask.type.shape, "attn_attends",
+                   DType.BOOL)
 
     q = add(Op.VIEW, (m.q,), ShapeAttrs((batch, heads, length, depth)), (batch, heads, length,
                                                                            depth), "attn_q")
@@ -215,8 +274,8 @@ def _fused(m: _Match) -> tuple[Value, list[Node]]:
             "attn_k")
     v = add(Op.VIEW, (m.v,), ShapeAttrs((batch, heads, keys, v_depth)),
             (batch, heads, keys, v_depth), "attn_v")
-    operands = (q, k, v) if m.mask is None else (q, k, v, m.mask)
-    mask_arg = None if m.mask is None else Operand(3)
+    operands = (q, k, v) if mask is None else (q, k, v, mask)
+    mask_arg = None if mask is None else Operand(3)
     attrs = CallAttrs(fused.attention._opoverload,
                       (Operand(0), Operand(1), Operand(2), mask_arg, m.scale))
     out = add(Op.CALL, operands, attrs, (batch, heads, length, v_depth), "attention")
