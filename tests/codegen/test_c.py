@@ -14,6 +14,7 @@ from kiln.ir.types import DType
 from kiln.options import Options
 from kiln.tir import interp
 from kiln.tir.nodes import (
+    INDEX,
     Binary,
     BinOp,
     Block,
@@ -35,6 +36,7 @@ from kiln.tir.nodes import (
     const,
     seq,
 )
+from kiln.tir.printer import print_func
 
 F32 = DType.F32
 
@@ -174,6 +176,32 @@ def test_kernel_checks_its_arguments(options: Options) -> None:
         kernel(a, torch.ones(3, 2).t(), c)
     with pytest.raises(KernelArgumentError, match="takes 3"):
         kernel(a, b)
+
+
+def test_a_loop_with_a_stop_ends_there_as_in_the_interpreter(options: Options) -> None:
+    """``For.stop``, a bound computed from an outer loop (causal attention's keys): row i
+    of C gets A + B in its first min(8, i + 2) columns and keeps the zeros written before;
+    the C bound is the lesser of the stop and the extent, as the interpreter runs it."""
+    rows, cols = 6, 8
+    a, b, c = (Buffer(n, (rows, cols), F32) for n in "ABC")
+    i, j, i2, j2 = Var("i"), Var("j"), Var("i2"), Var("j2")
+    vi, vj, wi, wj = Var("vi"), Var("vj"), Var("wi"), Var("wj")
+    zero = Block("Z", (IterVar(vi, rows), IterVar(vj, cols)), (i, j),
+                 BufferStore(c, (vi, vj), const(0.0, F32)))
+    add = Block("C", (IterVar(wi, rows), IterVar(wj, cols)), (i2, j2),
+                BufferStore(c, (wi, wj), a[wi, wj] + b[wi, wj]))
+    stop = i2 + const(2, INDEX)
+    func = PrimFunc("stop", (a, b), (c,), seq(
+        For(i, rows, For(j, cols, zero)),
+        For(i2, rows, For(j2, cols, add, ForKind.VECTORIZED, stop), ForKind.PARALLEL)))
+    assert "vectorized(8, stop=i2 + 2)" in print_func(func)
+    assert " < 8 ? " in _body(render_c(func), "stop")
+    x, y = torch.randn(rows, cols), torch.randn(rows, cols)
+    want = torch.where(torch.arange(cols) < torch.arange(rows)[:, None] + 2, x + y, 0.0)
+    out = torch.full((rows, cols), float("nan"))
+    compile_kernel(func, options)(x, y, out)
+    assert torch.equal(out, want)
+    assert torch.equal(interp.run_torch(func, [x, y])[0], want)
 
 
 def test_zero_extent_loop_renders_nothing(options: Options) -> None:

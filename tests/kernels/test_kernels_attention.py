@@ -293,6 +293,39 @@ def test_grouped_query_heads_read_their_groups_key_head(kernel_options: Options,
     torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("case", [(1, 4, 100, 100, 64, 64, False), (2, 1, 70, 70, 32, 32, True),
+                                  (1, 2, 40, 57, 16, 16, False)],
+                         ids=["tails", "few heads: blocks shared", "more keys than queries"])
+def test_causal_blocks_stop_at_their_last_key(kernel_options: Options, case: tuple) -> None:
+    """With ``is_causal`` over as many keys as queries, each block of queries runs its
+    scores, exponentials and product up to its last query's key only (the loops' stop,
+    rendered as their bound); threads that share a head's blocks take them as each is free
+    (they differ in length). More keys than queries: every key is read (ATen's is_causal
+    lets query i see keys up to i there too, but the skipped keys would differ from its
+    kernel's). ATen's values either way, and the plan replays."""
+    b, h, n_q, n_k, e, ev, split = case
+    gen = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(b, h, n, d, generator=gen)
+               for n, d in ((n_q, e), (n_k, e), (n_k, ev)))
+    shape = AttentionShape(b, h, n_q, n_k, e, ev, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                           causal=True)
+    config = default_attention_config(Isa.AVX512, ev, n_q, h, threads=2)
+    assert config is not None and config.split_queries == split
+    plan = attention_plan(shape, config, f"attention_test_stop_{'_'.join(map(str, case))}")
+    func = plan.build()
+    stops = [s for s in iter_stmts(func.body) if isinstance(s, For) and s.stop is not None]
+    assert plan.replayed() == func
+    if n_q != n_k:
+        assert not stops
+    else:  # (the key tiles, the exponentials' keys, the product's keys: in each version)
+        assert len({s.var.name for s in stops}) == 3
+        assert ("schedule(dynamic, 1)" in compile_kernel(func, kernel_options).source) == split
+    out = torch.empty(b, h, n_q, ev)
+    compile_kernel(func, kernel_options)(q, k, v, out)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
+
+
 def test_attention_config_refuses() -> None:
     """No tile without vectors, nor for a value width that is not whole vectors; the block
     of queries that leaves the fewest padded in the last, the widest on a tie."""

@@ -38,7 +38,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from kiln.codegen.c_intrinsics import fma_tile_lines
+from kiln.codegen.c_intrinsics import fma_tile_lines, loop_bound
 from kiln.codegen.c_prelude import PRELUDE
 from kiln.ir.types import DType
 from kiln.tir.arith import bounds
@@ -301,9 +301,11 @@ class CRenderer:
             loop.body, loop.var.name)
         if racy or (kind.is_parallel and scope.in_parallel):
             kind = ForKind.SERIAL
-        nest = [loop if kind is loop.kind else For(loop.var, loop.extent, loop.body, kind)]
+        nest = [loop if kind is loop.kind else For(loop.var, loop.extent, loop.body, kind,
+                                                   loop.stop)]
         if kind.is_parallel:  # perfectly nested parallel loops collapse into one
             while (isinstance(nest[-1].body, For) and nest[-1].body.kind.is_parallel
+                   and nest[-1].stop is None and nest[-1].body.stop is None
                    and not _binds_reduce(nest[-1].body.body, nest[-1].body.var.name)):
                 nest.append(nest[-1].body)
         lines = []
@@ -317,9 +319,10 @@ class CRenderer:
             inner_scope = _Scope(scope.names, scope.used, in_parallel=True,
                                  ranges=scope.ranges)
         for depth, level in enumerate(nest):
+            bound = loop_bound(level, lambda e: _strip(self._expr(e, scope)))
             scope.ranges[level.var] = (0, level.extent - 1)
             var = scope.name(level.var.name)
-            lines.append(INDENT * depth + f"for (int64_t {var} = 0; {var} < {level.extent}; "
+            lines.append(INDENT * depth + f"for (int64_t {var} = 0; {var} < {bound}; "
                          f"++{var}) {{")
         body = self._stmt(nest[-1].body, inner_scope)
         lines += [INDENT * len(nest) + line for line in body]

@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 from kiln.codegen.isa import Isa
 from kiln.tir.arith import simplify
-from kiln.tir.nodes import INDEX, Binary, BinOp, Const, Expr, Load, Stmt, Var, const
+from kiln.tir.nodes import INDEX, Binary, BinOp, Const, Expr, For, Load, Stmt, Var, const
 from kiln.tir.tensorize import AccInit, FmaTile, WriteBack, load_at, loop_points, moves_by
 from kiln.tir.visit import substitute, substitute_stmt
 
@@ -52,6 +52,14 @@ INDENT = "  "
 # independent FMA chains that keep both FMA pipes busy: 4 cycles of latency x 2 pipes
 # (Zen 3, Zen 4, Skylake-X); a 1 x 16 AVX2 tile, 2 chains, waits on each step
 FMA_CHAINS = 8
+
+
+def loop_bound(loop: For, expr: Callable[[Expr], str]) -> str:
+    """The C bound of ``loop``: its extent, or the lesser of it and its run-time ``stop``."""
+    if loop.stop is None:
+        return str(loop.extent)
+    stop = f"(int64_t)({expr(loop.stop)})"
+    return f"({stop} < {loop.extent} ? {stop} : {loop.extent})"
 
 
 def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
@@ -128,18 +136,18 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
         if loop is inner and sets > 1:  # (the pragma goes right before its loop)
             lines.append(f"{INDENT * depth}int64_t {k} = 0;")
             lines.append(f"{INDENT * depth}#pragma GCC unroll 1")
-            lines.append(f"{INDENT * depth}for (; {k} + {sets} <= {loop.extent}; "
+            lines.append(f"{INDENT * depth}for (; {k} + {sets} <= {loop_bound(loop, expr)}; "
                          f"{k} += {sets}) {{")
         else:
             lines.append(f"{INDENT * depth}#pragma GCC unroll 1")
-            lines.append(f"{INDENT * depth}for (int64_t {k} = 0; {k} < {loop.extent}; "
+            lines.append(f"{INDENT * depth}for (int64_t {k} = 0; {k} < {loop_bound(loop, expr)}; "
                          f"++{k}) {{")
     depth = len(tile.k)
     lines += [INDENT * (depth + 1) + line for step in range(sets) for line in step_lines(step)]
-    if sets > 1 and inner.extent % sets:  # the last steps, into the first set
-        k = name(inner.var.name)
+    if sets > 1 and (inner.extent % sets or inner.stop is not None):  # the last steps, into
+        k = name(inner.var.name)  # the first set
         lines.append(f"{INDENT * depth}}}")
-        lines.append(f"{INDENT * depth}for (; {k} < {inner.extent}; ++{k}) {{")
+        lines.append(f"{INDENT * depth}for (; {k} < {loop_bound(inner, expr)}; ++{k}) {{")
         lines += [INDENT * (depth + 1) + line for line in step_lines(0)]
     lines += [f"{INDENT * d}}}" for d in range(depth, 0, -1)]
     for r in range(rows):

@@ -37,7 +37,11 @@ block then reads its panel in order; read as rows of L, Whisper-sized 8 x 1500 x
 40 ms against 26.5 unmasked, as panels 30.5, ATen's masked call 37); where each head has its
 own, a block ``mask`` copies the block's QB rows into a local pack, zero-padded past L. The
 maximum and the exponentials read either as they would the constant one. ATen's
-``is_causal`` (``causal``) sets the scores of the keys after each query to -inf instead.
+``is_causal`` (``causal``) sets the scores of the keys after each query to -inf instead;
+over as many keys as queries, a block of queries also stops at its last query's key (the
+scores' key tiles, the exponentials and the product: `StopAtDiagonal`), about half the work
+at long sequences (Zen 4, 2 threads, 12 heads x 64: 1024 tokens 19.0 -> 10.1 ms, ATen's
+causal call 15.4; 32 heads x 2048: 295 -> 124, ATen 147).
 
 Numerics are the decomposition's (``softmax(Q Kᵀ · c + M) @ V`` as capture writes it): the
 maximum is taken over the scaled scores, so a NaN score makes its row NaN, an infinite one
@@ -69,6 +73,7 @@ from kiln.kernels.plan import (
     Recipe,
     ShrinkTails,
     SimplifyIndices,
+    StopAtDiagonal,
     Tensorize,
     VersionTails,
     ZeroPadding,
@@ -284,11 +289,14 @@ def transposed_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
     return padded.view(mb, mh, blocks, panel, keys).transpose(-1, -2).contiguous()
 
 
-def schedule_attention(func: PrimFunc, config: AttentionConfig,
-                       heads_inner: bool = False) -> tuple[Schedule, list[str]]:
+def schedule_attention(func: PrimFunc, config: AttentionConfig, heads_inner: bool = False,
+                       uneven_blocks: bool = False) -> tuple[Schedule, list[str]]:
     """The schedule of the module docstring, as primitives. Also returns the loops whose
     bodies `kiln.tir.tails.version_tails` versions (the query block, the key tiles, the
-    product's row tiles) and the two micro-kernels' reduction loops, for `plan.Tensorize`."""
+    product's row tiles), the two micro-kernels' reduction loops, for `plan.Tensorize`
+    (the second, the product's, over the keys), and the exponentials' loop over the keys.
+    With ``uneven_blocks`` (causal: a block of queries stops at its last key), threads that
+    share the blocks take them one at a time, as each is free."""
     sch = Schedule(func)
     out_block = sch.blocks()[-1]  # (the division, named after the function)
     if heads_inner:  # (the output [B, L, H, Ev]: its loops put the heads outside again)
@@ -348,8 +356,12 @@ def schedule_attention(func: PrimFunc, config: AttentionConfig,
         sch.unroll(rows_t)
         sch.vectorize(cols_t)
     sch.vectorize(sch.get_loops(out_block)[-1])
-    sch.parallel(q_block if config.split_queries else heads)
-    return sch, [q_block.name, key_tile.name, row_tile.name, depth.name, keys_p.name]
+    if config.split_queries:
+        sch.parallel(q_block, dynamic=uneven_blocks)
+    else:
+        sch.parallel(heads)
+    return sch, [q_block.name, key_tile.name, row_tile.name, depth.name, keys_p.name,
+                 fused[-1].name]
 
 
 def _register_tile(sch: Schedule, block: str, rows: LoopRV, cols: LoopRV, k: LoopRV,
@@ -371,14 +383,19 @@ def attention_plan(shape: AttentionShape, config: AttentionConfig,
     `schedule_attention`, and the post-passes: compaction, indices in loop vars, Q's pack
     zero-padded, the query block and the tiles versioned (full ones without bounds checks),
     the tails' loops cut to their steps, guards that protect only padding dropped, and both
-    micro-kernels tensorized."""
+    micro-kernels tensorized; with a causal mask over as many keys as queries, each block of
+    queries stops at its last key (`StopAtDiagonal`)."""
     program = attention_func(shape, name)
-    sch, loops = schedule_attention(program, config, shape.heads_inner)
-    *tails, depth, keys = loops
+    stops = shape.causal and shape.queries == shape.keys  # (ATen's is_causal: keys <= query)
+    sch, loops = schedule_attention(program, config, shape.heads_inner, stops)
+    *tails, depth, keys, exp_keys = loops
     pads = ("Q_local", "mask_t") if "mask" in sch.blocks() else ("Q_local",)  # (per block)
     post: tuple[PostPass, ...] = (Compact(), SimplifyIndices(), *map(ZeroPadding, pads),
                                   VersionTails(tuple(tails)), ShrinkTails(),
                                   DropDeadGuards(), Tensorize((depth, keys), config.lanes))
+    if stops:
+        post += (StopAtDiagonal(tails[0], config.qb, shape.keys, (keys, exp_keys),
+                                ((tails[1], config.mr_keys),)),)
     return KernelPlan(Recipe.ATTENTION, program, sch.trace, post,
                       notes=f"# kiln.kernels.attention_plan({shape}, {config})",
                       scheduled=sch.func)

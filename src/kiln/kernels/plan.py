@@ -29,6 +29,7 @@ from kiln.tir.compact import compact_buffers
 from kiln.tir.indices import simplify_indices
 from kiln.tir.lower_elementwise import activation
 from kiln.tir.nodes import (
+    INDEX,
     Binary,
     BinOp,
     Block,
@@ -441,6 +442,45 @@ class Tensorize:
 
     def as_python(self) -> str:
         return f"tensorize({list(self.k_loops)!r}, 'fma_tile', lanes={self.lanes})"
+
+
+@dataclass(frozen=True)
+class StopAtDiagonal:
+    """Causal attention's key loops end at the last key a block of queries attends: with
+    the block loop ``block`` (``width`` queries a step) at b, the keys end at
+    min(``keys``, (b + 1) * width) (a key after every query of the block has probability
+    0: its scores, exponentials and products are skipped, not computed). The loops named in
+    ``key_loops`` step a key at a time, those in ``tile_loops`` (name, keys a step) a tile
+    at a time; every version of each (`VersionTails`) gets the stop. The last post-pass:
+    the loops' ``stop`` (`kiln.tir.nodes.For`) is read by the renderers only."""
+
+    block: str
+    width: int
+    keys: int
+    key_loops: tuple[str, ...]
+    tile_loops: tuple[tuple[str, int], ...]
+
+    def apply(self, func: PrimFunc) -> PrimFunc:
+        blocks = [s.var for s in iter_stmts(func.body)
+                  if isinstance(s, For) and s.var.name == self.block]
+        if not blocks:
+            return func
+        end = Binary(BinOp.MIN, const(self.keys, INDEX),
+                     (blocks[0] + const(1, INDEX)) * const(self.width, INDEX))
+        steps = {name: 1 for name in self.key_loops} | dict(self.tile_loops)
+
+        def fn(s: Stmt) -> Stmt:
+            if not isinstance(s, For) or s.var.name not in steps:
+                return s
+            step = steps[s.var.name]
+            stop = end if step == 1 else \
+                Binary(BinOp.FLOORDIV, end + const(step - 1, INDEX), const(step, INDEX))
+            return dataclasses.replace(s, stop=stop)
+        return func.with_body(map_stmt(func.body, fn))
+
+    def as_python(self) -> str:
+        return (f"stop_at_diagonal({self.block!r}, width={self.width}, keys={self.keys}, "
+                f"key_loops={list(self.key_loops)!r}, tile_loops={list(self.tile_loops)!r})")
 
 
 @dataclass(frozen=True)

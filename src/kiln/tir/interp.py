@@ -235,6 +235,15 @@ def compile_stmt(s: Stmt) -> ExecFn:
 def _compile_for(s: For) -> ExecFn:
     name, body = s.var.name, compile_stmt(s.body)
     order = range(s.extent - 1, -1, -1) if s.kind.is_parallel else range(s.extent)
+    if s.stop is not None:
+        stop = compile_expr(s.stop)
+
+        def bounded(env: Env, bufs: Arrays) -> None:
+            end = min(s.extent, int(stop(env, bufs)))
+            for v in (range(end - 1, -1, -1) if s.kind.is_parallel else range(end)):
+                env[name] = v
+                body(env, bufs)
+        return bounded
 
     def loop(env: Env, bufs: Arrays) -> None:
         for v in order:

@@ -395,12 +395,16 @@ class BufferStore(Stmt):
 
 @dataclass(frozen=True, slots=True)
 class For(Stmt):
-    """``for var in range(extent): body``, run as ``kind`` says."""
+    """``for var in range(extent): body``, run as ``kind`` says; with ``stop``, only while
+    ``var < stop`` as well: a bound computed at run time from outer loops' variables (the
+    keys a block of queries attends under a causal mask). ``extent`` stays the static upper
+    bound every analysis reads."""
 
     var: Var
     extent: int
     body: Stmt
     kind: ForKind = ForKind.SERIAL
+    stop: Expr | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,8 @@ def _stmt(s: Stmt, depth: int, out: list[str]) -> None:
         for part in s.stmts:
             _stmt(part, depth, out)
     elif isinstance(s, For):
-        out.append(f"{pad}for {s.var.name} in {_LOOP_WORD[s.kind]}({s.extent}):")
+        stop = "" if s.stop is None else f", stop={print_expr(s.stop)}"
+        out.append(f"{pad}for {s.var.name} in {_LOOP_WORD[s.kind]}({s.extent}{stop}):")
         _stmt(s.body, depth + 1, out)
     elif isinstance(s, Block):
         ivs = ", ".join(f"{iv.var.name}: {iv.kind.value}[{iv.extent}] = {print_expr(b)}"

@@ -75,9 +75,9 @@ def map_stmt(stmt: Stmt, fn: StmtFn = lambda s: s, efn: ExprFn | None = None) ->
         if value is not stmt.value or not _same(indices, stmt.indices):
             new = BufferStore(stmt.buffer, indices, value)
     elif isinstance(stmt, For):
-        body = map_stmt(stmt.body, fn, efn)
-        if body is not stmt.body:
-            new = For(stmt.var, stmt.extent, body, stmt.kind)
+        body, stop = map_stmt(stmt.body, fn, efn), opt(stmt.stop)
+        if body is not stmt.body or stop is not stmt.stop:
+            new = For(stmt.var, stmt.extent, body, stmt.kind, stop)
     elif isinstance(stmt, Block):
         bindings, body = tuple(ex(b) for b in stmt.bindings), map_stmt(stmt.body, fn, efn)
         init, pred = sub(stmt.init), opt(stmt.predicate)
@@ -216,6 +216,8 @@ def stmt_exprs(stmt: Stmt) -> Iterator[Expr]:
             yield stmt.predicate
     elif isinstance(stmt, IfThenElse):
         yield stmt.cond
+    elif isinstance(stmt, For) and stmt.stop is not None:
+        yield stmt.stop
 
 
 def all_exprs(stmt: Stmt) -> Iterator[Expr]:
@@ -247,7 +249,7 @@ def replace_node(root: Stmt, target: Stmt, new: Stmt) -> Stmt:
             return new
         if isinstance(s, For):
             body = walk(s.body)
-            return s if body is s.body else For(s.var, s.extent, body, s.kind)
+            return s if body is s.body else For(s.var, s.extent, body, s.kind, s.stop)
         if isinstance(s, Allocate):
             body = walk(s.body)
             return s if body is s.body else Allocate(s.buffer, body)
