@@ -488,15 +488,20 @@ def test_a_causal_masked_fill_runs_generated_and_selects(kernel_options: Options
     q, k, v = (torch.randn(1, 3, 21, 16, generator=gen) for _ in range(3))
     model = _MaskedFill(21).eval()
     compiled = kiln.compile(model, (q, k, v), kernel_options)
-    assert any(k_.kind == "generated" and "kiln_attention" in (k_.source or "")
-               for k_ in compiled.report.kernels)
-    for where in ("none", "masked key"):
-        kk = k.clone()
+    kernels = [k_ for k_ in compiled.report.kernels
+               if k_.kind == "generated" and "kiln_attention" in (k_.source or "")]
+    assert len(kernels) == 1
+    # (the mask is causal: masked as is_causal, not read, the keys after each block skipped)
+    assert "const float* restrict M" not in kernels[0].source and " < 21 ? " in kernels[0].source
+    for where in ("none", "masked key", "value after the diagonal"):
+        kk, vv = k.clone(), v.clone()
         if where == "masked key":
             kk[0, 1, 20, 3] = float("inf")  # (the last key: only the last query attends it)
             kk[0, 1, 19, 3] = float("inf")
-        want = model(q, kk, v)
-        got = compiled(q, kk, v)
+        elif where == "value after the diagonal":  # (0 x inf: NaN in every row, as the
+            vv[0, 2, 20, 5] = float("inf")  # graph has it, where the kernel skipped it)
+        want = model(q, kk, vv)
+        got = compiled(q, kk, vv)
         assert torch.equal(got.isnan(), want.isnan())
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 

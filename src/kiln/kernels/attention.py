@@ -191,7 +191,8 @@ def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> Atte
     q, k, v = call.q, call.k, call.v
     batch, heads, queries, depth = q.type.shape
     extents, runtime = None, None
-    if call.mask is not None:
+    causal = call.causal or _causal_constant(graph, call)
+    if call.mask is not None and not causal:
         dims = tuple(call.mask.type.shape)
         full = (1,) * (4 - len(dims)) + dims
         extents = (batch if full[0] > 1 else 1, heads if full[1] > 1 else 1)
@@ -201,8 +202,24 @@ def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> Atte
     scale = call.scale if call.scale is not None else depth ** -0.5
     return AttentionShape(batch, heads, queries, k.type.shape[2], depth, v.type.shape[3],
                           scale, runtime_strides(graph, q), runtime_strides(graph, k),
-                          runtime_strides(graph, v), extents, runtime, call.causal,
+                          runtime_strides(graph, v), extents, runtime, causal,
                           heads_inner, k.type.shape[1] if k.type.shape[1] != heads else 0)
+
+
+def _causal_constant(graph: Graph, call: AttentionCall) -> bool:
+    """Whether the call's mask is a constant bool one that lets each query attend the keys
+    up to its own and no other (nanoGPT's ``masked_fill`` of a causal buffer, as the
+    attention pass inverts it), over as many keys as queries: the kernel then masks as
+    ``is_causal`` does, reads no mask, and skips the keys after each block of queries. (A
+    float mask adds: a score of +inf where it is -inf makes NaN, which a select would not.)"""
+    mask = call.mask
+    queries, keys = call.q.type.shape[2], call.k.type.shape[2]
+    if mask is None or mask.node.op is not Op.CONSTANT or mask.type.dtype is not DType.BOOL \
+            or queries != keys or tuple(mask.type.shape[-2:]) != (queries, keys):
+        return False
+    attends = graph.constant(mask.node).reshape(-1, queries, keys)
+    tril = torch.ones(queries, keys, dtype=torch.bool).tril()
+    return bool((attends == tril).all())
 
 
 def plan_attention(graph: Graph, group: KernelGroup,
@@ -216,11 +233,11 @@ def plan_attention(graph: Graph, group: KernelGroup,
     call, shape = _call(group.nodes[0]), space.shape
     assert call is not None
     weights = {}
-    if call.mask is not None and shape.runtime_mask is None:  # laid out once, here
+    if shape.mask is not None and shape.runtime_mask is None:  # laid out once, here
         weights[call.mask] = packed(transposed_mask, graph.constant(call.mask.node),
                                     shape.batch, shape.heads, shape.queries, shape.keys,
                                     shape.mask_panel)
-    operands = (call.q, call.k, call.v) + ((call.mask,) if call.mask is not None else ())
+    operands = (call.q, call.k, call.v) + ((call.mask,) if shape.mask is not None else ())
     return plan, operands, weights
 
 
