@@ -506,6 +506,51 @@ def test_a_causal_masked_fill_runs_generated_and_selects(kernel_options: Options
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+class _ExportedCausal(nn.Module):
+    """ATen's attention with the causal mask Hugging Face models get under torch.export: a
+    float constant, 0 up to each query's key and ``fill`` after."""
+
+    def __init__(self, tokens: int, fill: float) -> None:
+        super().__init__()
+        causal = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        self.register_buffer("mask", torch.zeros(tokens, tokens).masked_fill(~causal, fill))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+@pytest.mark.parametrize("fill", [torch.finfo(torch.float32).min, -float("inf"), -1e9],
+                         ids=["finfo.min", "-inf", "-1e9"])
+def test_an_added_causal_mask_runs_as_is_causal_where_the_scores_are_bounded(
+        kernel_options: Options, fill: float) -> None:
+    """A float causal mask filled with -inf or finfo.min runs as is_causal (no mask read,
+    the keys after each block skipped) where every operand is finite and every score far
+    from overflow, which the executor tests each call: an infinite key (NaN in the graph
+    where +inf meets the fill, in rows the kernel leaves finite) runs ATen's call. A fill of
+    -1e9 stays a mask: its exponential need not be 0."""
+    gen = torch.Generator().manual_seed(10)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    model = _ExportedCausal(40, fill).eval()
+    compiled = kiln.compile(model, (q, k, v), kernel_options)
+    kernels = [k_ for k_ in compiled.report.kernels
+               if k_.kind == "generated" and "kiln_attention" in (k_.source or "")]
+    assert len(kernels) == 1
+    reads_mask = "const float* restrict M" in kernels[0].source
+    assert reads_mask == (fill == -1e9)
+    for where in ("none", "+inf behind the mask", "-inf before it"):
+        qq, kk = q.clone(), k.clone()
+        if where == "+inf behind the mask":
+            kk[0, 1, 39, 2] = float("inf")  # (the last key: only the last query attends it)
+        elif where == "-inf before it":  # (the key's one query sees -inf, the others' +inf
+            kk[0, 1, 39, 2] = -float("inf")  # meets the fill: NaN; a select and the skipped
+            qq[0, 1, :, 2] = -qq[0, 1, :, 2].abs()  # keys of the kernel leave every row
+            qq[0, 1, 39, 2] = 1.0  # finite, the library's answer is the graph's)
+        want = model(qq, kk, v)
+        got = compiled(qq, kk, v)
+        assert torch.equal(got.isnan(), want.isnan())
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
+
+
 def test_a_mask_made_at_run_time_runs_generated(kernel_options: Options) -> None:
     """A bool mask the model computes from its inputs ([B, H, L, 1]: some queries see no
     key) runs in the generated kernel; those rows get ATen's answer (the library runs again

@@ -13,7 +13,10 @@ run time gives them: `runtime_strides`). A constant mask is laid out once at com
 (`transposed_mask`: keys by queries, as the scores are, in panels of the default block of
 queries, so that each block reads its part in order); one the model computes
 (a padded batch's attention mask, float or bool) is read where it lies and transposed inside
-the kernel (`RuntimeMask`). ATen's ``is_causal`` masks the keys after each query. Where the
+the kernel (`RuntimeMask`). ATen's ``is_causal`` masks the keys after each query, and a
+block of queries skips the keys after its last query; so does a constant causal mask
+(`_causal_constant`: nanoGPT's fill, or the float mask torch.export leaves of Hugging Face's,
+the latter where a test of the operands each call finds every score bounded). Where the
 call's one reader is the transpose of heads and queries a model reshapes next, the kernel
 writes that layout and the reshape is a view.
 
@@ -37,6 +40,7 @@ log-sum-exp.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -191,7 +195,7 @@ def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> Atte
     q, k, v = call.q, call.k, call.v
     batch, heads, queries, depth = q.type.shape
     extents, runtime = None, None
-    causal = call.causal or _causal_constant(graph, call)
+    causal = call.causal or _causal_constant(graph, call) is not None
     if call.mask is not None and not causal:
         dims = tuple(call.mask.type.shape)
         full = (1,) * (4 - len(dims)) + dims
@@ -206,20 +210,38 @@ def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> Atte
                           heads_inner, k.type.shape[1] if k.type.shape[1] != heads else 0)
 
 
-def _causal_constant(graph: Graph, call: AttentionCall) -> bool:
-    """Whether the call's mask is a constant bool one that lets each query attend the keys
-    up to its own and no other (nanoGPT's ``masked_fill`` of a causal buffer, as the
-    attention pass inverts it), over as many keys as queries: the kernel then masks as
-    ``is_causal`` does, reads no mask, and skips the keys after each block of queries. (A
-    float mask adds: a score of +inf where it is -inf makes NaN, which a select would not.)"""
+# a constant float mask's value above the diagonal that counts as -inf: with every score
+# finite and below `fused._SCORE_BOUND` in size (the run-time test), its exponential is 0
+CAUSAL_FILL = -1e35
+
+
+def _causal_constant(graph: Graph, call: AttentionCall) -> str | None:
+    """How the call's mask, a constant over as many keys as queries, lets each query attend
+    the keys up to its own and no other, where it does: "selects" (a bool one: nanoGPT's
+    ``masked_fill`` of a causal buffer, as the attention pass inverts it) or "adds" (a
+    float one, 0 there and -inf or below `CAUSAL_FILL` after: Hugging Face's causal mask as
+    torch.export materializes it). The kernel then masks as ``is_causal`` does, reads no
+    mask and skips the keys after each block of queries; an added mask only where the
+    scores are finite and bounded (`Built.run_if`: +inf + -inf is NaN, which a select
+    would not make, and a finite fill must underflow). None: no such mask."""
     mask = call.mask
     queries, keys = call.q.type.shape[2], call.k.type.shape[2]
-    if mask is None or mask.node.op is not Op.CONSTANT or mask.type.dtype is not DType.BOOL \
-            or queries != keys or tuple(mask.type.shape[-2:]) != (queries, keys):
-        return False
-    attends = graph.constant(mask.node).reshape(-1, queries, keys)
+    if mask is None or mask.node.op is not Op.CONSTANT or queries != keys \
+            or tuple(mask.type.shape[-2:]) != (queries, keys) \
+            or mask.type.dtype not in (DType.BOOL, DType.F32):
+        return None
+    values = graph.constant(mask.node).reshape(-1, queries, keys)
     tril = torch.ones(queries, keys, dtype=torch.bool).tril()
-    return bool((attends == tril).all())
+    if mask.type.dtype is DType.BOOL:
+        return "selects" if bool((values == tril).all()) else None
+    causal = bool((values[:, tril] == 0).all()) and bool((values[:, ~tril] <= CAUSAL_FILL).all())
+    return "adds" if causal else None
+
+
+def _scores_bounded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
+    """Every operand finite and every score below `fused._SCORE_BOUND` in size: an added
+    causal mask's fill then makes an exponential of 0, as the kernel's skipped keys do."""
+    return fused._fused_attention_is_exact(q, k, v, None, scale)
 
 
 def plan_attention(graph: Graph, group: KernelGroup,
@@ -270,6 +292,11 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
     random operands with the run-time strides, not yet measured."""
     planned = planned if planned is not None else plan_attention(graph, group, options)
     call = _call(group.nodes[0])
-    return checked_candidate(graph, group, options, planned, checks,
-                             library_where_not_finite=call is not None
-                             and call.library_where_not_finite)
+    built = checked_candidate(graph, group, options, planned, checks,
+                              library_where_not_finite=call is not None
+                              and call.library_where_not_finite)
+    if isinstance(built, Built) and call is not None and _causal_constant(graph, call) == "adds":
+        scale = call.scale if call.scale is not None else call.q.type.shape[3] ** -0.5
+        built = dataclasses.replace(built, run_if=(functools.partial(_scores_bounded,
+                                                                     scale=scale), (0, 1, 2)))
+    return built

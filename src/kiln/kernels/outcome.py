@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,16 @@ class Built:
     # infinity: the library's results for non-finite operands are its own (ATen's fused
     # attention), which the kernel's agree with only where everything is finite
     library_where_not_finite: bool = False
+    # a test of some inputs (the function, and those inputs' positions) that must pass for
+    # the kernel to run; where it fails, the library calls run instead (attention that skips
+    # keys a constant float mask hides: only exact where every score is finite and bounded)
+    run_if: tuple[Callable[..., bool], tuple[int, ...]] | None = field(default=None,
+                                                                       compare=False)
+
+    @property
+    def may_run_library(self) -> bool:
+        """Whether the group's library calls may run in the kernel's place or after it."""
+        return self.library_where_not_finite or self.run_if is not None
 
     @property
     def source(self) -> str:

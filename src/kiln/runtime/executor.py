@@ -460,9 +460,14 @@ def _kernel_lines(env: dict[str, Any], gk: Built, graph: Graph,
         isfinite = _bind(env, "ISFINITE", math.isfinite)
         finite = " and ".join(f"{isfinite}(float({ref(v)}.sum()))" for v in gk.outputs)
         calls += [f"if not ({finite}):"] + [f"    {line}" for line in library]
+    if gk.run_if is not None:  # the kernel where its test passes, else the library (no
+        test, positions = gk.run_if  # warning: `Built.run_if` is part of the design)
+        ran = f"{_bind(env, 'RUN_IF', test)}({', '.join(ref(gk.inputs[i]) for i in positions)})"
+        calls = [f"if {ran}:", *(f"    {c}" for c in calls), "else:",
+                 *(f"    {line}" for line in library)]
     gone = [f"    del {', '.join(temps)}"] if temps else []
     if not checks:
-        if not gk.library_where_not_finite:  # (its outputs' slots hold them on every call)
+        if not gk.may_run_library:  # (its outputs' slots hold them on every call)
             for v, buffer in zip(gk.outputs, params.outputs):
                 if v in slot:
                     fixed.fix_slot(v, slot[v], slot_strides.get(slot[v], _strides(buffer)))

@@ -90,7 +90,7 @@ def views_read_in_place(graph: Graph, kernels: Iterable[Built], known: Mapping[V
                 alias[value] = alias.get(source, source)
 
     def unchecked(gk: Built) -> bool:
-        if gk.library_where_not_finite:
+        if gk.may_run_library:
             return False
         params = gk.kernel.func.inputs  # type: ignore[union-attr]
         return all(v.node.op is Op.CONSTANT or laid_out_as(v, b, known)
