@@ -551,6 +551,35 @@ def test_an_added_causal_mask_runs_as_is_causal_where_the_scores_are_bounded(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+@pytest.mark.parametrize("case", ["bool", "-inf", "finfo.min", "one key fewer", "NaN",
+                                  "-1e30", "more keys", "a zero above"])
+def test_which_constant_masks_are_causal(case: str) -> None:
+    """Exactly causal (each query attends its key and those before it), over as many keys
+    as queries: a bool mask selects, a float one adds with -inf or at most -1e35 after the
+    diagonal and exactly 0 up to it. Anything else stays a mask."""
+    from kiln.ir.builder import GraphBuilder
+    from kiln.ir.types import DType, TensorType
+    from kiln.kernels.attention import AttentionCall, _causal_constant
+
+    n, keys = 6, 7 if case == "more keys" else 6
+    tril = torch.ones(n, keys, dtype=torch.bool).tril()
+    fill = {"-inf": -float("inf"), "-1e30": -1e30}.get(case, torch.finfo(torch.float32).min)
+    mask = tril.clone() if case == "bool" else torch.zeros(n, keys).masked_fill(~tril, fill)
+    if case == "one key fewer":
+        mask[3, 1] = fill
+    elif case == "NaN":
+        mask[4, 1] = float("nan")
+    elif case == "a zero above":
+        mask[1, 5] = 0.0
+    b = GraphBuilder()
+    q = b.input("q", TensorType((1, 2, n, 8), DType.F32))
+    k = b.input("k", TensorType((1, 2, keys, 8), DType.F32))
+    m = b.constant("mask", mask[None, None])
+    graph = b.build(q)
+    kind = _causal_constant(graph, AttentionCall(q, k, k, m, 0.5))
+    assert kind == {"bool": "selects", "-inf": "adds", "finfo.min": "adds"}.get(case)
+
+
 def test_a_mask_made_at_run_time_runs_generated(kernel_options: Options) -> None:
     """A bool mask the model computes from its inputs ([B, H, L, 1]: some queries see no
     key) runs in the generated kernel; those rows get ATen's answer (the library runs again

@@ -234,7 +234,9 @@ def _causal_constant(graph: Graph, call: AttentionCall) -> str | None:
     tril = torch.ones(queries, keys, dtype=torch.bool).tril()
     if mask.type.dtype is DType.BOOL:
         return "selects" if bool((values == tril).all()) else None
-    causal = bool((values[:, tril] == 0).all()) and bool((values[:, ~tril] <= CAUSAL_FILL).all())
+    hidden = ~tril.expand_as(values)  # (no boolean indexing: a quarter of the time)
+    causal = torch.equal(values <= CAUSAL_FILL, hidden) \
+        and bool((values.masked_fill(hidden, 0.0) == 0).all())  # (NaN fails either)
     return "adds" if causal else None
 
 
