@@ -19,6 +19,7 @@ HF_NAMES = [
     "hf_mobilenet_v2",
     "hf_whisper_encoder",
     "hf_llama",
+    "hf_llama_1k",
     "hf_t5_encoder",
     "hf_convnext",
     "hf_levit",
@@ -35,6 +36,7 @@ QUICK_SHAPES = {
     "hf_mobilenet_v2": ([(1, 3, 32, 32)], (1, 1280, 1, 1)),
     "hf_whisper_encoder": ([(1, 16, 64)], (1, 32, 64)),  # the second conv halves the frames
     "hf_llama": ([(1, 16)], (1, 16, 64)),
+    "hf_llama_1k": ([(1, 16)], (1, 16, 64)),  # (the quick one is hf_llama's)
     "hf_t5_encoder": ([(1, 16)], (1, 16, 64)),
     "hf_convnext": ([(1, 3, 32, 32)], (1, 10)),
     "hf_levit": ([(1, 3, 128, 128)], (1, 4, 48)),  # 8x8 tokens, subsampled twice
@@ -141,6 +143,7 @@ def test_batchnorm_state_is_nontrivial(name: str, transformers) -> None:
     ("hf_mobilenet_v2", (1, 3, 224, 224), 2.2),
     ("hf_whisper_encoder", (1, 80, 3000), 20.6),
     ("hf_llama", (1, 128), 28.0),
+    ("hf_llama_1k", (1, 1024), 28.0),
     ("hf_convnext", (1, 3, 224, 224), 28.6),  # ConvNeXt-T; T5's embedding takes 5 s to build
     ("hf_levit", (1, 3, 224, 224), 8.4),  # LeViT-128S
 ])

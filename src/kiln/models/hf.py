@@ -13,6 +13,7 @@ The library's default, "sdpa", reaches kiln as one call of ATen's fused attentio
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 from collections.abc import Callable
@@ -172,7 +173,7 @@ def build_whisper_encoder(quick: bool) -> Built:
     return TensorOutput(model), (torch.randn(1, config.num_mel_bins, frames),)
 
 
-def build_llama(quick: bool) -> Built:
+def build_llama(quick: bool, tokens: int = 128) -> Built:
     t = transformers_module()
     if quick:
         size = dict(_QUICK_LAYERS, intermediate_size=172, num_key_value_heads=2, vocab_size=512,
@@ -180,11 +181,12 @@ def build_llama(quick: bool) -> Built:
     else:  # a small Llama-style decoder: grouped-query attention, RMSNorm, SwiGLU, RoPE
         size = dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
                     num_key_value_heads=4, intermediate_size=1376, vocab_size=32000,
-                    max_position_embeddings=512)
+                    max_position_embeddings=max(512, tokens))
     config = t.LlamaConfig(**size, attn_implementation="eager")
     model = t.LlamaModel(config)
     _randomize_(model)
-    return TensorOutput(model, use_cache=False), _token_ids(config.vocab_size, 16 if quick else 128)
+    return TensorOutput(model, use_cache=False), _token_ids(config.vocab_size,
+                                                            16 if quick else tokens)
 
 
 def build_t5_encoder(quick: bool) -> Built:
@@ -290,6 +292,11 @@ BUILDERS: dict[str, tuple[Callable[[bool], Built], str]] = {
     "hf_llama": (
         build_llama,
         "HF LlamaModel: 4 layers, hidden 512, 8 heads (4 kv), seq 128, batch 1 (hidden states)",
+    ),
+    "hf_llama_1k": (
+        functools.partial(build_llama, tokens=1024),
+        "HF LlamaModel as hf_llama, seq 1024: a long prompt's prefill (causal attention, about a "
+        "quarter of the FLOPs, half of them skipped)",
     ),
     "hf_t5_encoder": (
         build_t5_encoder,
