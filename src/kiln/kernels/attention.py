@@ -283,7 +283,7 @@ def attention_space(graph: Graph, group: KernelGroup,
     if shape.mask is not None and shape.runtime_mask is None:  # (panels of the default block)
         shape = dataclasses.replace(shape, mask_panel=config.qb)
     name = (f"kiln_attention_{shape.batch * shape.heads}x{shape.queries}x{shape.keys}"
-            f"x{shape.depth}")
+            f"x{shape.depth}{'_causal' if shape.causal else ''}")  # (the report names it)
     return AttentionSpace(shape, isa, torch.get_num_threads(), name)
 
 
