@@ -43,6 +43,21 @@ def test_zoo_model_matches_eager(name, tmp_path):
     assert compiled.report.graphs and not compiled.report.fallbacks
 
 
+def test_attention_of_an_exported_model_is_fused(tmp_path):
+    """The zoo GPT-2's attention (a causal ``masked_fill``, the scale a constant as the
+    importer leaves it) becomes one attention call through ONNX too, and matches eager."""
+    model, inputs = models.build("gpt2", quick=True)
+    path = _export(model, inputs, tmp_path / "gpt2.onnx")
+    compiled = kiln.compile(str(path), options=kiln.Options(measure_kernels=False,
+                                                            generated_kernels=False))
+    graph = compiled.report.graphs[0].details.optimized
+    ops = [n.op.text for n in graph.nodes]
+    assert "softmax" not in ops and ops.count("call") == len(model.blocks)
+    with torch.no_grad():
+        expected = model(*inputs)
+    torch.testing.assert_close(compiled(*inputs), expected, rtol=1e-4, atol=1e-4)
+
+
 def test_dynamic_dims_specialize_with_shapes(tmp_path):
     model, (ids,) = models.build("bert", quick=True)
     path = _export(model, (ids,), tmp_path / "bert.onnx", input_names=["input_ids"],

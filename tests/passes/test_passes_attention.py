@@ -21,12 +21,13 @@ OPTIONS = Options(measure_kernels=False)
 
 def _attention(mask: torch.Tensor | None = None, mask_dims: tuple[int, ...] | None = None,
                scale: float = 0.5, softmax_is_output: bool = False, v_depth: int = E,
-               fill: tuple | None = None):
+               fill: tuple | None = None, scale_as: str = "number"):
     """softmax(Q Kᵀ · scale + mask) V, as capture leaves it: views, a permute, two bmms;
     V's rows ``v_depth`` long; the mask a constant, or an input of ``mask_dims``. With
     ``fill`` = (condition, value, the fill first) a ``masked_fill`` takes the add's place:
     ``where(C, value, scores)``, or ``where(C, scores, value)``; C a bool constant, or an
-    input of the dims given, and the value a constant."""
+    input of the dims given, and the value a constant. ``scale_as`` "constant": the scale a
+    one-element constant, on the left of the product (as the ONNX importer leaves it)."""
     b = GraphBuilder()
     q = b.input("q", TensorType((B, H, L, E), DType.F32))
     k = b.input("k", TensorType((B, H, S, E), DType.F32))
@@ -34,7 +35,9 @@ def _attention(mask: torch.Tensor | None = None, mask_dims: tuple[int, ...] | No
     kt = b.op(Op.PERMUTE, k, attrs=PermuteAttrs((0, 1, 3, 2)))
     scores = b.op(Op.BMM, b.op(Op.VIEW, q, attrs=ShapeAttrs((B * H, L, E))),
                   b.op(Op.VIEW, kt, attrs=ShapeAttrs((B * H, E, S))))
-    x = b.op(Op.MUL, b.op(Op.VIEW, scores, attrs=ShapeAttrs((B, H, L, S))), b.scalar(scale))
+    x = b.op(Op.VIEW, scores, attrs=ShapeAttrs((B, H, L, S)))
+    x = b.op(Op.MUL, x, b.scalar(scale)) if scale_as == "number" \
+        else b.op(Op.MUL, b.constant("scale", torch.tensor(scale)), x)
     if fill is not None:
         cond, value, fill_first = fill
         c = b.constant("cond", cond) if isinstance(cond, torch.Tensor) \
@@ -81,6 +84,20 @@ def test_the_chain_becomes_one_call_with_the_same_values(mask):
         assert torch.equal(want.isnan(), got.isnan())
         finite = want.isfinite()
         torch.testing.assert_close(got[finite], want[finite], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("fill", [False, True], ids=["added mask", "masked_fill"])
+def test_a_scale_held_by_a_constant_is_read_as_the_scale(fill):
+    """The ONNX importer leaves the scale a one-element constant (on either side of the
+    product): the chain fuses as with a Python number, the call's scale that constant."""
+    graph = _attention(_causal(), fill=(~_tril(), -float("inf"), True) if fill else None,
+                       scale_as="constant")
+    fused = fuse_attention(graph, OPTIONS)
+    calls = [n for n in fused.nodes if n.op is Op.CALL]
+    assert len(calls) == 1 and calls[0].attrs.args[4] == 0.5
+    xs = _inputs(graph)
+    torch.testing.assert_close(interpret(fused, xs)[0], interpret(graph, xs)[0], rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_values_longer_than_the_keys_keep_their_length():

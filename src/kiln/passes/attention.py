@@ -17,7 +17,8 @@ encoder: 1500 x 1500 per head).
 
 When it applies, and why it is safe:
 * float32, softmax over the last axis, every intermediate read by the chain only;
-* the scale is a number multiplying (or dividing) the scores before the mask is added;
+* the scale is a number multiplying (or dividing) the scores before the mask is added (a
+  Python number, or a one-element constant as the ONNX importer leaves it);
 * the mask, if any, is float32 (or the bool condition of a fill with -inf exactly) and
   broadcasts to the scores without growing them; a constant one (a causal mask folded at
   compile time) has no NaN, no +inf and no row that masks every key (the fused kernel
@@ -126,9 +127,9 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
     x, mask, scale, inverted = softmax.inputs[0], None, 1.0, False
     if x.node.op is Op.ADD and _only_user(x, users, outputs):
         a, b = x.node.inputs
-        if not _reads_scores(a):
+        if not _reads_scores(graph, a):
             a, b = b, a
-        if _reads_scores(a) and _usable_mask(graph, b, t.shape):
+        if _reads_scores(graph, a) and _usable_mask(graph, b, t.shape):
             chain.append(x.node)
             x, mask = a, b
     elif x.node.op is Op.WHERE and _only_user(x, users, outputs):
@@ -136,14 +137,10 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
         if selection is not None:
             chain.append(x.node)
             x, mask, inverted = selection
-    if x.node.op in (Op.MUL, Op.DIV) and x.node.inputs[1].node.op is Op.SCALAR \
-            and _only_user(x, users, outputs):
-        c = float(x.node.inputs[1].node.attrs.value)  # type: ignore[attr-defined]
-        if c == 0.0:
-            return None
+    scaled = _scaled(graph, x.node)
+    if scaled is not None and _only_user(x, users, outputs):
         chain.append(x.node)
-        scale = c if x.node.op is Op.MUL else 1.0 / c
-        x = x.node.inputs[0]
+        x, scale = scaled
     if x.node.op is not Op.VIEW or not _only_user(x, users, outputs):
         return None
     chain.append(x.node)
@@ -176,13 +173,36 @@ def _match(softmax: Node, users, outputs, graph: Graph) -> _Match | None:
                   (batch, heads, length, keys, depth, v_depth), tuple(chain))
 
 
-def _reads_scores(value: Value) -> bool:
+def _reads_scores(graph: Graph, value: Value) -> bool:
     """Whether ``value`` is the scores as the chain makes them: bmm, view, then perhaps a
     scale (the side of the mask's add that `_match` follows)."""
-    node = value.node
-    if node.op in (Op.MUL, Op.DIV) and node.inputs[1].node.op is Op.SCALAR:
-        node = node.inputs[0].node
+    scaled = _scaled(graph, value.node)
+    node = scaled[0].node if scaled is not None else value.node
     return node.op is Op.VIEW and node.inputs[0].node.op is Op.BMM
+
+
+def _scaled(graph: Graph, node: Node) -> tuple[Value, float] | None:
+    """``node`` as (x, c) where it is x times a number c other than 0, or x divided by one
+    (c its inverse): a Python number, or a one-element float constant (as the ONNX importer
+    and constant folding leave it); None otherwise."""
+    if node.op not in (Op.MUL, Op.DIV):
+        return None
+    sides = [(0, 1), (1, 0)] if node.op is Op.MUL else [(0, 1)]
+    for x, c in sides:
+        number = _number(graph, node.inputs[c])
+        if number:  # (not None, not 0)
+            return node.inputs[x], number if node.op is Op.MUL else 1.0 / number
+    return None
+
+
+def _number(graph: Graph, value: Value) -> float | None:
+    node = value.node
+    if node.op is Op.SCALAR:
+        return float(node.attrs.value)  # type: ignore[attr-defined]
+    if node.op is Op.CONSTANT and value.type.dtype in (DType.F32, DType.F64) \
+            and math.prod(value.type.shape) == 1:
+        return float(graph.constant(node).reshape(()))
+    return None
 
 
 def _usable_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
@@ -205,7 +225,7 @@ def _selection(graph: Graph, where: Node,
     cond, picked, other = where.inputs
     inverted = _is_minus_inf(graph, picked)
     scores = other if inverted else picked
-    if not (inverted or _is_minus_inf(graph, other)) or not _reads_scores(scores) \
+    if not (inverted or _is_minus_inf(graph, other)) or not _reads_scores(graph, scores) \
             or scores.type.shape != tuple(shape) or cond.type.dtype is not DType.BOOL:
         return None
     dims = cond.type.shape
