@@ -237,7 +237,9 @@ def test_the_guard_takes_the_decomposition_where_scores_could_overflow():
 @pytest.mark.parametrize("special", [float("nan"), float("inf"), -float("inf")],
                          ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("masked", [False, True], ids=["unmasked", "causal"])
-def test_one_special_value_in_any_operand_takes_the_decomposition(operand, special, masked):
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "heads transposed"])
+def test_one_special_value_in_any_operand_takes_the_decomposition(operand, special, masked,
+                                                                  transposed):
     """A single NaN or infinity in q, k or v alone gives the decomposition's values. (The
     fused kernel gives 0 for a row a NaN in q makes NaN, so the guard must see each operand;
     with this torch, SDPA matches the decomposition on specials in v, which the guard still
@@ -245,7 +247,8 @@ def test_one_special_value_in_any_operand_takes_the_decomposition(operand, speci
     from kiln.ir.fused import attention
 
     gen = torch.Generator().manual_seed(0)
-    xs = [torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3)]
+    xs = [torch.randn(1, 3, 2, 4, generator=gen).transpose(1, 2) if transposed  # (the guard
+          else torch.randn(1, 2, 3, 4, generator=gen) for _ in range(3)]  # reads it in order)
     xs[operand][0, 1, 2, 1] = special  # (in v: a key the causal mask hides from rows 0, 1)
     q, k, v = xs
     mask = torch.full((3, 3), -float("inf")).triu(1)[None, None] if masked else None
