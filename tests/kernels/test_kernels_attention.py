@@ -551,6 +551,33 @@ def test_an_added_causal_mask_runs_as_is_causal_where_the_scores_are_bounded(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
+def test_the_run_time_test_is_timed_and_keyed_with_the_kernel(kernel_options: Options) -> None:
+    """The kernel that skips an added causal mask's keys carries its test of the operands:
+    the decision's key names it (by name: the same in every process), so the time of a
+    kernel without it is not taken for it, and the runner it is timed with calls it."""
+    from kiln.kernels.attention import attention_candidate, attention_groups
+    from kiln.kernels.decide import decision_key
+    from kiln.kernels.outcome import Built
+    from kiln.kernels.validate import random_operands, runner
+
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    compiled = kiln.compile(_ExportedCausal(40, -float("inf")).eval(), (q, k, v), kernel_options)
+    graph = compiled.report.graphs[0].details.optimized
+    group = attention_groups(graph)[0]
+    first, again = (attention_candidate(graph, group, kernel_options) for _ in range(2))
+    assert isinstance(first, Built) and isinstance(again, Built) and first.run_if is not None
+    assert decision_key(first) == decision_key(again)
+    assert decision_key(first) != decision_key(dataclasses.replace(first, run_if=None))
+    tested = []
+    test, positions = first.run_if
+    counted = dataclasses.replace(first, run_if=(lambda *xs: tested.append(len(xs)) or
+                                                 test(*xs), positions))
+    operands = random_operands(graph, group, {})
+    runner(graph, counted, operands, [torch.empty(1, 2, 40, 16)])()
+    assert tested == [3]
+
+
 @pytest.mark.parametrize("case", ["bool", "-inf", "finfo.min", "one key fewer", "NaN",
                                   "-1e30", "more keys", "a zero above"])
 def test_which_constant_masks_are_causal(case: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -292,11 +293,17 @@ def measured_strides(candidates: Sequence[Built]) -> dict:
 
 
 def decision_key(built: Built, strides: dict | None = None) -> str:
-    """The kernel's library identity (source, compiler, flags), what it is called on (the
-    operand types, and ``strides`` where the operands are not contiguous), the threads it
-    runs on, the torch it competes with, and the machine."""
+    """The kernel's library identity (source, compiler, flags; and its `Built.run_if` test,
+    timed with it), what it is called on (the operand types, and ``strides`` where the
+    operands are not contiguous), the threads it runs on, the torch it competes with, and
+    the machine."""
     kernel = built.kernel
     identity = kernel.library.key if isinstance(kernel, CompiledKernel) else kernel.source
+    if built.run_if is not None:  # (by name: a partial's repr holds an address)
+        test = built.run_if[0]
+        bound = test.keywords if isinstance(test, functools.partial) else {}
+        test = test.func if isinstance(test, functools.partial) else test
+        identity += f" run_if {test.__module__}.{test.__qualname__} {sorted(bound.items())}"
     laid = [strides[v] for v in built.group.inputs if v in strides] if strides else []
     return digest(identity,
                   repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),

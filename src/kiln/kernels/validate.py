@@ -90,13 +90,22 @@ def library_results(graph: Graph, group: KernelGroup,
 
 def runner(graph: Graph, built: Built, env: dict[Value, torch.Tensor],
            outs: list[torch.Tensor]) -> Callable[[], object]:
-    """A call of the built kernel on ``env``'s operands, writing ``outs``."""
+    """A call of the built kernel on ``env``'s operands, writing ``outs`` (after its
+    `Built.run_if` test, where it has one, as the executor runs it)."""
     operands = [built.weight(graph, v) if v.node.op is Op.CONSTANT else env[v]
                 for v in built.inputs]
     kernel = built.kernel
     if isinstance(kernel, CompiledKernel):
         pointers = [t.data_ptr() for t in operands] + [o.data_ptr() for o in outs]
         held = (operands, outs)  # the tensors behind the pointers live as long as the call
+
+        if built.run_if is not None:  # (its test runs each call too: timed with the kernel)
+            test, positions = built.run_if
+            tested = [operands[i] for i in positions]
+
+            def run_tested() -> object:
+                return test(*tested), kernel.run_unchecked(*pointers), held
+            return run_tested
 
         def run() -> object:
             return kernel.run_unchecked(*pointers), held
