@@ -326,6 +326,20 @@ def test_causal_blocks_stop_at_their_last_key(kernel_options: Options, case: tup
     torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
 
 
+def test_causal_attention_takes_the_narrowest_block_of_queries() -> None:
+    """A block that stops at its last key wastes least across the diagonal when narrow: the
+    default takes two vectors of queries (the space's heuristic point too), where without
+    a causal stop it takes the width that pads the last block least."""
+    from kiln.tune.space_attention import AttentionSpace
+
+    for queries in (128, 197, 1500):
+        assert default_attention_config(Isa.AVX512, 64, queries, stops=True).qb == 32
+    assert default_attention_config(Isa.AVX512, 64, 128).qb == 64
+    causal = AttentionShape(1, 12, 128, 128, 64, 64, 0.125, causal=True)
+    space = AttentionSpace(causal, Isa.AVX512, 2)
+    assert "qb=32" in space.plan(space.default()).notes
+
+
 def test_attention_config_refuses() -> None:
     """No tile without vectors, nor for a value width that is not whole vectors; the block
     of queries that leaves the fewest padded in the last, the widest on a tie."""

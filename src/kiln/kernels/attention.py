@@ -57,6 +57,7 @@ from kiln.kernels.attention_schedule import (
     AttentionShape,
     RuntimeMask,
     default_attention_config,
+    stops_at_diagonal,
     transposed_mask,
 )
 from kiln.kernels.build import checked_candidate
@@ -276,7 +277,8 @@ def attention_space(graph: Graph, group: KernelGroup,
         return Skipped(group, SkipReason.NOT_LOWERABLE, why)
     shape = attention_shape(graph, node, heads_inner=len(group.nodes) == 2)
     isa = target_isa(options)
-    config = default_attention_config(isa, shape.v_depth, shape.queries, shape.heads)
+    config = default_attention_config(isa, shape.v_depth, shape.queries, shape.heads,
+                                      stops=stops_at_diagonal(shape))
     if config is None:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
                        f"a value width of {shape.v_depth} has no register tile on {isa.label}")

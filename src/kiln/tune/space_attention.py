@@ -33,6 +33,7 @@ from kiln.kernels.attention_schedule import (
     attention_func,
     attention_plan,
     default_attention_config,
+    stops_at_diagonal,
     transposed_mask,
 )
 from kiln.kernels.plan import KernelPlan
@@ -73,7 +74,8 @@ class AttentionSpace:
 
     def _heuristic(self) -> AttentionConfig:
         config = default_attention_config(self.isa, self.shape.v_depth, self.shape.queries,
-                                          self.shape.heads, self.threads)
+                                          self.shape.heads, self.threads,
+                                          stops_at_diagonal(self.shape))
         if config is None:
             raise ValueError(f"no attention kernel for a value width of {self.shape.v_depth} "
                              f"on {self.isa.label}")
