@@ -137,6 +137,28 @@ def test_attention_portable_path(kernel_options: Options) -> None:
         torch.testing.assert_close(got, _decomposed(q, k, v, shape.scale), rtol=1e-5, atol=2e-6)
 
 
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+def test_causal_stop_on_the_portable_path(kernel_options: Options) -> None:
+    """The keys after each block skipped on AVX2 (8-lane tiles: blocks of 16 queries) and
+    SSE2 (4 lanes): ATen's is_causal values."""
+    b, h, n, e = 1, 2, 45, 16
+    gen = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(b, h, n, e, generator=gen) for _ in range(3))
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    for flags, isa in ((("-O3", "-march=haswell", "-fopenmp"), Isa.AVX2),
+                       (("-O3", "-march=x86-64", "-fopenmp"), Isa.VEC128)):
+        options = dataclasses.replace(kernel_options, c_flags=flags)
+        assert target_isa(options) is isa
+        shape = AttentionShape(b, h, n, n, e, e, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                               causal=True)
+        config = default_attention_config(isa, e, n, h, 2, stops=True)
+        assert config is not None and config.qb == 2 * isa.f32_lanes
+        plan = attention_plan(shape, config, f"attention_test_stop_{isa.label}")
+        out = torch.empty(b, h, n, e)
+        compile_kernel(plan.build(), options)(q, k, v, out)
+        torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
+
+
 def test_attention_writes_the_heads_side_by_side(kernel_options: Options) -> None:
     """``heads_inner``: the output [B, L, H, Ev] (what the model's transpose before its
     reshape wants), contiguous, the same values."""
