@@ -166,6 +166,9 @@ def kernel_infos(graph: Graph, kernels: Sequence[Built], skipped: Sequence[Skipp
             schedule = "tuned" if k.plan is not None and k.plan.trace.decisions() else ""
             label = f"{kind} ({schedule})" if schedule else kind
             decision = f"{label}, measured {k.measured}" if k.measured else label
+            if k.run_if is not None:  # (say when the library calls run instead)
+                test = getattr(k.run_if[0], "func", k.run_if[0])
+                decision += f"; runs where {test.__name__} holds, else the library calls"
             infos.append(KernelInfo(kind, tuple(n.op.text for n in nodes), k.source,
                                     k.trace, tuple(n.name for n in nodes), decision))
     return tuple(infos)

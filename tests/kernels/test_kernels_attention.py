@@ -573,6 +573,8 @@ def test_an_added_causal_mask_runs_as_is_causal_where_the_scores_are_bounded(
     assert len(kernels) == 1
     reads_mask = "const float* restrict M" in kernels[0].source
     assert reads_mask == (fill == -1e9)
+    assert ("runs where _scores_bounded holds, else the library calls" in kernels[0].decision
+            ) == (fill != -1e9)  # (the report says when ATen's call runs instead)
     for where in ("none", "+inf behind the mask", "-inf before it"):
         qq, kk = q.clone(), k.clone()
         if where == "+inf behind the mask":
