@@ -169,6 +169,8 @@ def kernel_infos(graph: Graph, kernels: Sequence[Built], skipped: Sequence[Skipp
             if k.run_if is not None:  # (say when the library calls run instead)
                 test = getattr(k.run_if[0], "func", k.run_if[0])
                 decision += f"; runs where {test.__name__} holds, else the library calls"
+            if k.library_where_not_finite:
+                decision += "; the library calls run again where its output is not finite"
             infos.append(KernelInfo(kind, tuple(n.op.text for n in nodes), k.source,
                                     k.trace, tuple(n.name for n in nodes), decision))
     return tuple(infos)

@@ -575,6 +575,7 @@ def test_an_added_causal_mask_runs_as_is_causal_where_the_scores_are_bounded(
     assert reads_mask == (fill == -1e9)
     assert ("runs where _scores_bounded holds, else the library calls" in kernels[0].decision
             ) == (fill != -1e9)  # (the report says when ATen's call runs instead)
+    assert "run again where its output is not finite" in kernels[0].decision  # (ATen's call)
     for where in ("none", "+inf behind the mask", "-inf before it"):
         qq, kk = q.clone(), k.clone()
         if where == "+inf behind the mask":
