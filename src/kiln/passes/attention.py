@@ -242,13 +242,9 @@ def _selection(graph: Graph, where: Node,
 
 
 def _is_minus_inf(graph: Graph, value: Value) -> bool:
-    """Whether ``value`` is -inf: a one-element float32 constant (capture folds the fill's
+    """Whether ``value`` is -inf: a one-element float constant (capture folds the fill's
     number, ``masked_fill``'s or ``torch.where``'s, into one)."""
-    node = value.node
-    if node.op is Op.CONSTANT and value.type.dtype is DType.F32:
-        fill = graph.constant(node)
-        return fill.numel() == 1 and float(fill.reshape(())) == -math.inf
-    return False
+    return _number(graph, value) == -math.inf
 
 
 def _safe_mask(graph: Graph, mask: Value, shape: tuple[int, ...]) -> bool:
