@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 import kiln
+from kiln.codegen.c import CRenderer
 from kiln.codegen.isa import Isa, target_isa
 from kiln.codegen.kernel import compile_kernel, prebuild
 from kiln.ir import parse_graph, verify
@@ -25,6 +26,7 @@ from kiln.kernels.conv_config import (
     SMALL_COPY_BYTES,
     ConvConfig,
     ConvShape,
+    broadcast_group,
     group_lanes,
     panel_within_group,
 )
@@ -36,7 +38,8 @@ from kiln.options import Options
 from kiln.passes.partition import gather
 from kiln.runtime.executor import build_executor
 from kiln.runtime.memory import plan_memory
-from kiln.tir.nodes import Block
+from kiln.tir.nodes import Block, Tensorized
+from kiln.tir.tensorize import fma_tile, group_masks
 from kiln.tir.visit import iter_stmts
 from kiln.tune.space_window import WindowSpace
 
@@ -770,6 +773,9 @@ GROUPED = [
     (1, 256, 5, 5, 256, 16, 3, 1, 1, True, 16),  # ResNeXt-like: 16 of 16 channels
     (1, 64, 9, 10, 64, 16, 3, 1, 1, True, 4),  # ResNeXt's first stage: 4 a group, 128 bits
     (1, 64, 9, 9, 128, 16, 3, 2, 1, True, 8),  # 8 a group, 256 bits (on any ISA)
+    # 4 a group, four groups a 16-lane vector (each lane its group's channels, by shuffles)
+    (1, 64, 9, 10, 64, 16, 3, 1, 1, True, 16),
+    (1, 128, 9, 9, 128, 32, 3, 2, 1, False, 8),  # two a vector of 8, strided, no bias
 ]
 
 
@@ -783,12 +789,26 @@ def _grouped(case: tuple) -> tuple[ConvShape, ConvConfig]:
 def test_a_grouped_convolution_reads_each_groups_channels_alone(kernel_options: Options,
                                                                case: tuple) -> None:
     """Against ATen's grouped convolution; an infinite input channel reaches its own group's
-    outputs only (a panel never spans two groups: no zero weights meet it)."""
+    outputs only (a panel within one group, or over narrow groups each lane its own group's
+    channels: no zero weights meet it)."""
+    _check_grouped(case, kernel_options)
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
+def test_narrow_groups_on_avx2(kernel_options: Options) -> None:
+    """Compiled for AVX2 (a machine without AVX-512): two groups of 4 a vector of 8."""
+    options = dataclasses.replace(kernel_options,
+                                  c_flags=("-O3", "-march=x86-64-v3", "-fopenmp"))
+    assert target_isa(options) is Isa.AVX2
+    _check_grouped((1, 64, 9, 10, 64, 16, 3, 1, 1, True, 8), options)
+
+
+def _check_grouped(case: tuple, options: Options) -> None:
     shape, config = _grouped(case)
-    assert (shape.co // shape.groups) % config.nr == 0
+    assert panel_within_group(shape, config.nr)
     plan = conv_plan(shape, config, name=f"conv_test_grouped_{'_'.join(map(str, case))}",
                      epilogue=Epilogue(Op.RELU, ()))
-    kernel = compile_kernel(plan.build(), kernel_options)
+    kernel = compile_kernel(plan.build(), options)
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(shape.n, shape.ci, shape.h, shape.w, generator=gen).contiguous(
         memory_format=CL)
@@ -806,15 +826,40 @@ def test_a_grouped_convolution_reads_each_groups_channels_alone(kernel_options: 
     assert plan.replayed() == plan.build()
 
 
-def test_a_panel_never_spans_two_groups() -> None:
+def test_a_panel_spans_narrow_groups_only_whole_and_as_many_in_as_out() -> None:
     narrow = ConvShape(1, 128, 8, 8, 128, (3, 3), (1, 1), (1, 1), groups=32)  # 4 a group
-    assert not panel_within_group(narrow, 8)
+    assert broadcast_group(narrow) == 4
+    assert panel_within_group(narrow, 8) and panel_within_group(narrow, 16)
+    assert ConvConfig.default(narrow, 16).nr == 16  # four groups a vector
+    wider_out = dataclasses.replace(narrow, co=256)  # 4 channels in, 8 out a group
+    assert broadcast_group(wider_out) == 0 and not panel_within_group(wider_out, 16)
     with pytest.raises(ValueError, match="span two groups"):
-        conv_plan(narrow, ConvConfig(7, 8, lanes=8))
+        conv_plan(wider_out, ConvConfig(7, 16, lanes=16))
+    partial = ConvShape(1, 24, 8, 8, 24, (3, 3), (1, 1), (1, 1), groups=6)  # 24 = 16 + 8
+    assert not panel_within_group(partial, 16)  # (its last panel's lanes would read past CI)
     wide = dataclasses.replace(narrow, groups=8)  # 16 a group
+    assert broadcast_group(wide) == 0
     assert panel_within_group(wide, 8) and panel_within_group(wide, 16)
     assert ConvConfig.default(wide, 8).nr == 8  # one vector: a row of one tile (8 pixels)
     assert wide.macs == 8 * 8 * 128 * 16 * 9  # each output reads its group's 16 channels
+
+
+def test_narrow_groups_tensorize_as_one_shuffled_input_vector_a_step() -> None:
+    """A 16-lane tile over four groups of 4: each tap loads the input pixel's vector once
+    (the channel loop at 0) and shuffles it once per input channel, lane l taking element
+    (l // 4) * 4 + c; the channel loop is unrolled into the tile."""
+    shape = ConvShape(1, 64, 8, 8, 64, (3, 3), (1, 1), (1, 1), bias=True, groups=16)
+    config = ConvConfig.default(shape, 16)
+    func = conv_plan(shape, config, name="conv_test_broadcast_group").build()
+    tiles = [s for s in iter_stmts(func.body) if isinstance(s, Tensorized)]
+    assert tiles
+    for stmt in tiles:
+        tile = fma_tile(stmt.loop, stmt.lanes)
+        assert tile is not None and tile.a_group == 4 and not tile.a_is_vector
+        assert group_masks(tile, 16)[1] == (1, 1, 1, 1, 5, 5, 5, 5, 9, 9, 9, 9, 13, 13, 13, 13)
+    source = CRenderer().render(func)
+    assert "fma0_a[13], fma0_a[13], fma0_a[13], fma0_a[13]}" in source
+    assert "for (int64_t conv_ci" not in source  # (unrolled into the tile)
 
 
 def test_grouped_defaults_follow_the_row_width() -> None:
@@ -838,8 +883,10 @@ def test_grouped_defaults_follow_the_row_width() -> None:
 
 def test_narrow_groups_narrow_the_vectors_to_fit() -> None:
     """On AVX-512, ResNeXt-50's 3x3 layers (4, 8, 16 and 32 channels a group) run on vectors
-    of 4, 8, 16 and 16 lanes, each panel within a group; dense layers keep 16."""
-    for channels, lanes in ((128, 4), (256, 8), (512, 16), (1024, 16)):
+    of 16, 8, 16 and 16 lanes: 8 channels a group narrow the vectors, each panel within a
+    group; 4 keep the whole vector, four groups to it (`broadcast_group`); dense layers
+    keep 16."""
+    for channels, lanes in ((128, 16), (256, 8), (512, 16), (1024, 16)):
         shape = ConvShape(1, channels, 14, 14, channels, (3, 3), (1, 1), (1, 1), groups=32)
         assert group_lanes(shape, 16) == lanes and group_lanes(shape, 8) == min(lanes, 8)
         space = WindowSpace("conv", shape, Isa.AVX512, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -37,7 +38,14 @@ from kiln.tir.nodes import (
     const,
 )
 from kiln.tir.printer import print_func
-from kiln.tir.tensorize import acc_init, fma_tile, loop_points, tensorize_fma_tiles, write_back
+from kiln.tir.tensorize import (
+    acc_init,
+    fma_tile,
+    group_masks,
+    loop_points,
+    tensorize_fma_tiles,
+    write_back,
+)
 from kiln.tir.visit import iter_stmts
 
 F32 = DType.F32
@@ -91,6 +99,35 @@ def test_an_index_that_is_not_affine_only_in_loops_outside_the_tile_still_matche
     flat = Buffer("a", (5, 2), F32)
     assert fma_tile(loop(flat, (Binary(BinOp.FLOORDIV, p, two), i)), lanes=8) is None
     assert fma_tile(loop(flat, (p, Binary(BinOp.FLOORDIV, i, two))), lanes=8) is None
+
+
+def test_a_lane_that_reads_its_group_matches_as_a_group_broadcast() -> None:
+    """a[(j // 4) * 4 + c] with c the innermost step (4 of them): each lane reads its group's
+    element c, one vector load shuffled per step. Steps that leave the group (8 of them),
+    a group term in a strided dim, or any other use of j do not match."""
+    acc = Buffer("acc", (2, 8), F32, scope=Scope.LOCAL)
+    p, c, i, j = Var("p"), Var("c"), Var("i"), Var("j")
+    four = const(4, DType.I64)
+
+    def loop(a: Buffer, index: Callable[[], tuple[Expr, ...]], steps: int = 4) -> For:
+        b = Buffer("b", (3, steps, 8), F32)
+        store = BufferStore(acc, (i, j), acc[i, j] + a[index()] * b[p, c, j])
+        rows = For(i, 2, For(j, 8, store, ForKind.VECTORIZED), ForKind.UNROLLED)
+        return For(p, 3, For(c, steps, rows))
+
+    a = Buffer("a", (2, 8), F32)
+    grouped = loop(a, lambda: (i, Binary(BinOp.FLOORDIV, j, four) * four + c))
+    tile = fma_tile(grouped, lanes=8)
+    assert tile is not None and tile.a_group == 4 and tile.a.buffer is a
+    assert group_masks(tile, 8) == tuple(tuple((lane // 4) * 4 + k for lane in range(8))
+                                         for k in range(4))
+    assert fma_tile(loop(a, lambda: (i, Binary(BinOp.FLOORDIV, j, four) * four + c), 8),
+                    lanes=8) is None  # (step 4 reads the next group)
+    strided = Buffer("a", (8, 2), F32)  # the group's elements 2 apart
+    assert fma_tile(loop(strided, lambda: (Binary(BinOp.FLOORDIV, j, four) * four + c, i)),
+                    lanes=8) is None
+    assert fma_tile(loop(a, lambda: (i, Binary(BinOp.FLOORDIV, j, four) * four + c
+                                     + Binary(BinOp.FLOORMOD, j, four) * 0)), lanes=8) is None
 
 
 def test_the_gemm_plan_tensorizes_its_full_k_loops_and_prints_them() -> None:

@@ -43,7 +43,15 @@ from collections.abc import Callable
 from kiln.codegen.isa import Isa
 from kiln.tir.arith import simplify
 from kiln.tir.nodes import INDEX, Binary, BinOp, Const, Expr, For, Load, Stmt, Var, const
-from kiln.tir.tensorize import AccInit, FmaTile, WriteBack, load_at, loop_points, moves_by
+from kiln.tir.tensorize import (
+    AccInit,
+    FmaTile,
+    WriteBack,
+    group_masks,
+    load_at,
+    loop_points,
+    moves_by,
+)
 from kiln.tir.visit import substitute, substitute_stmt
 
 __all__ = ["fma_tile_lines"]
@@ -97,7 +105,7 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
             lines.append(f"{INDENT}{vec} {acc[r][v]} = {first};")
     sets = _accumulator_sets(tile, rows, vectors, lanes)
     inner = tile.k[-1]
-    pin = (not tile.a_is_vector and rows <= 4
+    pin = (not tile.a_is_vector and not tile.a_group and rows <= 4
            and _registers(lanes) >= sets * rows * vectors + vectors + 1)
     for step in range(1, sets):
         for r in range(rows):
@@ -127,7 +135,31 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
                        f" {fmas} }}")
         return out if sets == 1 else ["{ " + " ".join(out) + " }"]
 
-    for depth, loop in enumerate(tile.k, start=1):
+    def group_lines() -> list[str]:
+        """One step of a group-broadcast tile's loops outside its innermost, that loop
+        unrolled: each step's b vectors, then per accumulator vector one load of a (the
+        innermost loop at 0) shuffled within its groups once per step (`group_masks`:
+        gcc makes each an in-lane vpermilps), in the order of the loop it replaces."""
+        zero_at = {inner.var: const(0, INDEX)}
+        masks = group_masks(tile, lanes)
+        out = []
+        for c in range(len(masks)):
+            at = {inner.var: const(c, INDEX)}
+            out += [line for hint in tile.hints for line in stmt(substitute_stmt(hint, at))]
+            for v in range(vectors):
+                row = access(_shifted(load_at(tile.b, {j: v * lanes}), at))
+                out.append(f"const {vec} {b[v]}_{c} = *(const {unaligned}*)&{row};")
+        for r in range(rows):
+            for v in range(vectors):
+                row = access(_shifted(load_at(tile.a, {**points[r], j: v * lanes}), zero_at))
+                fmas = " ".join(
+                    f"{acc[r][v]} += ({vec}){{{', '.join(f'{a}[{m}]' for m in mask)}}} "
+                    f"* {b[v]}_{c};" for c, mask in enumerate(masks))
+                out.append(f"{{ const {vec} {a} = *(const {unaligned}*)&{row}; {fmas} }}")
+        return out
+
+    k_loops = tile.k[:-1] if tile.a_group else tile.k
+    for depth, loop in enumerate(k_loops, start=1):
         k = name(loop.var.name)
         # (a loop: gcc's complete unrolling of a short one interleaved its steps and spilled
         # the accumulators: ResNet's 7x7 stem, 3 input channels a tap, 3.09 ms against 1.40
@@ -142,8 +174,10 @@ def fma_tile_lines(tile: FmaTile, lanes: int, access: Callable[[Load], str],
             lines.append(f"{INDENT * depth}#pragma GCC unroll 1")
             lines.append(f"{INDENT * depth}for (int64_t {k} = 0; {k} < {loop_bound(loop, expr)}; "
                          f"++{k}) {{")
-    depth = len(tile.k)
-    lines += [INDENT * (depth + 1) + line for step in range(sets) for line in step_lines(step)]
+    depth = len(k_loops)
+    body = group_lines() if tile.a_group else \
+        [line for step in range(sets) for line in step_lines(step)]
+    lines += [INDENT * (depth + 1) + line for line in body]
     if sets > 1 and (inner.extent % sets or inner.stop is not None):  # the last steps, into
         k = name(inner.var.name)  # the first set
         lines.append(f"{INDENT * depth}}}")
@@ -188,7 +222,7 @@ def _accumulator_sets(tile: FmaTile, rows: int, vectors: int, lanes: int) -> int
     into independent accumulators, added together after the loop. Enough for `FMA_CHAINS`
     chains, as far as the registers hold them beside the b vectors and a broadcast."""
     chains = rows * vectors
-    if tile.a_is_vector or chains >= FMA_CHAINS:
+    if tile.a_is_vector or tile.a_group or chains >= FMA_CHAINS:
         return 1
     fit = (_registers(lanes) - vectors - 1) // chains
     sets = min(-(-FMA_CHAINS // chains), fit)

@@ -148,8 +148,9 @@ def grouped_refusal(node: Node, lanes: int = MIN_GROUP_LANES) -> str | None:
     """Why a grouped convolution's groups do not suit the kernel: each group's output
     channels must fill whole vectors (`kiln.kernels.conv_config.panel_within_group`), at
     least `MIN_GROUP_LANES` wide (the tiles narrow their vectors to the groups:
-    `kiln.kernels.conv_config.group_lanes`). ResNeXt-50's 3x3 layers have 4, 8, 16 and 32
-    output channels a group: all four qualify."""
+    `kiln.kernels.conv_config.group_lanes`), or, 4 channels a group in and out, a vector
+    spans whole groups (`kiln.kernels.conv_config.broadcast_group`). ResNeXt-50's 3x3
+    layers have 4, 8, 16 and 32 output channels a group: all four qualify."""
     groups = node.attrs.groups  # type: ignore[attr-defined]
     per_group = node.type.shape[1] // groups
     if groups > 1 and per_group % lanes:

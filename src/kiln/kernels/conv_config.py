@@ -15,7 +15,8 @@ from kiln.kernels.depthwise_schedule import output_size, padding_after
 from kiln.kernels.plan import shares_dynamically
 
 __all__ = ["L1_WAYS", "PAD_COPY_BYTES", "SMALL_COPY_BYTES", "TWO_ROW_COPY_BYTES", "ConvConfig",
-           "ConvShape", "conv_shares_dynamically", "panel_within_group"]
+           "ConvShape", "broadcast_group", "conv_shares_dynamically", "group_lanes",
+           "panel_within_group"]
 
 # the largest padded copy of the input a kernel makes: the copy is a workspace each calling
 # thread allocates once and keeps (`kiln.codegen.c.WORKSPACE_MAX`); freed after each call,
@@ -104,27 +105,49 @@ class ConvShape:
 
 
 def panel_within_group(shape: ConvShape, nr: int) -> bool:
-    """Whether every panel of ``nr`` output channels lies in one group, so that its taps read
-    that group's input channels alone. A panel over two groups would need zeros in its
-    weights where the other group's channels meet it, and 0 x inf is NaN: an infinite input
-    channel would reach the other group's outputs, which ATen's grouped convolution never
-    does. (ResNeXt-50's first stage has 4 output channels a group: `group_lanes` narrows its
-    panels to 4 lanes.)"""
-    return shape.groups == 1 or (shape.co // shape.groups) % nr == 0
+    """Whether a panel of ``nr`` output channels reads its input channels in a way the
+    register tile can: the panel lies in one group, so that each (tap, input channel) of the
+    reduction is one value for all its lanes (a broadcast); or it spans whole narrow groups
+    (`broadcast_group`), each of as many input as output channels, so that one input vector
+    shuffled within each group's lanes serves them all (`kiln.tir.tensorize`'s group
+    broadcast). Never a panel whose lanes meet another group's channels through zeros in
+    its weights: 0 x inf is NaN, and an infinite input channel would reach the other
+    group's outputs, which ATen's grouped convolution never does."""
+    if shape.groups == 1 or (shape.co // shape.groups) % nr == 0:
+        return True
+    group = broadcast_group(shape)  # (whole panels: a lane past CO would read past CI)
+    return group > 0 and nr % group == 0 and shape.co % nr == 0
 
 
 # the narrowest vectors a grouped convolution's tiles run on (`group_lanes`): 128 bits
 MIN_GROUP_LANES = 4
+# groups of at most this many channels (in and out) fill a whole vector, several groups a
+# vector, each group's lanes reading its input channels through one shuffle of the input
+# vector per channel (`panel_within_group`); wider groups narrow the vectors instead
+# (ResNeXt-50's 8 channels a group: 256-bit vectors on an AVX-512 machine)
+BROADCAST_GROUP_MAX = 4
+
+
+def broadcast_group(shape: ConvShape) -> int:
+    """The channels a group where a grouped convolution's panels span several whole groups,
+    each lane reading its own group's input channels by a shuffle (`BROADCAST_GROUP_MAX`
+    channels a group at most, as many in as out: ResNeXt-50's first stage, 4); 0 where
+    they do not."""
+    per_group = shape.co // shape.groups
+    if shape.groups > 1 and MIN_GROUP_LANES <= per_group <= BROADCAST_GROUP_MAX \
+            and per_group == shape.group_ci:
+        return per_group
+    return 0
 
 
 def group_lanes(shape: ConvShape, lanes: int) -> int:
     """The vector width for ``shape``'s tiles: ``lanes``, or for a grouped convolution whose
     groups' output channels do not fill vectors that wide, the widest of its halves (down to
-    `MIN_GROUP_LANES`) that they fill (`panel_within_group`). ResNeXt-50's 8 and 4 channels
-    a group then run on 256- and 128-bit vectors on an AVX-512 machine, instead of the
-    library's kernel."""
+    `MIN_GROUP_LANES`) that they fill (`panel_within_group`). ResNeXt-50's 8 channels a group
+    then run on 256-bit vectors on an AVX-512 machine, instead of the library's kernel; its
+    4 channels a group keep the whole vector, four groups a vector (`broadcast_group`)."""
     if shape.groups > 1:
-        while lanes > MIN_GROUP_LANES and (shape.co // shape.groups) % lanes:
+        while lanes > MIN_GROUP_LANES and not panel_within_group(shape, lanes):
             lanes //= 2
     return lanes
 

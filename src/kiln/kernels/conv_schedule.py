@@ -93,7 +93,8 @@ def pack_conv_weight(weight: torch.Tensor, nr: int) -> torch.Tensor:
     """A weight [CO, CI / groups, KH, KW] (any strides) as the kernel reads it: panels of
     ``nr`` output channels, f32[ceil(CO / nr), KH, KW, CI / groups, nr], contiguous, the last
     panel zero-padded, so one row of a panel is ``nr / lanes`` vector loads. (A panel lies in
-    one group, `panel_within_group`: its rows are that group's input channels.)"""
+    one group, or spans whole narrow groups, `panel_within_group`: a lane's rows are its own
+    group's input channels.)"""
     co, ci, kh, kw = weight.shape
     panels = -(-co // nr)
     padded = torch.zeros(panels * nr, ci, kh, kw, dtype=weight.dtype)
@@ -157,10 +158,13 @@ def conv_func(shape: ConvShape, nr: int, name: str = "conv", pad_copy: bool = Fa
 
     def channel(vco: Expr, vci: Expr) -> Expr:
         """The input channel of reduction index ``vci`` for output channel ``vco``: the
-        panel's group's (the panel index over the panels a group has)."""
+        panel's group's (the panel index over the panels a group has), or where a panel
+        spans narrow groups, each lane's own group's."""
         if shape.groups == 1:
             return vci
-        return (vco // nr) // (per_group // nr) * gci + vci
+        if per_group % nr == 0:
+            return (vco // nr) // (per_group // nr) * gci + vci
+        return vco // per_group * gci + vci
 
     def part(suffix: str, start: int, stop: int) -> tuple[TBuffer, Stmt]:
         """The accumulator and the three nests over output columns [start, stop): a nest's

@@ -60,8 +60,8 @@ from kiln.tir.primitives.common import binding_map
 from kiln.tir.visit import iter_stmts, map_stmt, substitute, vars_of
 
 __all__ = ["AccInit", "FmaTile", "WriteBack", "acc_init", "fma_tile", "fuse_inits",
-           "fuse_write_backs", "load_at", "loop_points", "moves_by", "tensorize_fma_tiles",
-           "vector_sum", "write_back"]
+           "fuse_write_backs", "group_masks", "load_at", "loop_points", "moves_by",
+           "tensorize_fma_tiles", "vector_sum", "write_back"]
 
 
 @dataclass(frozen=True)
@@ -77,6 +77,10 @@ class FmaTile:
     a: Load  # the row operand at (p, i): broadcast, or a vector too where it moves with j
     b: Load  # the vector operand at (p, j)
     a_is_vector: bool = False  # a depthwise convolution's input: a[p, i, j]
+    # a grouped convolution's input where a vector spans several narrow groups: lane l of
+    # ``a`` reads element (l // a_group) * a_group + its input channel, one shuffle of the
+    # vector each step of the innermost loop (`group_masks`); 0: a broadcast or a vector
+    a_group: int = 0
 
 
 def fma_tile(loop: For, lanes: int) -> FmaTile | None:
@@ -116,6 +120,18 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     if any(m is None for m in moves.values()) or moves["acc"].opaque:  # type: ignore[union-attr]
         return None
     tile_vars = {p.var for p in (*k_loops, *row_loops, cols)}
+    if j in moves["b"].opaque and j not in moves["a"].opaque:  # type: ignore[union-attr]
+        a, b = b, a  # (a group broadcast is a)
+        moves["a"], moves["b"] = moves["b"], moves["a"]
+    group = 0
+    if j in moves["a"].opaque:  # type: ignore[union-attr]
+        group = _group_broadcast(a, j, cols.extent, lanes, inner)
+        if not group:
+            return None
+        # (lane 0's address: a vector shuffled, not a vector read in order, see a_group)
+        moves["a"] = _moves(_lane_zero(a, j))
+        if moves["a"] is None:
+            return None
     if any(m.opaque & tile_vars for m in moves.values()):  # type: ignore[union-attr]
         return None
     if moves["b"][j] != 1 and moves["a"][j] == 1:  # a * b written b * a
@@ -130,7 +146,83 @@ def fma_tile(loop: For, lanes: int) -> FmaTile | None:
     if not ok or not _disjoint(moves["acc"], row_loops, cols.extent // lanes, lanes):
         return None
     return FmaTile(tuple(k_loops), tuple(hints), tuple(row_loops), cols,  # type: ignore[arg-type]
-                   acc, a, b, moves["a"][j] == 1)
+                   acc, a, b, moves["a"][j] == 1 and not group, group)
+
+
+def _group_broadcast(a: Load, j: Var, width: int, lanes: int, inner: For) -> int:
+    """G where ``a``'s address moves with ``j`` (the vectorized var, ``width`` wide) as
+    ``(j // G) * G`` within one index of unit stride, plus an affine rest without ``j``,
+    and the innermost reduction loop ``inner`` (of a constant extent, unrolled by the
+    renderer) moves it within the group: then each vector of ``a`` at lane 0 is one vector
+    load, shuffled per step of ``inner`` (`group_masks`); else 0."""
+    at = [d for d, index in enumerate(a.indices) if j in vars_of(index)]
+    if len(at) != 1 or a.buffer.elem_strides[at[0]] != 1 or inner.stop is not None:
+        return 0
+    group, rest = 0, []
+    for term in _terms(a.indices[at[0]]):
+        if j not in vars_of(term):
+            rest.append(term)
+            continue
+        found = _group_term(term, j)
+        if found is None or group:
+            return 0
+        group = found
+    if not group or lanes % group or width % lanes:
+        return 0
+    rest_terms = linear(simplify(_sum(rest))) if rest else {}
+    if rest_terms is None:
+        return 0
+    step = rest_terms.get(inner.var, 0)
+    others = [d for d, index in enumerate(a.indices) if d != at[0] and inner.var in vars_of(index)]
+    if others or step < 0 or step * (inner.extent - 1) >= group:
+        return 0  # (each step stays within its lane's group)
+    return group
+
+
+def _lane_zero(a: Load, j: Var) -> Load:
+    """``a`` with the ``(j // G) * G`` term of its group broadcast dropped: the address of
+    each vector's lane 0 (j moves on by whole vectors)."""
+    indices = tuple(_sum([t for t in _terms(index) if j not in vars_of(t)] or [const(0, INDEX)])
+                    if j in vars_of(index) else index for index in a.indices)
+    return Load(a.buffer, indices)
+
+
+def _terms(e: Expr) -> list[Expr]:
+    if isinstance(e, Binary) and e.op is BinOp.ADD:
+        return _terms(e.a) + _terms(e.b)
+    return [e]
+
+
+def _sum(terms: list[Expr]) -> Expr:
+    total = terms[0]
+    for term in terms[1:]:
+        total = total + term
+    return total
+
+
+def _group_term(term: Expr, j: Var) -> int | None:
+    """G where ``term`` is ``(j // G) * G`` (either order of the product), G >= 2."""
+    if not (isinstance(term, Binary) and term.op is BinOp.MUL):
+        return None
+    for div, scale in ((term.a, term.b), (term.b, term.a)):
+        if isinstance(div, Binary) and div.op is BinOp.FLOORDIV and div.a == j \
+                and isinstance(div.b, Const) and isinstance(scale, Const) \
+                and div.b.value == scale.value and int(scale.value) >= 2:
+            return int(scale.value)
+    return None
+
+
+def group_masks(tile: FmaTile, lanes: int) -> tuple[tuple[int, ...], ...]:
+    """For each step ``c`` of a group-broadcast tile's innermost loop, the lane each lane of
+    ``a`` takes from the vector loaded at lane 0 with that loop at 0: ``(l // G) * G`` plus
+    how far step ``c`` moves the address (`_group_broadcast` checked it stays in the
+    group)."""
+    inner, group = tile.k[-1], tile.a_group
+    index = next(i for i in tile.a.indices if tile.cols.var in vars_of(i))
+    start = linear(simplify(substitute(index, {tile.cols.var: const(0, INDEX)})))
+    step = start.get(inner.var, 0) if start is not None else 0
+    return tuple(tuple((lane // group) * group + c * step for lane in range(lanes))
+                 for c in range(inner.extent))
 
 
 def _disjoint(acc: _Moves, rows: list[For], vectors: int, lanes: int) -> bool:
