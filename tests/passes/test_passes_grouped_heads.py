@@ -9,10 +9,11 @@ import torch
 
 import kiln
 from kiln.ir import verify
+from kiln.ir.fused import attention as fused_attention
 from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
 from kiln.options import Options
-from kiln.passes.grouped_heads import bmm_per_shared_head
+from kiln.passes.grouped_heads import attention_reads_shared_heads, bmm_per_shared_head
 from kiln.passes.pipeline import PIPELINE, run_pipeline
 
 
@@ -22,9 +23,9 @@ class Attention(torch.nn.Module):
     (multi-query), ``tile`` key head h % G (not what the pass matches: heads interleave
     otherwise)."""
 
-    def __init__(self, heads: int, kv_heads: int, how: str) -> None:
+    def __init__(self, heads: int, kv_heads: int, how: str, fused: bool = False) -> None:
         super().__init__()
-        self.heads, self.kv_heads, self.how = heads, kv_heads, how
+        self.heads, self.kv_heads, self.how, self.fused = heads, kv_heads, how, fused
 
     def _repeat(self, t: torch.Tensor) -> torch.Tensor:
         b, g, s, d = t.shape
@@ -38,8 +39,11 @@ class Attention(torch.nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 mask: torch.Tensor) -> torch.Tensor:
         # (the mask added before the scale: no chain the attention pass fuses, so the
-        # matmuls stay for this pass)
-        scores = (q @ self._repeat(k).transpose(2, 3) + mask) * q.shape[-1] ** -0.5
+        # matmuls stay for this pass; ``fused``: after it, as HF writes it, one fused call)
+        if self.fused:
+            scores = q @ self._repeat(k).transpose(2, 3) * q.shape[-1] ** -0.5 + mask
+        else:
+            scores = (q @ self._repeat(k).transpose(2, 3) + mask) * q.shape[-1] ** -0.5
         return torch.softmax(scores, -1) @ self._repeat(v)
 
 
@@ -108,3 +112,61 @@ def test_the_pass_computes_what_the_graph_did_with_nan_and_infinities() -> None:
     assert [n.type.shape for n in rewritten.nodes if n.op is Op.BMM] == [(2, 12, 5), (2, 12, 8)]
     for want, got in zip(interpret(graph, inputs), interpret(rewritten, inputs)):
         torch.testing.assert_close(got, want, equal_nan=True)
+
+
+def _attention_calls(graph) -> list:  # noqa: ANN001
+    return [n for n in graph.nodes if n.op is Op.CALL
+            and n.attrs.target is fused_attention._opoverload]
+
+
+@pytest.mark.parametrize("case", [CASES[0], (1, 4, 1, 6, 6, 16, "broadcast")],
+                         ids=lambda c: f"{c[6]}-{c[0]}x{c[1]}on{c[2]}")
+def test_a_fused_attention_reads_the_shared_heads(case) -> None:
+    """The attention pass's fused call takes the G key and value heads before ``repeat_kv``
+    (or the one broadcast head); its generated kernel has each query head read its group's,
+    as eager's copies did. (Values of whole vectors: the pass then fuses, for the kernel.)"""
+    *sizes, how = case
+    batch, heads, kv_heads, length, keys, dim = sizes
+    model = Attention(heads, kv_heads, how, fused=True)
+    inputs = _inputs(*sizes)
+    # (every checked kernel used, not only where it measures faster: the kernel is tested)
+    compiled = kiln.compile(model, inputs, Options(strict=True, measure_kernels=False))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    report = compiled.report.graphs[0]
+    assert any(k.kind == "generated" and "call" in k.ops for k in report.kernels)
+    graph = report.details.optimized
+    (call,) = _attention_calls(graph)
+    assert [v.type.shape[1] for v in call.inputs[:3]] == [heads, kv_heads, kv_heads]
+    assert not any(n.op is Op.EXPAND for n in graph.nodes)
+
+
+def test_a_fused_attention_keeps_heads_repeated_in_another_order() -> None:
+    model = Attention(8, 4, "tile", fused=True)
+    inputs = _inputs(1, 8, 4, 5, 7, 16)
+    compiled = kiln.compile(model, inputs, Options(strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    (call,) = _attention_calls(compiled.report.graphs[0].details.optimized)
+    assert [v.type.shape[1] for v in call.inputs[:3]] == [8, 8, 8]
+
+
+def test_the_shared_heads_of_a_fused_attention_compute_what_the_graph_did() -> None:
+    """On the graph as the attention pass leaves it (its views not yet simplified), special
+    values included: the call on the shared heads, against the call on the repeated ones."""
+    model = Attention(8, 2, "repeat", fused=True)
+    inputs = list(_inputs(1, 8, 2, 3, 5, 16))
+    captured = kiln.compile(model, tuple(inputs)).report.graphs[0].details.captured
+    names = [p.name for p in PIPELINE]
+    graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
+    rewritten = attention_reads_shared_heads(graph)
+    verify(rewritten)
+    (call,) = _attention_calls(rewritten)
+    assert [v.type.shape[1] for v in call.inputs[:3]] == [8, 2, 2]
+    inputs[0][0, 3, 1, 2], inputs[1][0, 1, 4, 0], inputs[2][0, 0, 2, 5] = \
+        float("nan"), float("inf"), float("-inf")
+    for want, got in zip(interpret(graph, inputs), interpret(rewritten, inputs)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    finite = list(_inputs(1, 8, 2, 3, 5, 16))
+    for want, got in zip(interpret(graph, finite), interpret(rewritten, finite)):
+        torch.testing.assert_close(got, want)

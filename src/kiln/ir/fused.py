@@ -84,7 +84,12 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Ten
     the key; False: its score is -inf, whatever it was, as ``masked_fill`` makes it): ATen's
     fused attention where every input is finite and no score can overflow, so that it equals
     the decomposition up to rounding; otherwise the decomposition itself. (The fused kernel
-    returns 0 where a NaN or an infinity makes the decomposition's row NaN.)"""
+    returns 0 where a NaN or an infinity makes the decomposition's row NaN.) Keys and values
+    with G heads where q has G*R (grouped-query attention) serve R query heads each, query
+    head g*R + r reading head g, as ``repeat_kv`` makes them."""
+    if k.dim() == 4 and k.shape[1] != q.shape[1]:
+        repeats = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeats, 1), v.repeat_interleave(repeats, 1)
     if _fused_attention_is_exact(q, k, v, mask, scale):
         return aten.scaled_dot_product_attention.default(q, k, v, mask, 0.0, False,
                                                          scale=scale)

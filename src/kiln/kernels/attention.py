@@ -139,7 +139,11 @@ def _call(node: Node) -> AttentionCall | None:
 
     if attrs.target is fused.attention._opoverload:
         q, k, v, mask, scale = attrs.args
-        return AttentionCall(value(q), value(k), value(v), value(mask), float(scale))
+        query, key = value(q), value(k)
+        grouped = query is not None and key is not None and len(key.type.shape) == 4 \
+            and query.type.shape[1] != key.type.shape[1]  # (its keys' heads shared)
+        return AttentionCall(query, key, value(v), value(mask), float(scale),
+                             grouped=grouped)
     if attrs.target not in _ATEN:
         return None
     schema = attrs.target._schema.arguments

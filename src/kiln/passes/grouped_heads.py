@@ -22,19 +22,91 @@ matmul is R times taller and R times fewer (HF Llama, 8 query heads on 4 key hea
 matmuls of 128 rows become 4 of 256). Where the queries are not laid out to stack as a
 view, the executor copies them, which is no more than the copy of the repeated keys it
 replaces (the queries are R heads of L rows, the repeated keys R heads of S rows).
+
+A fused attention call (``kiln::attention``, which the attention pass made of the chain) reads
+the shared heads themselves: its keys and values become the G heads before ``repeat_kv``, and
+its query head ``g*R + r`` reads head ``g`` (its kernel indexes them so, `kiln.kernels.attention`;
+its definition repeats them, `kiln.ir.fused.attention`). HF Llama at 128 tokens copied its
+repeated keys and values in 60 + 19 us a layer before the call.
 """
 
 from __future__ import annotations
 
-from kiln.ir.attrs import PermuteAttrs, ShapeAttrs
+import math
+
+import torch
+
+from kiln.ir import fused
+from kiln.ir.attrs import CallAttrs, PermuteAttrs, ShapeAttrs
 from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.ops import Op
+from kiln.ir.semantics import lower_node, run_call
 from kiln.ir.types import TensorType
 from kiln.options import Options
 
-__all__ = ["bmm_per_shared_head"]
+__all__ = ["bmm_per_shared_head", "per_shared_head"]
 
 _TRANSPOSE_LAST = (0, 1, 3, 2)
+
+
+def per_shared_head(graph: Graph, options: Options | None = None) -> Graph:
+    """`attention_reads_shared_heads`, then `bmm_per_shared_head`: the pipeline's pass."""
+    return bmm_per_shared_head(attention_reads_shared_heads(graph), options)
+
+
+def attention_reads_shared_heads(graph: Graph, options: Options | None = None) -> Graph:
+    """Every ``kiln::attention`` call whose keys and values repeat their heads alike
+    (`_repeated_heads`: R times each of G) reading the G heads instead."""
+    del options
+
+    def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if not (node.op is Op.CALL and isinstance(node.attrs, CallAttrs)
+                and node.attrs.target is fused.attention._opoverload and len(inputs) >= 3):
+            return None
+        k, v = _repeated_heads(inputs[1]), _repeated_heads(inputs[2])
+        if k is None or v is None or k[1] != v[1] \
+                or k[0].type.shape[1] != v[0].type.shape[1]:
+            return None
+        call = Node(Op.CALL, (inputs[0], k[0], v[0], *inputs[3:]), node.attrs, node.types,
+                    node.name)
+        return list(call.outputs)
+    return transform(graph, rewrite)
+
+
+def _repeated_heads(x: Value) -> tuple[Value, int] | None:
+    """``(k, R)`` where ``x``, f32[B, G*R, S, D], is k: [B, G, S, D] with each head repeated
+    R times (``expand(unsqueeze(k, 2))`` merged by views: HF's ``repeat_kv``), or one head
+    broadcast to all (``expand(k)``, G = 1); else None. Between the expand and ``x``, any
+    views, permutes and copies that together merge (G, R) as ``reshape`` does: checked by
+    running them on the element indices (before the views are simplified, the attention
+    pass leaves a transpose and its inverse there)."""
+    chain: list[Node] = []
+    e = x
+    while e.node.op in (Op.VIEW, Op.PERMUTE, Op.CLONE):
+        chain.append(e.node)
+        e = e.node.inputs[0]
+    if e.node.op is not Op.EXPAND or len(x.type.shape) != 4:
+        return None
+    batch, heads, s, d = x.type.shape
+    if len(e.type.shape) == 5:
+        u = e.node.inputs[0]
+        if u.node.op is not Op.UNSQUEEZE or u.node.attrs.dim not in (2, -3):  # type: ignore
+            return None
+        k = u.node.inputs[0]
+        _, groups, repeats, _, _ = e.type.shape
+    elif len(e.type.shape) == 4:  # (multi-query: one head broadcast)
+        k, groups, repeats = e.node.inputs[0], 1, heads
+    else:
+        return None
+    if repeats < 2 or groups * repeats != heads or k.type.shape != (batch, groups, s, d) \
+            or math.prod(e.type.shape) != math.prod(x.type.shape) \
+            or any(len(n.inputs) != 1 and n.op is not Op.VIEW for n in chain):
+        return None
+    index = torch.arange(math.prod(e.type.shape), dtype=torch.int32).reshape(e.type.shape)
+    moved = index
+    for node in reversed(chain):
+        moved = run_call(lower_node(node), [moved, *node.inputs[1:]], "cpu")[0]
+    return (k, repeats) if torch.equal(moved, index.reshape(x.type.shape)) else None
 
 
 def bmm_per_shared_head(graph: Graph, options: Options | None = None) -> Graph:

@@ -17,7 +17,7 @@ from kiln.passes.conv_padding import pads_into_convolutions
 from kiln.passes.cse import eliminate_common_subexpressions
 from kiln.passes.dce import eliminate_dead_code
 from kiln.passes.fold import fold_constants
-from kiln.passes.grouped_heads import bmm_per_shared_head
+from kiln.passes.grouped_heads import per_shared_head
 from kiln.passes.layout import to_channels_last
 from kiln.passes.pet import PetPass
 from kiln.passes.pointwise import pointwise_as_gemm
@@ -33,9 +33,9 @@ PIPELINE: tuple[Pass | RulePass | PetPass, ...] = (
     RulePass("simplify", rules.SIMPLIFY, 1, "neutral elements, moves, arithmetic: fewer nodes"),
     Pass("attention", fuse_attention, 2, "softmax(Q K^T s + M) V as the library's fused "
          "attention where measured faster; after simplify has cleaned the views around it"),
-    Pass("shared.heads", bmm_per_shared_head, 2, "grouped-query attention's matmuls per "
-         "shared key/value head, not against heads repeated by a copy; after attention, which "
-         "takes the chain whole where the library's fused call is faster"),
+    Pass("shared.heads", per_shared_head, 2, "grouped-query attention's fused calls and "
+         "matmuls read each shared key/value head, not heads repeated by a copy; after "
+         "attention, which takes the chain whole where the library's fused call is faster"),
     Pass("conv1d", conv1d_as_conv2d, 2, "1-d convolutions as 2-d ones over one row, before "
          "the rules and passes made for 2-d ones (epilogues, layout, kernels) look for them"),
     RulePass("fuse.weights", rules.FOLD_INTO_WEIGHTS, 2,
