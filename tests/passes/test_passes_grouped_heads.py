@@ -170,3 +170,27 @@ def test_the_shared_heads_of_a_fused_attention_compute_what_the_graph_did() -> N
     finite = list(_inputs(1, 8, 2, 3, 5, 16))
     for want, got in zip(interpret(graph, finite), interpret(rewritten, finite)):
         torch.testing.assert_close(got, want)
+
+
+class SdpaAttention(Attention):
+    """HF's sdpa path with a padding mask: ``repeat_kv``, then the library's fused call."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                mask: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, self._repeat(k), self._repeat(v), attn_mask=mask)
+
+
+@pytest.mark.parametrize("how", ["repeat", "broadcast"])
+def test_the_librarys_fused_attention_reads_the_shared_heads(how: str) -> None:
+    heads, kv_heads = 8, 1 if how == "broadcast" else 2
+    model = SdpaAttention(heads, kv_heads, how)
+    inputs = _inputs(2, heads, kv_heads, 5, 7, 16)
+    compiled = kiln.compile(model, inputs, Options(strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    graph = compiled.report.graphs[0].details.optimized
+    calls = [n for n in graph.nodes if n.op is Op.CALL]
+    assert [[v.type.shape[1] for v in n.inputs[:3]] for n in calls] == [[heads, kv_heads,
+                                                                         kv_heads]]
+    assert not any(n.op is Op.EXPAND for n in graph.nodes)

@@ -23,8 +23,9 @@ matmuls of 128 rows become 4 of 256). Where the queries are not laid out to stac
 view, the executor copies them, which is no more than the copy of the repeated keys it
 replaces (the queries are R heads of L rows, the repeated keys R heads of S rows).
 
-A fused attention call (``kiln::attention``, which the attention pass made of the chain) reads
-the shared heads themselves: its keys and values become the G heads before ``repeat_kv``, and
+A fused attention call (``kiln::attention``, which the attention pass made of the chain, or
+ATen's CPU flash attention, as HF's sdpa path with a padding mask calls it) reads the shared
+heads themselves: its keys and values become the G heads before ``repeat_kv``, and
 its query head ``g*R + r`` reads head ``g`` (its kernel indexes them so, `kiln.kernels.attention`;
 its definition repeats them, `kiln.ir.fused.attention`). HF Llama at 128 tokens copied its
 repeated keys and values in 60 + 19 us a layer before the call.
@@ -37,7 +38,7 @@ import math
 import torch
 
 from kiln.ir import fused
-from kiln.ir.attrs import CallAttrs, PermuteAttrs, ShapeAttrs
+from kiln.ir.attrs import CallAttrs, Operand, PermuteAttrs, ShapeAttrs
 from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.ops import Op
 from kiln.ir.semantics import lower_node, run_call
@@ -55,22 +56,31 @@ def per_shared_head(graph: Graph, options: Options | None = None) -> Graph:
 
 
 def attention_reads_shared_heads(graph: Graph, options: Options | None = None) -> Graph:
-    """Every ``kiln::attention`` call whose keys and values repeat their heads alike
-    (`_repeated_heads`: R times each of G) reading the G heads instead."""
+    """Every attention call (`_READS_SHARED_HEADS`) whose keys and values repeat their heads
+    alike (`_repeated_heads`: R times each of G) reading the G heads instead."""
     del options
 
     def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
         if not (node.op is Op.CALL and isinstance(node.attrs, CallAttrs)
-                and node.attrs.target is fused.attention._opoverload and len(inputs) >= 3):
+                and node.attrs.target in _READS_SHARED_HEADS and len(node.attrs.args) >= 3
+                and all(isinstance(a, Operand) for a in node.attrs.args[:3])):
             return None
-        k, v = _repeated_heads(inputs[1]), _repeated_heads(inputs[2])
+        at_k, at_v = node.attrs.args[1].index, node.attrs.args[2].index
+        k, v = _repeated_heads(inputs[at_k]), _repeated_heads(inputs[at_v])
         if k is None or v is None or k[1] != v[1] \
                 or k[0].type.shape[1] != v[0].type.shape[1]:
             return None
-        call = Node(Op.CALL, (inputs[0], k[0], v[0], *inputs[3:]), node.attrs, node.types,
-                    node.name)
-        return list(call.outputs)
+        operands = list(inputs)
+        operands[at_k], operands[at_v] = k[0], v[0]
+        return list(Node(Op.CALL, tuple(operands), node.attrs, node.types, node.name).outputs)
     return transform(graph, rewrite)
+
+
+# attention calls that take keys and values with fewer heads than the queries, each shared by
+# a group of query heads: kiln's (`kiln.ir.fused.attention`) and ATen's CPU flash attention
+# (the op HF's sdpa path is captured as), which does so without a flag
+_READS_SHARED_HEADS = (fused.attention._opoverload,
+                       torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default)
 
 
 def _repeated_heads(x: Value) -> tuple[Value, int] | None:
