@@ -914,12 +914,14 @@ transposed=False, output_padding=(0, 0), groups={groups}}} : f32[1, {cout}, 8, 8
         assert conv_groups(graph) == []
 
 
+@pytest.mark.parametrize("narrow", [False, True], ids=["whole-vectors", "4-a-group"])
 def test_a_grouped_convolution_is_a_candidate_in_the_contraction_stage(
-        kernel_options: Options) -> None:
-    """ResNeXt's second stage in small: 8 groups of 8 channels (whole vectors on AVX2 and
-    narrower ISAs), offered and run by the executor like a dense layer."""
+        kernel_options: Options, narrow: bool) -> None:
+    """ResNeXt's second stage in small: 4 groups of 8 channels (whole vectors on AVX2 and
+    narrower ISAs), offered and run by the executor like a dense layer; its first stage in
+    small (``narrow``): groups of 4 channels, several a vector."""
     lanes = max(target_isa(kernel_options).f32_lanes, 4)
-    groups, width = 4, max(lanes, 8)
+    groups, width = (2 * lanes, 4) if narrow else (4, max(lanes, 8))
     c = groups * width
     graph = parse_graph(f"""graph(%x: f32[1, {c}, 10, 9]) {{
   %w = constant {{name='w'}} : f32[{c}, {width}, 3, 3]
