@@ -110,12 +110,12 @@ def _repeated_heads(x: Value) -> tuple[Value, int] | None:
         return None
     if repeats < 2 or groups * repeats != heads or k.type.shape != (batch, groups, s, d) \
             or math.prod(e.type.shape) != math.prod(x.type.shape) \
-            or any(len(n.inputs) != 1 and n.op is not Op.VIEW for n in chain):
+            or any(len(n.inputs) != 1 for n in chain):
         return None
     index = torch.arange(math.prod(e.type.shape), dtype=torch.int32).reshape(e.type.shape)
     moved = index
     for node in reversed(chain):
-        moved = run_call(lower_node(node), [moved, *node.inputs[1:]], "cpu")[0]
+        moved = run_call(lower_node(node), [moved], "cpu")[0]
     return (k, repeats) if torch.equal(moved, index.reshape(x.type.shape)) else None
 
 
