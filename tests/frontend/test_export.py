@@ -612,3 +612,40 @@ def test_a_constant_index_list_that_steps_evenly_is_a_slice(index, dim, sliced) 
         torch.testing.assert_close(compiled(x), model(x))
     graph = compiled.report.graphs[0]
     assert (graph.opaque_ops == ()) is sliced, graph.opaque_ops
+
+
+class CacheStep(nn.Module):
+    """A decode step's KV cache as HF's DynamicCache grows it: the past keys concatenated
+    onto an empty 1-D tensor (the layer's first update), then the new token's keys onto
+    that."""
+
+    def __init__(self, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.register_buffer("empty", torch.tensor([], dtype=dtype))
+
+    def forward(self, past: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
+        keys = torch.cat([self.empty, past], dim=-2)
+        return torch.cat([keys, new * 2], dim=-2)
+
+
+def test_a_cat_drops_its_empty_1d_operands_and_reads_the_cache_itself():
+    past, new = torch.randn(1, 4, 7, 8), torch.randn(1, 4, 1, 8)
+    past[0, 1, 2, 3], new[0, 2, 0, 1] = float("nan"), float("-inf")
+    model = CacheStep().eval()
+    compiled = kiln.compile(model, (past, new))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(past, new), model(past, new), equal_nan=True)
+    # one copy of the cache (the cat the new token joins), none into the empty tensor's cat
+    counts = compiled.report.op_counts()
+    assert counts.get("cat") == 1 and "clone" not in counts, counts
+
+
+def test_an_empty_operand_that_decides_the_dtype_stays():
+    """torch.cat promotes over the empty operand too: f32 with bf16 values is f32."""
+    past, new = torch.randn(1, 2, 3, 4, dtype=torch.bfloat16), torch.randn(1, 2, 1, 4)
+    model = CacheStep().eval()
+    compiled = kiln.compile(model, (past, new))
+    with torch.no_grad():
+        out, expected = compiled(past, new), model(past, new)
+    assert out.dtype == expected.dtype == torch.float32
+    torch.testing.assert_close(out, expected)

@@ -154,6 +154,20 @@ def _softmax_of_zero_sum(op: Op):
     return build
 
 
+def _cat_of_copy(e: Example, first: bool) -> Graph:
+    """cat(clone(x), y) or cat(y, clone(x)) along a random axis; x the caller's tensor or a
+    value the graph computes, the copy read elsewhere too or not."""
+    shape = e.dims(e.rng.randint(1, 3))
+    dim = e.rng.randrange(len(shape))
+    other = tuple(n + 1 if i == dim else n for i, n in enumerate(shape))
+    x = e.pick(lambda: e.input(shape), lambda: e.op(Op.RELU, e.input(shape)))
+    copy = e.op(Op.CLONE, x)
+    y = e.input(other)
+    pieces = (copy, y) if first else (y, copy)
+    cat = e.op(Op.CAT, *pieces, attrs=DimAttrs(dim))
+    return e.graph(cat, e.op(Op.NEG, copy)) if e.rng.random() < 0.3 else e.graph(cat)
+
+
 def _twice(op: Op, dtype: DType = F32):
     return lambda e: e.graph(e.op(op, e.op(op, e.input(e.dims(), dtype))))
 
@@ -497,6 +511,8 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
         Op.PERMUTE, e.op(Op.CLONE, e.op(Op.PERMUTE, e.op(Op.RELU, e.input((2, 3, 4))),
                                         attrs=PermuteAttrs((0, 2, 1)))),
         attrs=PermuteAttrs(e.pick((0, 2, 1), (2, 0, 1))))),
+    "cat-skip-copy": lambda e: _cat_of_copy(e, first=True),
+    "cat-skip-copy.second": lambda e: _cat_of_copy(e, first=False),
     "clone-clone": _twice(Op.CLONE),
     "clone-dense": _clone_dense,
     "add-self": lambda e: (lambda x: e.graph(e.op(Op.ADD, x, x)))(

@@ -449,6 +449,16 @@ def _split(ctx: Context, x: Value, sizes: Any, dim: int = 0) -> Any:
 @converts(aten.cat.default)
 def _cat(ctx: Context, tensors: list[Value], dim: int = 0) -> Any:
     rank = max(_rank(t) for t in tensors)
+    # torch.cat skips 1-D empty operands whatever the rank (HF's DynamicCache starts each
+    # layer's keys and values as one, so a compiled decode step concatenates the cache
+    # onto it); they go where they do not decide the result's dtype, and a lone operand
+    # left is copied, as cat copies it
+    dtype = ctx.out_types[0].dtype
+    kept = [t for t in tensors if not (t.type.shape == (0,) and rank > 1)]
+    if kept != tensors and kept and all(t.type.dtype == dtype for t in kept):
+        if len(kept) == 1:
+            return ctx.emit(Op.CLONE, kept[0])
+        tensors = kept
     return ctx.emit(Op.CAT, *tensors, attrs=A.DimAttrs(_dim(dim, rank)))
 
 

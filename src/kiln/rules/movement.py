@@ -131,6 +131,7 @@ def _hoist_permute(m: Match):
 x = Var("x")
 X, P, Q, S1, S2 = PVar("x"), PVar("p"), PVar("q"), PVar("s1"), PVar("s2")
 Y = PVar("y")
+D = PVar("d")
 SINKS_PERMUTE = (Op.ADD, Op.MUL)  # (the ops with a permute axiom in kiln.synth)
 # elementwise ops of one operand (no attributes, or an activation's): each element maps to
 # itself, so they commute with any permute. In the reals; ATen's result can differ in the
@@ -188,6 +189,19 @@ RULES = (
                  A(Op.RELU, A(Op.MM, X, P)), EXACT, C(CondKind.GUARD, "redundant-copy")),)),
     # clone(x) -> x for a dense x the graph computed (HF's dropout in eval mode: 25 copies
     # of GPT-2's hidden states)
+    Rule("cat-skip-copy", On(Op.CAT, On(Op.CLONE, x, shared=True), Var("y")),
+         lambda m: m.op(Op.CAT, m["x"], m["y"], attrs=m.root.attrs), EXACT,
+         laws=(L("cat-skip-copy", A(Op.CAT, A(Op.CLONE, X), Y, dim=D),
+                 A(Op.CAT, X, Y, dim=D), EXACT),)),
+    # cat(clone(x), y) -> cat(x, y)
+    Rule("cat-skip-copy.second", On(Op.CAT, Var("y"), On(Op.CLONE, x, shared=True)),
+         lambda m: m.op(Op.CAT, m["y"], m["x"], attrs=m.root.attrs), EXACT,
+         laws=(L("cat-skip-copy.second", A(Op.CAT, Y, A(Op.CLONE, X), dim=D),
+                 A(Op.CAT, Y, X, dim=D), EXACT),)),
+    # cat(y, clone(x)) -> cat(y, x): the cat copies its operands into a tensor of its own,
+    # so a copy before it only doubles the traffic, even of the caller's tensor (a decode
+    # step's KV cache: HF's DynamicCache concatenates each layer's cache onto an empty one
+    # first, which the frontend makes a copy, then the new token's keys onto that)
     Rule("clone-clone", On(Op.CLONE, On(Op.CLONE, x, name="inner", shared=True)),
          lambda m: m["inner"].out(), EXACT,
          laws=(L("clone-clone", A(Op.CLONE, A(Op.CLONE, X)), A(Op.CLONE, X), EXACT),)),
