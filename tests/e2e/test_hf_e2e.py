@@ -31,7 +31,7 @@ MASK_OPS = {"aten.bitwise_and.Tensor", "aten.cumsum.default", "aten.index.Tensor
 # Falcon's and DeBERTa's position code (a lifted constant tensor; DeBERTa's relative position
 # buckets take the sign, its attention gathers the c2p / p2c scores, Falcon's mask repeats)
 EXPECTED_OPAQUE = {"hf_bert": {"aten.gather.default"}, "hf_gpt2": MASK_OPS, "hf_llama": MASK_OPS,
-                   "hf_llama_1k": MASK_OPS,
+                   "hf_llama_1k": MASK_OPS, "hf_llama_decode": MASK_OPS,
                    "hf_falcon": MASK_OPS | {"aten.lift_fresh_copy.default"},
                    "hf_deberta": {"aten.bitwise_and.Tensor", "aten.gather.default",
                                   "aten.lift_fresh_copy.default", "aten.repeat.default",

@@ -20,6 +20,7 @@ HF_NAMES = [
     "hf_whisper_encoder",
     "hf_llama",
     "hf_llama_1k",
+    "hf_llama_decode",
     "hf_t5_encoder",
     "hf_convnext",
     "hf_levit",
@@ -37,6 +38,8 @@ QUICK_SHAPES = {
     "hf_whisper_encoder": ([(1, 16, 64)], (1, 32, 64)),  # the second conv halves the frames
     "hf_llama": ([(1, 16)], (1, 16, 64)),
     "hf_llama_1k": ([(1, 16)], (1, 16, 64)),  # (the quick one is hf_llama's)
+    # one token over 15 cached: ids, then keys and values of 2 layers (2 kv heads of 16)
+    "hf_llama_decode": ([(1, 1)] + [(1, 2, 15, 16)] * 4, (1, 1, 64)),
     "hf_t5_encoder": ([(1, 16)], (1, 16, 64)),
     "hf_convnext": ([(1, 3, 32, 32)], (1, 10)),
     "hf_levit": ([(1, 3, 128, 128)], (1, 4, 48)),  # 8x8 tokens, subsampled twice
@@ -144,13 +147,14 @@ def test_batchnorm_state_is_nontrivial(name: str, transformers) -> None:
     ("hf_whisper_encoder", (1, 80, 3000), 20.6),
     ("hf_llama", (1, 128), 28.0),
     ("hf_llama_1k", (1, 1024), 28.0),
+    ("hf_llama_decode", (1, 1), 28.0),
     ("hf_convnext", (1, 3, 224, 224), 28.6),  # ConvNeXt-T; T5's embedding takes 5 s to build
     ("hf_levit", (1, 3, 224, 224), 8.4),  # LeViT-128S
 ])
 def test_full_size_builds(name: str, input_shape: tuple[int, ...], params_m: float,
                           transformers) -> None:
-    model, (x,) = models.build(name)
-    assert tuple(x.shape) == input_shape
+    model, inputs = models.build(name)
+    assert tuple(inputs[0].shape) == input_shape  # (a decode step: then its KV cache)
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(params_m, abs=0.1)
 
 

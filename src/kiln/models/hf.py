@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -189,6 +190,45 @@ def build_llama(quick: bool, tokens: int = 128) -> Built:
                                                             16 if quick else tokens)
 
 
+class DecodeStep(nn.Module):
+    """One step of token-by-token generation: the new token's ids and each layer's cached
+    keys and values (``kv``: k0, v0, k1, v1, ...) in, the new token's hidden state out.
+
+    The cache is HF's own ``DynamicCache``, filled from the tensors inside the call, so the
+    layers grow it as generation does (a cat onto each layer's keys and values) and a
+    capture sees plain tensors.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.cache_class = transformers_module().DynamicCache  # (not looked up in a trace)
+        # transformers 5 names the argument ``cache``; 4 ``past_key_values``
+        self.cache_argument = ("cache" if "cache" in inspect.signature(model.forward).parameters
+                               else "past_key_values")
+
+    def forward(self, ids: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
+        cache = self.cache_class()
+        for layer in range(len(kv) // 2):
+            cache.update(kv[2 * layer], kv[2 * layer + 1], layer)
+        past = kv[0].shape[2]
+        positions = torch.arange(past, past + ids.shape[1]).unsqueeze(0)
+        return self.model(ids, position_ids=positions, use_cache=True, return_dict=False,
+                          **{self.cache_argument: cache})[0]
+
+
+def build_llama_decode(quick: bool) -> Built:
+    """hf_llama's model generating: one new token over a cache of 127 (quick: 15)."""
+    model, _ = build_llama(quick)
+    llama = model.model
+    config = llama.config
+    past = 15 if quick else 127
+    head_dim = config.hidden_size // config.num_attention_heads
+    kv = [torch.randn(1, config.num_key_value_heads, past, head_dim)
+          for _ in range(2 * config.num_hidden_layers)]
+    return DecodeStep(llama), (*_token_ids(config.vocab_size, 1), *kv)
+
+
 def build_t5_encoder(quick: bool) -> Built:
     t = transformers_module()
     # quick: 2 layers of 4 heads; T5's relative position buckets stay at the default 32
@@ -297,6 +337,11 @@ BUILDERS: dict[str, tuple[Callable[[bool], Built], str]] = {
         functools.partial(build_llama, tokens=1024),
         "HF LlamaModel as hf_llama, seq 1024: a long prompt's prefill (causal attention, about a "
         "quarter of the FLOPs, half of them skipped)",
+    ),
+    "hf_llama_decode": (
+        build_llama_decode,
+        "HF LlamaModel as hf_llama, generating: one token over a 127-token KV cache "
+        "(DynamicCache), batch 1 (its hidden state)",
     ),
     "hf_t5_encoder": (
         build_t5_encoder,
