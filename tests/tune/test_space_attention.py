@@ -39,6 +39,12 @@ RUNTIME = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, H),
                          runtime_mask=RuntimeMask((B, H, L, S), (H * L * S, L * S, S, 1)))
 PADDING = AttentionShape(B, H, L, S, E, E, 0.25, *STRIDES, mask=(1, 1),
                          runtime_mask=RuntimeMask((B, 1, L, S), (S, S, 0, 1), boolean=True))
+# causal (GPT-2's, Llama's): over as many keys as queries each block stops at the diagonal;
+# over more keys (a prompt after a cache) query i still sees keys 0..i, as ATen's is_causal
+SQUARE = ((L * H * E, E, H * E, 1),) * 3
+CAUSAL = AttentionShape(B, H, L, L, E, E, 0.25, *SQUARE, causal=True)
+WIDE = ((S + L) * H * E, E, H * E, 1)
+CAUSAL_WIDE = AttentionShape(B, H, L, S + L, E, E, 0.25, STRIDES[0], WIDE, WIDE, causal=True)
 
 
 def test_the_heuristic_schedule_is_the_default_point() -> None:
@@ -49,7 +55,7 @@ def test_the_heuristic_schedule_is_the_default_point() -> None:
 
 
 def test_points_replay_from_their_trace_and_compute_the_decomposition() -> None:
-    for shape in (SHAPE, MASKED, PANELS, RUNTIME, PADDING):
+    for shape in (SHAPE, MASKED, PANELS, RUNTIME, PADDING, CAUSAL, CAUSAL_WIDE):
         space = AttentionSpace(shape, Isa.AVX512, 2, "aspace")
         rng = random.Random(5)
         for point in [space.default(), *(random_point(space, rng) for _ in range(3))]:
@@ -88,7 +94,7 @@ def test_the_workload_is_the_program() -> None:
 def test_the_runner_measures_a_point(options: kiln.Options) -> None:
     from kiln.tune.measure import time_one
 
-    for shape in (MASKED, PADDING):
+    for shape in (MASKED, PADDING, CAUSAL):
         space = AttentionSpace(shape, Isa.AVX512, 2, "arun")
         result = time_one(space, random_point(space, random.Random(3)), options, threads=1,
                           budget_s=0.05)

@@ -126,10 +126,10 @@ class AttentionSpace:
 
     def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Random Q, K, V laid out with the kernel's strides, a random mask where the kernel
-        adds one (finite and transposed, as a constant is compiled; or with the run-time
-        mask's own strides, a bool one mostly True), the output; and the decomposition's
-        result."""
+        """Random Q, K, V laid out with the kernel's strides, the keys after each query
+        masked where the kernel is causal, a random mask where the kernel adds one (finite
+        and transposed, as a constant is compiled; or with the run-time mask's own strides,
+        a bool one mostly True), the output; and the decomposition's result."""
         s = self.shape
         kv = s.kv_heads or s.heads
         dims = ((s.batch, s.heads, s.queries, s.depth), (s.batch, kv, s.keys, s.depth),
@@ -139,6 +139,9 @@ class AttentionSpace:
         # (grouped-query heads: query head h reads key head h // (H / KV))
         k_h, v_h = (x.repeat_interleave(s.heads // kv, 1) for x in (k, v))
         scores = q @ k_h.transpose(-1, -2) * s.scale
+        if s.causal:  # (query i sees keys 0..i, as the kernel's is_causal; it may stop there)
+            after = torch.ones(s.queries, s.keys, dtype=torch.bool).triu(1)
+            scores = scores.masked_fill(after, -float("inf"))
         mask = []
         runtime = s.runtime_mask
         if runtime is not None:
