@@ -75,6 +75,7 @@ def library_call(space):  # noqa: ANN001, ANN201
     import torch.nn.functional as F
 
     from kiln.ir.fused import apply_activation
+    from kiln.kernels.attention_schedule import AttentionShape
     from kiln.kernels.depthwise_schedule import DepthwiseShape
     from kiln.kernels.pool_schedule import PoolShape
     from kiln.kernels.validate import library_results, random_operands
@@ -104,6 +105,23 @@ def library_call(space):  # noqa: ANN001, ANN201
         return lambda: activated(F.linear(a, w, bias) if bias is None or bias.dim() == 1
                                  else torch.addmm(bias, a, w.t()))
     sh = space.shape
+    if isinstance(sh, AttentionShape):  # (ATen's fused attention on the kernel's operands)
+        operands, _ = space.operands(space.default(), gen)
+        q, k, v = operands[:3]
+        if sh.runtime_mask is not None:
+            mask = operands[3]
+        elif sh.mask is not None:
+            mask = torch.randn(*sh.mask, sh.queries, sh.keys, generator=gen)
+        else:
+            mask = None
+        if sh.causal and mask is not None:  # (ATen takes one or the other)
+            seen = torch.ones(sh.queries, sh.keys, dtype=torch.bool).tril()
+            mask = mask & seen if mask.dtype == torch.bool else \
+                mask.masked_fill(~seen, -math.inf)
+        grouped = (sh.kv_heads or sh.heads) != sh.heads
+        return lambda: F.scaled_dot_product_attention(
+            q, k, v, mask, is_causal=sh.causal and mask is None, scale=sh.scale,
+            enable_gqa=grouped)
     cl = torch.channels_last
     channels = sh.ci if hasattr(sh, "ci") else sh.c
     x = torch.randn(sh.n, channels, sh.h, sh.w, generator=gen).contiguous(memory_format=cl)
