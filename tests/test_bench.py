@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -132,3 +133,25 @@ def test_every_row_states_the_best_peak_reading_of_the_run(monkeypatch) -> None:
     monkeypatch.setattr(bench, "bench_model", fake_model)
     results = bench.run_bench(["a", "b", "c"], quick=True)
     assert [r.peak_gflops for r in results] == [234.0, 234.0, 234.0]
+
+
+def test_each_round_is_kept_and_contenders_are_compared_round_by_round(mlp_result: Run
+                                                                        ) -> None:
+    result, _ = mlp_result
+    k = result.contender("kiln-O2")
+    assert len(k.samples_ms) == k.runs and math.isclose(k.median_ms,
+                                                      statistics.median(k.samples_ms))
+    # a machine that slows down half way: the medians' ratio follows the phases (2.0 / 1.2),
+    # the rounds' ratios do not (kiln is 0.9 of the peer in every round)
+    peer = [1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
+    kiln_times = [0.9 * t for t in peer[:3]] + [0.9 * t for t in peer[3:]]
+    fake = BenchResult("m", True, 2, contenders=[
+        bench.ContenderResult("eager", 5.0, samples_ms=[5.0] * 7),
+        bench.ContenderResult("kiln-O2", statistics.median(kiln_times), samples_ms=kiln_times),
+        bench.ContenderResult("peer", statistics.median(peer), samples_ms=peer)])
+    paired = fake.paired("kiln-O2", "peer")
+    assert paired is not None and math.isclose(paired.ratio, 0.9)
+    assert (paired.faster, paired.rounds) == (7, 7)
+    assert fake.paired("kiln-O2", "absent") is None
+    table = markdown_table([fake])
+    assert "kiln / peer (faster in)" in table and "| 0.900 (7/7) " in table

@@ -81,12 +81,25 @@ class ContenderResult:
     note: str = ""  # why it was skipped, if it was
     error: str | None = None  # what failed, if something did
     kiln: KilnStats | None = None
+    samples_ms: list[float] = field(default_factory=list)  # each round's block mean, in order
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> ContenderResult:
         stats = data.get("kiln")
         fields = {**data, "kiln": KilnStats(**stats) if stats is not None else None}
         return ContenderResult(**fields)
+
+
+@dataclass(frozen=True)
+class Paired:
+    """One contender's time over another's, compared within each round."""
+
+    ratio: float  # the median over rounds of the two block means' ratio
+    faster: int  # rounds in which the first was faster
+    rounds: int
+
+    def __str__(self) -> str:
+        return f"{self.ratio:.3f} ({self.faster}/{self.rounds})"
 
 
 @dataclass
@@ -109,6 +122,17 @@ class BenchResult:
 
     def contender(self, name: str) -> ContenderResult | None:
         return next((c for c in self.contenders if c.name == name), None)
+
+    def paired(self, name: str, other: str) -> Paired | None:
+        """``name``'s time over ``other``'s, round by round: each round runs both within a
+        few blocks of each other, so a slow phase of the machine (this one's swing 20% and
+        more over minutes) meets both, where the ratio of the two medians takes it as it
+        falls. None where either has no samples."""
+        a, b = self.contender(name), self.contender(other)
+        pairs = list(zip(a.samples_ms, b.samples_ms)) if a and b else []
+        if not pairs:
+            return None
+        return Paired(median(x / y for x, y in pairs), sum(x < y for x, y in pairs), len(pairs))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -404,6 +428,7 @@ def _summarize(runners: list[_Runner], result: BenchResult) -> None:
             runner.result.median_ms = median(runner.times) * 1e3
             runner.result.min_ms = min(runner.times) * 1e3
             runner.result.runs = len(runner.times)
+            runner.result.samples_ms = [t * 1e3 for t in runner.times]
     eager = result.contenders[0].median_ms
     for contender in result.contenders:
         if eager is not None and contender.median_ms:

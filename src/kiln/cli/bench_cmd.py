@@ -104,8 +104,8 @@ def markdown_table(results: Sequence[BenchResult]) -> str:
     peers = list(dict.fromkeys(c.name for r in results for c in r.contenders[1:]
                                if not bench.is_kiln(c.name)))
     header = ["model", "eager ms", "kiln ms", "speedup"]
-    for peer in peers:
-        header += [f"{peer} ms", f"{peer} speedup"]
+    for peer in peers:  # (kiln / peer: the paired ratio, rounds kiln was faster in)
+        header += [f"{peer} ms", f"{peer} speedup", f"kiln / {peer} (faster in)"]
     header += ["kiln GFLOP/s (% peak)", "max abs err", "rel err", "compile s",
                "nodes before→after", "planned / intermediates MiB"]
     rows: list[list[str]] = []
@@ -138,7 +138,9 @@ def _rows(r: BenchResult, peers: Sequence[str]) -> list[list[str]]:
         row = [label, _ms(r.contenders[0].median_ms), _ms(k.median_ms), _x(k.speedup)]
         for peer in peers:
             p = r.contender(peer)
+            paired = r.paired(k.name, peer) if p else None
             row += [_ms(p.median_ms), _x(p.speedup)] if p else ["", ""]
+            row += [str(paired) if paired else ""]
         rate = r.gflops(k)
         share = f" ({rate / r.peak_gflops:.0%})" if rate and r.peak_gflops else ""
         row += [f"{rate:.0f}{share}" if rate else ""]
