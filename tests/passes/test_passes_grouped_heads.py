@@ -13,7 +13,12 @@ from kiln.ir.fused import attention as fused_attention
 from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
 from kiln.options import Options
-from kiln.passes.grouped_heads import attention_reads_shared_heads, bmm_per_shared_head
+from kiln.passes.grouped_heads import (
+    QUERIES_STACKED_BELOW,
+    attention_reads_shared_heads,
+    bmm_per_shared_head,
+    few_queries_per_shared_head,
+)
 from kiln.passes.pipeline import PIPELINE, run_pipeline
 
 
@@ -194,3 +199,54 @@ def test_the_librarys_fused_attention_reads_the_shared_heads(how: str) -> None:
     assert [[v.type.shape[1] for v in n.inputs[:3]] for n in calls] == [[heads, kv_heads,
                                                                          kv_heads]]
     assert not any(n.op is Op.EXPAND for n in graph.nodes)
+
+
+@pytest.mark.parametrize("case", [(1, 8, 4, 1, 9, 16, "repeat"), (2, 8, 1, 1, 7, 16, "broadcast"),
+                                  (1, 6, 2, 3, 9, 16, "repeat")],
+                         ids=["decode-8on4", "decode-mq-batch2", "3-tokens-6on2"])
+def test_a_few_queries_stack_the_heads_of_a_group(case) -> None:
+    """A decode step (one query a head, or a few) attends as the G shared heads with their
+    R query heads as queries: the generated kernel's lanes run over queries, and one query
+    a head filled 1 of 32. The mask, one row for every head and query, stays as it is."""
+    *sizes, how = case
+    batch, heads, kv_heads, length, keys, dim = sizes
+    model = Attention(heads, kv_heads, how, fused=True)
+    *inputs, mask = _inputs(*sizes)
+    inputs = (*inputs, mask[:, :, :1])  # (one row for every query: padding)
+    compiled = kiln.compile(model, inputs, Options(strict=True, measure_kernels=False))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs), rtol=1e-5, atol=1e-5)
+    report = compiled.report.graphs[0]
+    assert any(k.kind == "generated" and "call" in k.ops for k in report.kernels)
+    (call,) = _attention_calls(report.details.optimized)
+    stacked = heads // kv_heads * length
+    assert [tuple(v.type.shape) for v in call.inputs[:3]] == [
+        (batch, kv_heads, stacked, dim), (batch, kv_heads, keys, dim),
+        (batch, kv_heads, keys, dim)]
+
+
+def test_stacked_queries_compute_what_the_graph_did_and_per_query_masks_stay() -> None:
+    model = Attention(8, 2, "repeat", fused=True)
+    inputs = list(_inputs(1, 8, 2, 1, 5, 16))
+    captured = kiln.compile(model, tuple(inputs)).report.graphs[0].details.captured
+    names = [p.name for p in PIPELINE]
+    graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
+    graph = attention_reads_shared_heads(graph)
+    rewritten = few_queries_per_shared_head(graph)
+    verify(rewritten)
+    (call,) = _attention_calls(rewritten)
+    assert call.inputs[0].type.shape == (1, 2, 4, 16)
+    inputs[0][0, 3, 0, 2], inputs[1][0, 1, 4, 0], inputs[2][0, 0, 2, 5] = \
+        float("nan"), float("inf"), float("-inf")
+    inputs[3][..., 1] = float("-inf")
+    for want, got in zip(interpret(graph, inputs), interpret(rewritten, inputs)):
+        torch.testing.assert_close(got, want, equal_nan=True)
+    # a mask per head, or as many queries as QUERIES_STACKED_BELOW: the call as it was
+    per_head = list(_inputs(1, 8, 2, 1, 5, 16))
+    per_head[3] = torch.zeros(1, 8, 1, 5)
+    for case in (per_head, _inputs(1, 8, 2, QUERIES_STACKED_BELOW, 5, 16)):
+        captured = kiln.compile(model, tuple(case)).report.graphs[0].details.captured
+        graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
+        graph = attention_reads_shared_heads(graph)
+        (call,) = _attention_calls(few_queries_per_shared_head(graph))
+        assert call.inputs[0].type.shape[1] == 8

@@ -28,7 +28,10 @@ ATen's CPU flash attention, as HF's sdpa path with a padding mask calls it) read
 heads themselves: its keys and values become the G heads before ``repeat_kv``, and
 its query head ``g*R + r`` reads head ``g`` (its kernel indexes them so, `kiln.kernels.attention`;
 its definition repeats them, `kiln.ir.fused.attention`). HF Llama at 128 tokens copied its
-repeated keys and values in 60 + 19 us a layer before the call.
+repeated keys and values in 60 + 19 us a layer before the call. With fewer queries than a
+vector has lanes (a decode step), kiln's call then takes the R query heads of a group as R
+times the queries of one head (`few_queries_per_shared_head`): its kernel's lanes run over
+queries.
 """
 
 from __future__ import annotations
@@ -45,14 +48,16 @@ from kiln.ir.semantics import lower_node, run_call
 from kiln.ir.types import TensorType
 from kiln.options import Options
 
-__all__ = ["bmm_per_shared_head", "per_shared_head"]
+__all__ = ["bmm_per_shared_head", "few_queries_per_shared_head", "per_shared_head"]
 
 _TRANSPOSE_LAST = (0, 1, 3, 2)
 
 
 def per_shared_head(graph: Graph, options: Options | None = None) -> Graph:
-    """`attention_reads_shared_heads`, then `bmm_per_shared_head`: the pipeline's pass."""
-    return bmm_per_shared_head(attention_reads_shared_heads(graph), options)
+    """`attention_reads_shared_heads`, `few_queries_per_shared_head`, then
+    `bmm_per_shared_head`: the pipeline's pass."""
+    graph = few_queries_per_shared_head(attention_reads_shared_heads(graph))
+    return bmm_per_shared_head(graph, options)
 
 
 def attention_reads_shared_heads(graph: Graph, options: Options | None = None) -> Graph:
@@ -73,6 +78,60 @@ def attention_reads_shared_heads(graph: Graph, options: Options | None = None) -
         operands = list(inputs)
         operands[at_k], operands[at_v] = k[0], v[0]
         return list(Node(Op.CALL, tuple(operands), node.attrs, node.types, node.name).outputs)
+    return transform(graph, rewrite)
+
+
+# below this many queries a head, a fused call takes a shared head's query heads as its
+# queries: the generated kernel's lanes run over queries (blocks of 32 on AVX-512), so a
+# decode step's one query a head left 31 of 32 lanes padding, and a group of R heads fills R
+QUERIES_STACKED_BELOW = 16
+
+
+def few_queries_per_shared_head(graph: Graph, options: Options | None = None) -> Graph:
+    """Every ``kiln::attention`` call with fewer than `QUERIES_STACKED_BELOW` queries that
+    reads G shared key/value heads for G*R query heads, and no mask or one that differs
+    neither by head nor by query, as a call over the G heads whose R*L queries are the
+    group's (a decode step)::
+
+        %o = attention(%q: [B, G*R, L, E], %k: [B, G, S, E], %v, mask, scale)
+          ->
+        %o2 = attention(view(%q) {shape=(B, G, R*L, E)}, %k, %v, mask, scale)
+        %o = view(%o2) {shape=(B, G*R, L, Ev)}
+
+    Query head g*R + r read head g; each query's row of scores and its softmax are its own,
+    so every output is the same sum as before."""
+    del options
+
+    def rewrite(node: Node, inputs: tuple[Value, ...]) -> list[Value] | None:
+        if not (node.op is Op.CALL and isinstance(node.attrs, CallAttrs)
+                and node.attrs.target is fused.attention._opoverload
+                and len(node.attrs.args) == 5 and len(node.outputs) == 1):
+            return None
+        q_arg, k_arg, v_arg, mask_arg, _ = node.attrs.args
+        if not all(isinstance(a, Operand) for a in (q_arg, k_arg, v_arg)):
+            return None
+        q, k = inputs[q_arg.index], inputs[k_arg.index]
+        if len(q.type.shape) != 4 or len(k.type.shape) != 4:
+            return None
+        batch, heads, queries, depth = q.type.shape
+        groups = k.type.shape[1]
+        if groups >= heads or heads % groups or queries >= QUERIES_STACKED_BELOW:
+            return None
+        if isinstance(mask_arg, Operand):  # (the same row of the mask for every query)
+            mask = inputs[mask_arg.index].type.shape
+            full = (1,) * (4 - len(mask)) + tuple(mask)
+            if len(full) != 4 or full[1] != 1 or full[2] != 1:
+                return None
+        elif mask_arg is not None:
+            return None
+        stacked = heads // groups * queries
+        operands = list(inputs)
+        operands[q_arg.index] = _view(q, (batch, groups, stacked, depth), f"{node.name}_q")
+        ev = node.type.shape[3]
+        out = Node(Op.CALL, tuple(operands), node.attrs,
+                   (TensorType((batch, groups, stacked, ev), node.type.dtype),),
+                   node.name).out()
+        return [_view(out, node.type.shape, f"{node.name}_heads")]
     return transform(graph, rewrite)
 
 
