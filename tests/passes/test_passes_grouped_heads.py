@@ -156,14 +156,20 @@ def test_a_fused_attention_keeps_heads_repeated_in_another_order() -> None:
     assert [v.type.shape[1] for v in call.inputs[:3]] == [8, 8, 8]
 
 
+def _after_the_attention_pass(model: torch.nn.Module, inputs) -> object:  # noqa: ANN001
+    """The model's graph as the pipeline leaves it after the attention pass."""
+    captured = kiln.compile(model, tuple(inputs)).report.graphs[0].details.captured
+    names = [p.name for p in PIPELINE]
+    graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
+    return graph
+
+
 def test_the_shared_heads_of_a_fused_attention_compute_what_the_graph_did() -> None:
     """On the graph as the attention pass leaves it (its views not yet simplified), special
     values included: the call on the shared heads, against the call on the repeated ones."""
     model = Attention(8, 2, "repeat", fused=True)
     inputs = list(_inputs(1, 8, 2, 3, 5, 16))
-    captured = kiln.compile(model, tuple(inputs)).report.graphs[0].details.captured
-    names = [p.name for p in PIPELINE]
-    graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
+    graph = _after_the_attention_pass(model, inputs)
     rewritten = attention_reads_shared_heads(graph)
     verify(rewritten)
     (call,) = _attention_calls(rewritten)
@@ -228,10 +234,7 @@ def test_a_few_queries_stack_the_heads_of_a_group(case) -> None:
 def test_stacked_queries_compute_what_the_graph_did_and_per_query_masks_stay() -> None:
     model = Attention(8, 2, "repeat", fused=True)
     inputs = list(_inputs(1, 8, 2, 1, 5, 16))
-    captured = kiln.compile(model, tuple(inputs)).report.graphs[0].details.captured
-    names = [p.name for p in PIPELINE]
-    graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
-    graph = attention_reads_shared_heads(graph)
+    graph = attention_reads_shared_heads(_after_the_attention_pass(model, inputs))
     rewritten = few_queries_per_shared_head(graph)
     verify(rewritten)
     (call,) = _attention_calls(rewritten)
@@ -245,8 +248,6 @@ def test_stacked_queries_compute_what_the_graph_did_and_per_query_masks_stay() -
     per_head = list(_inputs(1, 8, 2, 1, 5, 16))
     per_head[3] = torch.zeros(1, 8, 1, 5)
     for case in (per_head, _inputs(1, 8, 2, QUERIES_STACKED_BELOW, 5, 16)):
-        captured = kiln.compile(model, tuple(case)).report.graphs[0].details.captured
-        graph, _, _ = run_pipeline(captured, Options(), PIPELINE[:names.index("attention") + 1])
-        graph = attention_reads_shared_heads(graph)
+        graph = attention_reads_shared_heads(_after_the_attention_pass(model, case))
         (call,) = _attention_calls(few_queries_per_shared_head(graph))
         assert call.inputs[0].type.shape[1] == 8
