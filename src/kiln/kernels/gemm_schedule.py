@@ -144,9 +144,10 @@ NARROW_TILE_MIN_M = 512
 PREFETCH_MIN_BYTES = 256 * 1024
 # ... where a pass over a panel serves this many rows or more (the M block, or all of M):
 # fewer rows stream B as fast as the caches deliver it, and the hints only compete with
-# the loads (Zen 4, 2 threads, 768x3072 packed, hot in L3: M = 1 85 -> 52 us without
-# them, M = 2 and 4 0.68-0.84 of the time; cold, from DRAM, M = 1-12 0.85-1.01; M = 16
-# even, hot or cold, M = 32 cold 1.09-1.12 slower without)
+# the loads (Zen 4, 2 threads, Linear shapes from 768x768 to 3072x768 packed, hot in L3:
+# 1x768x3072 85 -> 52 us without them, M = 1-2 0.67-0.72 of the time, M = 4 0.80-0.91,
+# M = 8-16 even; cold, from DRAM, M = 1-12 0.85-1.01, M = 16 even, M = 32 1.09-1.12
+# slower without)
 PREFETCH_MIN_ROWS = 16
 SPREAD_PREFETCH = True  # each tile its share of the next panel (`plan.PrefetchPanels`)
 
