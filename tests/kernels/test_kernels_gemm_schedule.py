@@ -318,23 +318,6 @@ def test_large_packed_weights_get_their_panels_prefetched() -> None:
     assert source.count(", 0, 2);") == source.count("__builtin_prefetch(") > 0
 
 
-def test_a_few_rows_stream_their_panels_without_prefetch() -> None:
-    """A GEMV and a GEMM of a few rows read B as fast as the caches deliver it: no hints
-    for the next panel (they slowed a hot 1x768x3072 by 1.5x); from PREFETCH_MIN_ROWS rows
-    a pass over a panel, the large packed B gets them."""
-    from kiln.kernels.gemm_schedule import PREFETCH_MIN_ROWS, default_gemm_config
-    from kiln.kernels.plan import PrefetchPanels
-
-    def prefetched(m: int) -> bool:
-        config = default_gemm_config(m, 3072, 768, threads=2, b_prepacked=True)
-        plan = gemm_plan(m, 3072, 768, config, b_transposed=True, bias=True,
-                         b_prepacked=True)
-        return any(isinstance(p, PrefetchPanels) for p in plan.post)
-
-    assert [prefetched(m) for m in (1, 2, 4, PREFETCH_MIN_ROWS - 1)] == [False] * 4
-    assert prefetched(PREFETCH_MIN_ROWS) and prefetched(128)
-
-
 def test_compute_bound_gemms_share_their_blocks_dynamically() -> None:
     """A transformer's projections (about 50 FLOPs a byte) hand their blocks out as threads
     come free; a CNN's 1x1 convolutions and a classifier's GEMV (memory-bound) keep a fixed

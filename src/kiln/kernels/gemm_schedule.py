@@ -142,13 +142,6 @@ NARROW_TILE_MIN_M = 512
 # panel prefetched (`plan.PrefetchPanels`):
 # a model call finds them in DRAM; smaller ones may still sit in L2 from the last call
 PREFETCH_MIN_BYTES = 256 * 1024
-# ... where a pass over a panel serves this many rows or more (the M block, or all of M):
-# fewer rows stream B as fast as the caches deliver it, and the hints only compete with
-# the loads (Zen 4, 2 threads, Linear shapes from 768x768 to 3072x768 packed, hot in L3:
-# 1x768x3072 85 -> 52 us without them, M = 1-2 0.67-0.72 of the time, M = 4 0.80-0.91,
-# M = 8-16 even; cold, from DRAM, M = 1-12 0.85-1.01, M = 16 even, M = 32 1.09-1.12
-# slower without)
-PREFETCH_MIN_ROWS = 16
 SPREAD_PREFETCH = True  # each tile its share of the next panel (`plan.PrefetchPanels`)
 
 
@@ -543,8 +536,7 @@ def gemm_plan(m: int, n: int, k: int, config: GemmConfig | None = None,
     if not b_prepacked or batch:  # (B packed in the kernel: its padding lanes zeroed)
         post += (ZeroPadding(f"B_{Scope.GLOBAL.value}"),)
     post += (VersionTails(tuple(tails)), ShrinkTails(), DropDeadGuards())
-    if (tails and b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES
-            and min(m, cfg.mc) >= PREFETCH_MIN_ROWS):
+    if tails and b_prepacked and not batch and n * k * 4 >= PREFETCH_MIN_BYTES:
         tiles = cfg.mc // cfg.mr if SPREAD_PREFETCH else 1  # (the K loop of the micro-kernel,
         # the tile loop over a panel)
         post += (PrefetchPanels(tails[-1], "B", tails[-2] if tiles > 1 else "", tiles),)
