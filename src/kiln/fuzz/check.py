@@ -155,17 +155,19 @@ class Reference:
 
     def ill_conditioned(self, strength_of: dict[Value, Strength]) -> set[str]:
         """Rounded nodes whose reference result already depends on rounding and overflow
-        (the twin disagrees on NaN/inf/finite): what follows them is not compared."""
+        (the twin disagrees on NaN/inf/finite): what follows them is not compared. Where
+        the twin cannot run (a float16 or integer operand it has no wider type for), the
+        tests that need no twin still apply."""
         wide = self.wide()
-        if wide is None:
-            return set()
         ill = set()
         for v, s in strength_of.items():
             if s not in (Strength.CLOSE, Strength.NEAR) or v.node.op is Op.INPUT:
                 continue
-            if ill_conditioned(self.values.get(v), wide.get(v)) or \
-                    self._ill_before_activation(v.node, wide) or self._amplifies(v.node) or \
-                    self._may_overflow(v.node) or self._scales_subnormal(v.node, strength_of):
+            twin_disagrees = wide is not None and (
+                ill_conditioned(self.values.get(v), wide.get(v))
+                or self._ill_before_activation(v.node, wide))
+            if twin_disagrees or self._amplifies(v.node) or self._may_overflow(v.node) or \
+                    self._scales_subnormal(v.node, strength_of):
                 ill.add(v.node.name)
         return ill
 
