@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import kiln
+
 from kiln.ir import parse_graph
 from kiln.options import Options
 from kiln.rewrite import apply_rules
@@ -282,3 +284,29 @@ def test_a_copy_of_the_callers_tensor_stays_under_a_permute() -> None:
 }}"""
     assert _fires("permute-skip-copy", text.format(source="relu(%x)")) == 1
     assert _fires("permute-skip-copy", text.format(source="permute(%x) {dims=(0, 1, 2)}")) == 0
+
+
+def test_an_activation_stays_off_a_product_of_one_term() -> None:
+    """mm with K = 1 is the term itself, -0.0 included, where the zero bias's sum gives
+    0.0 (fuzz seed 57, graph 6851); from two terms the fused GEMM's zero signs are mm's."""
+    text = """graph(%x: f32[16, {k}], %w: f32[{k}, 2]) {{
+  %mm = mm(%x, %w) : f32[16, 2]
+  %t = tanh(%mm) : f32[16, 2]
+  return %t
+}}"""
+    assert _fires("mm-act", text.format(k=1)) == 0
+    assert _fires("mm-act", text.format(k=2)) == 1
+    x, w = torch.randn(16, 1), torch.rand(1, 2) + 0.5
+    x[2] = -0.0
+    out = kiln.compile(torch.nn.Sequential(_Mm(w), torch.nn.Tanh()), (x,))(x)
+    assert torch.equal(out.signbit(), torch.tanh(x @ w).signbit())
+    assert bool(out[2].signbit().all())
+
+
+class _Mm(torch.nn.Module):
+    def __init__(self, w: torch.Tensor) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(w, requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, self.w)

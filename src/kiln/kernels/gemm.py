@@ -57,6 +57,9 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
         return _bmm_space(graph, group, options)
     bias, a, b = node.inputs if node.op is not Op.MM else (None, *node.inputs)
     (m, k), n = a.type.shape, b.type.shape[1]
+    if k == 1:  # (an outer product: nothing to block, and ATen's is the term itself)
+        return Skipped(group, SkipReason.NOT_LOWERABLE, "K = 1: ATen's product is the one "
+                       "term, -0.0 included, where the kernel's sum from 0.0 gives 0.0")
     epilogue = _epilogue(node)
     if epilogue is False:
         return Skipped(group, SkipReason.NOT_LOWERABLE,
@@ -115,6 +118,9 @@ def _bmm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     a, b = group.last.inputs
     batch, m, k = a.type.shape
     n = b.type.shape[2]
+    if k == 1:  # (as for mm: see `gemm_space`)
+        return Skipped(group, SkipReason.NOT_LOWERABLE, "K = 1: ATen's product is the one "
+                       "term, -0.0 included, where the kernel's sum from 0.0 gives 0.0")
     if batch < 2 or 0 in (m, n, k):  # (one batch: the mm, which the graph passes make it)
         return Skipped(group, SkipReason.NOT_LOWERABLE, f"batch {batch} of {m}x{n}x{k}")
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),

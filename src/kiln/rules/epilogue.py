@@ -90,8 +90,18 @@ def _float_product(m: Match) -> str | None:
     return None
 
 
+def _sums_terms(m: Match) -> str | None:
+    """A product of one term (K = 1) is that term, the sign of a zero included: ATen's mm
+    gives -0.0 for -0.0 x 1, and 0.0 + -0.0, the zero bias's sum, is 0.0 (fuzz seed 57,
+    graph 6851: tanh of such a product). From two terms on the library's mm and addmm sum
+    from +0.0 alike: ATen, M, N in 1..64, K in 2..64, one row of -0.0."""
+    if m["mm"].inputs[0].type.shape[-1] == 1:
+        return "one term a dot product (K = 1): a zero bias would drop a -0.0's sign"
+    return None
+
+
 def _plain_mm(m: Match) -> str | None:
-    return _float_product(m) or _no_sibling_gemm(m)
+    return _float_product(m) or _sums_terms(m) or _no_sibling_gemm(m)
 
 
 def _conv_act_attrs(conv: Node, activation: Op | None, args: tuple[Any, ...],
