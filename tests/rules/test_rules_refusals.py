@@ -6,7 +6,6 @@ import pytest
 import torch
 
 import kiln
-
 from kiln.ir import parse_graph
 from kiln.options import Options
 from kiln.rewrite import apply_rules
