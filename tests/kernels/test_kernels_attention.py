@@ -617,6 +617,29 @@ def test_the_run_time_test_is_timed_and_keyed_with_the_kernel(kernel_options: Op
     assert tested == [3]
 
 
+def test_a_decision_over_the_call_is_keyed_with_kiln_s_library_ops(kernel_options: Options,
+                                                                   monkeypatch) -> None:
+    """The kernel competes with kiln's own attention call (`kiln.ir.fused`), whose speed is
+    kiln's: its decision's key holds that module's source, so another version of it is
+    timed anew, not read from the cache."""
+    import hashlib
+    from pathlib import Path
+
+    import kiln.kernels.decide as decide
+    from kiln.ir import fused
+    from kiln.kernels.attention import attention_candidate, attention_groups
+
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    compiled = kiln.compile(_ExportedCausal(40, -float("inf")).eval(), (q, k, v), kernel_options)
+    graph = compiled.report.graphs[0].details.optimized
+    built = attention_candidate(graph, attention_groups(graph)[0], kernel_options)
+    assert decide.kiln_library() == hashlib.sha256(Path(fused.__file__).read_bytes()).hexdigest()
+    key = decide.decision_key(built)
+    monkeypatch.setattr(decide, "kiln_library", lambda: "another version")
+    assert decide.decision_key(built) != key
+
+
 @pytest.mark.parametrize("case", ["bool", "-inf", "finfo.min", "one key fewer", "NaN",
                                   "-1e30", "more keys", "a zero above"])
 def test_which_constant_masks_are_causal(case: str) -> None:

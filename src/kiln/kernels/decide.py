@@ -39,6 +39,7 @@ from kiln.cost.measure import (
     interleaved,
     last_level_cache_bytes,
 )
+from kiln.ir import fused
 from kiln.ir.graph import Graph
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op
@@ -295,8 +296,8 @@ def measured_strides(candidates: Sequence[Built]) -> dict:
 def decision_key(built: Built, strides: dict | None = None) -> str:
     """The kernel's library identity (source, compiler, flags; and its `Built.run_if` test,
     timed with it), what it is called on (the operand types, and ``strides`` where the
-    operands are not contiguous), the threads it runs on, the torch it competes with, and
-    the machine."""
+    operands are not contiguous), the threads it runs on, the torch it competes with, the
+    machine, and where the group has a call, the source of kiln's own library ops."""
     kernel = built.kernel
     identity = kernel.library.key if isinstance(kernel, CompiledKernel) else kernel.source
     if built.run_if is not None:  # (by name: a partial's repr holds an address)
@@ -305,9 +306,22 @@ def decision_key(built: Built, strides: dict | None = None) -> str:
         test = test.func if isinstance(test, functools.partial) else test
         identity += f" run_if {test.__module__}.{test.__qualname__} {sorted(bound.items())}"
     laid = [strides[v] for v in built.group.inputs if v in strides] if strides else []
-    return digest(identity,
-                  repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),
-                  str(torch.get_num_threads()), torch.__version__, machine())
+    parts = [identity,
+             repr([v.type for v in built.group.inputs]) + (repr(laid) if laid else ""),
+             str(torch.get_num_threads()), torch.__version__, machine()]
+    if any(n.op is Op.CALL for n in built.group.nodes):
+        parts.append(kiln_library())
+    return digest(*parts)
+
+
+@functools.cache
+def kiln_library() -> str:
+    """The source of kiln's own library ops (`kiln.ir.fused`: the attention call's guard,
+    ATen's fused kernel or the decomposition), whose speed a decision over a call of one
+    also records: another version of them is measured anew, not read from a cache that a
+    kiln before it filled (the key named only the kernel, the operands, torch and the
+    machine)."""
+    return hashlib.sha256(Path(fused.__file__).read_bytes()).hexdigest()
 
 
 def digest(*parts: str) -> str:
