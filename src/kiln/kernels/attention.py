@@ -28,6 +28,12 @@ there, not NaN as the kernel's 0 / -inf added makes it); for these the library r
 wherever the kernel's output is not finite (`Built.library_where_not_finite`: where the
 kernel's output is finite, no such score was met).
 
+A call of fewer than 16 queries with no mask and no causal masking (a decode step's one
+token, or a shared key head's stacked query heads: `kiln.passes.grouped_heads`) runs the
+few-queries kernel of `kiln.kernels.attention_decode` instead, each query a row with the head
+dimension in the lanes (the query-block kernel filled one lane of 16 there). It has no
+tuning space: `kiln tune` leaves such calls alone.
+
 With ``enable_gqa`` (grouped-query attention: fewer key and value heads than query heads,
 as Hugging Face's sdpa path calls it for Llama-style models), each query head reads its
 group's key head where it lies.
@@ -53,6 +59,7 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.shared import packed
 from kiln.ir.types import DType
+from kiln.kernels.attention_decode import decode_attention_plan, decodes
 from kiln.kernels.attention_schedule import (
     AttentionShape,
     RuntimeMask,
@@ -258,7 +265,11 @@ def plan_attention(graph: Graph, group: KernelGroup,
     space = attention_space(graph, group, options)
     if isinstance(space, Skipped):
         return space
-    plan, _ = tuned_or_default(space, options)
+    if decodes(space.shape):  # a few queries: the keys along the work (no tuning space)
+        plan = decode_attention_plan(space.shape, space.name.replace(
+            "kiln_attention", "kiln_attention_decode"))
+    else:
+        plan, _ = tuned_or_default(space, options)
     call, shape = _call(group.nodes[0]), space.shape
     assert call is not None
     weights = {}

@@ -49,7 +49,7 @@ from kiln.tir.te import Builder, cmp, select
 from kiln.tir.trace import Trace
 
 __all__ = ["LANES", "RowKernel", "add_relu", "bias_gelu", "layernorm_rows", "rmsnorm_rows",
-           "schedule_rows", "softmax_rows", "sum_rows"]
+           "schedule_rows", "softmax_rows", "sum_rows", "tree_combine"]
 
 F32 = DType.F32
 LANES = 16  # fp32 lanes of an AVX-512 vector: the width of the partial reductions
@@ -209,7 +209,7 @@ def schedule_rows(func: PrimFunc, lanes: int = LANES) -> RowKernel:
             sch.vectorize(loops[-1])
             vectorized.add(loops[-1].name)
         elif block.is_reduction:
-            _tree_combine(sch, name)
+            tree_combine(sch, name)
         elif len(loops) > 2 and loops[-1].name not in vectorized:
             sch.vectorize(loops[-1])  # a row pass
     sch.vectorize(col)
@@ -217,7 +217,7 @@ def schedule_rows(func: PrimFunc, lanes: int = LANES) -> RowKernel:
     return RowKernel(compact_buffers(sch.func), sch.trace, func, sch.func)
 
 
-def _tree_combine(sch: Schedule, name: str) -> None:
+def tree_combine(sch: Schedule, name: str) -> None:
     """Fold the lane partials in halving steps, each one vector operation (rfactor on the
     upper half), instead of a chain of scalar steps: 16 -> 8 -> 4 -> 2 -> 1.
 

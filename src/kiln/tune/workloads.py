@@ -21,10 +21,11 @@ import torch
 
 from kiln.ir.graph import Graph, Node
 from kiln.kernels.attention import attention_groups, attention_space
+from kiln.kernels.attention_decode import decodes
 from kiln.kernels.conv import conv_groups, group_space
 from kiln.kernels.depthwise import depthwise_groups, depthwise_space
 from kiln.kernels.gemm import gemm_space
-from kiln.kernels.outcome import Skipped
+from kiln.kernels.outcome import Skipped, SkipReason
 from kiln.kernels.pool import pool_groups, pool_space
 from kiln.kernels.pool_schedule import PoolShape
 from kiln.options import Options
@@ -98,7 +99,7 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
         (depthwise_groups, lambda g: depthwise_space(g.last, options)),
         (conv_groups, lambda g: group_space(graph, g, options)),
         (pool_groups, lambda g: pool_space(g.last, options)),
-        (attention_groups, lambda g: attention_space(graph, g, options)))
+        (attention_groups, lambda g: _tunable_attention(graph, g, options)))
     for groups, space_of in window_spaces:
         for group in groups(graph):
             if group.last not in taken:
@@ -108,6 +109,16 @@ def graph_workloads(graph: Graph, options: Options) -> list[KernelWorkload]:
                 found.setdefault(window.workload(), (window, []))[1].append(group.last.name)
     workloads = [KernelWorkload(space, tuple(nodes)) for space, nodes in found.values()]
     return sorted(workloads, key=lambda w: (-len(w.nodes), w.label))
+
+
+def _tunable_attention(graph: Graph, group: KernelGroup, options: Options) -> Space | Skipped:
+    """The attention group's space, or Skipped where the call runs the few-queries kernel
+    (`kiln.kernels.attention_decode`: a decode step's), which has none."""
+    space = attention_space(graph, group, options)
+    if not isinstance(space, Skipped) and decodes(space.shape):
+        return Skipped(group, SkipReason.NOT_LOWERABLE, "a few queries: the decode kernel, "
+                       "which has no tuning space")
+    return space
 
 
 def model_workloads(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],

@@ -1,0 +1,138 @@
+"""Attention for a few queries (a decode step's one token, or a shared key head's stacked
+query heads): ``out = softmax(Q Kᵀ · c) V`` with the keys, not the queries, along the work.
+
+The kernel of `kiln.kernels.attention_schedule` puts a block of queries in the vector lanes
+(keys by queries), which one query fills 1 lane of 16 of: each key then costs E
+multiply-adds for one score. Here each (batch, head, query) is a row, as a row kernel's
+(`kiln.kernels.rows_schedule`)::
+
+    for b, h in parallel(B x H):                  # a head's K and V read once, in order
+      for i in range(L):
+        for j in range(S):                        # the score of key j: the head dimension
+          part[0:16] = sum over E / 16 chunks of  #   in the lanes (E / 16 vector fmas),
+              K[b, h, j, chunk] * Q[b, h, i, chunk]   # folded in halving vector steps
+          scores[j] = fold(part)
+        row_max = max(scores * c)                 # lane partials over the keys, folded
+        probs = exp(scores * c - row_max); row_sum = sum(probs)
+        pv[0:Ev] = sum_j probs[j] * V[b, h, j, :]  # Ev / 16 vector fmas a key
+        out[b, h, i, :] = pv / row_sum
+
+Zen 4, 2 threads, 12 heads x 64, one query: 128 keys 8 us (the query-block kernel 24,
+ATen's fused call 24); 1024 keys 41 us (167 and 96). Numerics are the decomposition's, as
+the other kernel's: the maximum over the scaled scores, the division after the product.
+It takes no mask and no causal masking (a decode step's query attends every cached key):
+those calls keep the query-block kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from kiln.ir.types import DType
+from kiln.kernels.attention_schedule import AttentionShape
+from kiln.kernels.plan import Compact, KernelPlan, Recipe
+from kiln.kernels.rows_schedule import LANES, tree_combine
+from kiln.tir.nodes import BinOp, PrimFunc, Unary, UnOp, const
+from kiln.tir.schedule import Schedule
+from kiln.tir.te import Builder
+
+__all__ = ["DECODE_QUERIES", "decode_attention_func", "decode_attention_plan", "decodes"]
+
+F32 = DType.F32
+# fewer queries than this run this kernel: the query-block kernel's narrowest block is one
+# vector of them (16 fp32 lanes on AVX-512)
+DECODE_QUERIES = 16
+
+
+def decodes(shape: AttentionShape) -> bool:
+    """Whether the call runs this kernel: fewer than `DECODE_QUERIES` queries, no mask, not
+    causal."""
+    return shape.queries < DECODE_QUERIES and shape.mask is None and not shape.causal
+
+
+def decode_attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
+    """The compute definition: per (batch, head, query) row, its scores over the keys, their
+    maximum, exponentials and sum, the product with V and the division."""
+    bt, h, n_q, n_k = shape.batch, shape.heads, shape.queries, shape.keys
+    e, ev = shape.depth, shape.v_depth
+    b = Builder()
+
+    def param(base: str, dims: tuple[int, ...], strides: tuple[int, ...] | None):  # noqa: ANN202
+        buf = b.buffer(base, dims, F32)
+        return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
+
+    kv = shape.kv_heads or h
+    q = param("Q", (bt, h, n_q, e), shape.q_strides)
+    k = param("K", (bt, kv, n_k, e), shape.k_strides)
+    v = param("V", (bt, kv, n_k, ev), shape.v_strides)
+
+    def kv_head(hi):  # noqa: ANN001, ANN202 - the key head a query head reads
+        return hi if kv == h else hi // (h // kv)
+    out = b.buffer("out", (bt, n_q, h, ev) if shape.heads_inner else (bt, h, n_q, ev), F32)
+    scores = b.temp("scores", (bt, h, n_q, n_k), F32)
+    row_max = b.temp("row_max", (bt, h, n_q), F32)
+    probs = b.temp("probs", (bt, h, n_q, n_k), F32)
+    row_sum = b.temp("row_sum", (bt, h, n_q), F32)
+    pv = b.temp("pv", (bt, h, n_q, ev), F32)
+    c = const(shape.scale, F32)
+    b.reduce("scores", scores, (e,), BinOp.ADD,
+             lambda w, r: k[w[0], kv_head(w[1]), w[3], r[0]] * q[w[0], w[1], w[2], r[0]])
+    b.reduce("max", row_max, (n_k,), BinOp.MAX,
+             lambda w, r: scores[w[0], w[1], w[2], r[0]] * c)
+    b.compute("exp", probs, lambda w: Unary(
+        UnOp.EXP, scores[w[0], w[1], w[2], w[3]] * c - row_max[w[0], w[1], w[2]]))
+    b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], w[2], r[0]])
+    b.reduce("pv", pv, (n_k,), BinOp.ADD,
+             lambda w, r: probs[w[0], w[1], w[2], r[0]] * v[w[0], kv_head(w[1]), r[0], w[3]])
+    if shape.heads_inner:  # out[b, i, h, :]
+        b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
+    else:
+        b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
+    return PrimFunc(name, (q, k, v), (out,), b.body())
+
+
+def schedule_decode(func: PrimFunc, heads_inner: bool = False) -> Schedule:
+    """The schedule of the module docstring, as primitives."""
+    sch = Schedule(func)
+    out_block = sch.blocks()[-1]  # (the division, named after the function)
+    partials = {}
+    for block in ("scores", "max", "sum"):  # lane partials of the reductions
+        _, lane = sch.split(sch.get_loops(block)[-1], [None, LANES])
+        partials[block] = sch.rfactor(block, lane)
+    if heads_inner:  # (the output [B, L, H, Ev]: its loops put the heads outside again)
+        batches, queries, heads, _ = sch.get_loops(out_block)
+        sch.reorder(heads, queries)
+    else:
+        batches, heads, queries, _ = sch.get_loops(out_block)
+    for block in reversed([n for n in sch.blocks() if n != out_block]):  # consumers first
+        sch.compute_at(block, queries)
+    # a key's lane partials and their fold in one loop over the keys: 16 floats in flight
+    at = sch.get_loops(partials["scores"]).index(queries) + 1
+    for level in range(4):  # (the unit loops compute_at made, then the keys)
+        sch.fusion(sch.get_loops(partials["scores"])[at + level],
+                   sch.get_loops("scores")[at + level])
+    for block, rf in partials.items():
+        init = sch.decompose_reduction(rf, sch.get_loops(rf)[-2])
+        sch.vectorize(sch.get_loops(init)[-1])
+        sch.vectorize(sch.get_loops(rf)[-1])
+        tree_combine(sch, block)
+    sch.vectorize(sch.get_loops("exp")[-1])
+    # the product: the keys outside, a row of V in the lanes
+    depth, keys = sch.get_loops("pv")[-2:]
+    sch.reorder(keys, depth)
+    init = sch.decompose_reduction("pv", keys)
+    sch.vectorize(sch.get_loops(init)[-1])
+    sch.vectorize(depth)
+    sch.vectorize(sch.get_loops(out_block)[-1])
+    sch.parallel(sch.fuse(batches, heads) if func.params[0].shape[0] > 1 else heads)
+    return sch
+
+
+def decode_attention_plan(shape: AttentionShape, name: str = "attention") -> KernelPlan:
+    """The kernel as a plan: `decode_attention_func`'s program, the Trace of
+    `schedule_decode`, and buffer compaction (the temporaries shrink to a row's)."""
+    program = decode_attention_func(shape, name)
+    sch = schedule_decode(program, shape.heads_inner)
+    return KernelPlan(Recipe.ATTENTION, program, sch.trace, (Compact(),),
+                      notes=f"# kiln.kernels.decode_attention_plan({shape})",
+                      scheduled=sch.func)
