@@ -424,3 +424,56 @@ def test_a_second_rms_norm_of_a_sum_never_takes_the_first_norms_group_as_prologu
     assert _groups(text) == [
         (["s", "p", "m", "e", "r", "n", "y"], ["%x", "%h", "%g"], ["%s", "%y"]),
         (["p2", "m2", "e2", "r2", "n2"], ["%s"], ["%n2"])]
+
+
+LONE_CAT = """graph(%past: f32[1, 4, 7, 16], %new: f32[1, 4, 1, 16]) {{
+  %c = cat(%past, %new) {{dim={dim}}} : {out}
+  return %c
+}}"""
+
+
+@pytest.mark.parametrize("dim,out,alone", [
+    (2, "f32[1, 4, 8, 16]", True),  # a KV cache along its keys
+    (-2, "f32[1, 4, 8, 16]", True),
+    (1, "f32[1, 5, 7, 16]", False),  # a 4-D value's channels (a CNN's, maybe NHWC)
+    (0, "f32[2, 4, 7, 16]", False),  # whole pieces
+], ids=["keys", "keys-negative", "channels", "first"])
+def test_a_cat_along_an_inner_axis_is_a_copy_kernel_of_its_own(dim: int, out: str,
+                                                               alone: bool) -> None:
+    """One group of the cat alone, its pieces in, the result out; not along the first axis
+    nor a 4-D value's channels (the last axis: `test_gathers_make_no_kernel_of_their_own`)."""
+    text = LONE_CAT.format(dim=dim, out=out)
+    if dim in (1, 0):  # (pieces that fit the axis)
+        text = text.replace("%new: f32[1, 4, 1, 16]", "%new: f32[1, 1, 7, 16]" if dim == 1
+                            else "%new: f32[1, 4, 7, 16]")
+    groups = _groups(text)
+    assert groups == ([(["c"], ["%past", "%new"], ["%c"])] if alone else [])
+
+
+def test_a_three_dimensional_cat_of_tokens_is_a_copy_kernel() -> None:
+    """ViT's class token joined to its patches, [1, 1, 8] + [1, 6, 8] along the tokens."""
+    text = """graph(%cls: f32[1, 1, 8], %patches: f32[1, 6, 8]) {
+  %c = cat(%cls, %patches) {dim=1} : f32[1, 7, 8]
+  return %c
+}"""
+    assert [names for names, _, _ in _groups(text)] == [["c"]]
+
+
+def test_a_decode_steps_cache_cats_run_as_generated_kernels_with_eagers_values() -> None:
+    """Through kiln.compile with generated kernels: each cat a kernel, the values eager's."""
+    import kiln
+    from kiln.options import Options
+
+    class Step(torch.nn.Module):
+        def forward(self, k_past: torch.Tensor, k_new: torch.Tensor) -> tuple:
+            return torch.cat([k_past, k_new], 2) * 2.0 + 1.0, torch.cat([k_past, k_new], 2)
+
+    gen = torch.Generator().manual_seed(0)
+    inputs = (torch.randn(1, 4, 9, 16, generator=gen), torch.randn(1, 4, 1, 16, generator=gen))
+    inputs[0][0, 1, 3, 2] = float("nan")
+    inputs[1][0, 2, 0, 5] = -0.0
+    compiled = kiln.compile(Step(), inputs, Options(measure_kernels=False))
+    with torch.no_grad():
+        for got, want in zip(compiled(*inputs), Step()(*inputs), strict=True):
+            support.assert_identical(got, want)
+    assert any(k.kind == "generated" and k.ops == ("cat",) for k in compiled.report.kernels)
