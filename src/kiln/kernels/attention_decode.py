@@ -26,10 +26,8 @@ those calls keep the query-block kernel.
 
 from __future__ import annotations
 
-import dataclasses
-
 from kiln.ir.types import DType
-from kiln.kernels.attention_schedule import AttentionShape
+from kiln.kernels.attention_schedule import AttentionShape, operand_buffers
 from kiln.kernels.plan import Compact, KernelPlan, Recipe
 from kiln.kernels.rows_schedule import LANES, tree_combine
 from kiln.tir.nodes import BinOp, PrimFunc, Unary, UnOp, const
@@ -56,18 +54,7 @@ def decode_attention_func(shape: AttentionShape, name: str = "attention") -> Pri
     bt, h, n_q, n_k = shape.batch, shape.heads, shape.queries, shape.keys
     e, ev = shape.depth, shape.v_depth
     b = Builder()
-
-    def param(base: str, dims: tuple[int, ...], strides: tuple[int, ...] | None):  # noqa: ANN202
-        buf = b.buffer(base, dims, F32)
-        return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
-
-    kv = shape.kv_heads or h
-    q = param("Q", (bt, h, n_q, e), shape.q_strides)
-    k = param("K", (bt, kv, n_k, e), shape.k_strides)
-    v = param("V", (bt, kv, n_k, ev), shape.v_strides)
-
-    def kv_head(hi):  # noqa: ANN001, ANN202 - the key head a query head reads
-        return hi if kv == h else hi // (h // kv)
+    q, k, v, kv_head = operand_buffers(b, shape)
     out = b.buffer("out", (bt, n_q, h, ev) if shape.heads_inner else (bt, h, n_q, ev), F32)
     scores = b.temp("scores", (bt, h, n_q, n_k), F32)
     row_max = b.temp("row_max", (bt, h, n_q), F32)

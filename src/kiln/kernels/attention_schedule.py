@@ -59,6 +59,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -78,7 +79,7 @@ from kiln.kernels.plan import (
     VersionTails,
     ZeroPadding,
 )
-from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, Scope, Unary, UnOp, const
+from kiln.tir.nodes import BinOp, Buffer, CmpOp, Expr, PrimFunc, Scope, Unary, UnOp, const
 from kiln.tir.schedule import BlockRV, LoopRV, Schedule
 from kiln.tir.te import Builder, cmp, select
 
@@ -196,24 +197,34 @@ def _evenness(tasks: int, threads: int) -> float:
     return tasks / (-(-tasks // threads) * threads)
 
 
+def operand_buffers(b: Builder, shape: AttentionShape) -> tuple[Buffer, Buffer, Buffer,
+                                                               Callable[[Expr], Expr]]:
+    """Q, K and V as parameters of ``b`` with the strides the run time gives them, and the
+    key head a query head reads (grouped-query attention: head h reads h // (H / KV))."""
+    h, kv = shape.heads, shape.kv_heads or shape.heads
+    q = _param(b, "Q", (shape.batch, h, shape.queries, shape.depth), shape.q_strides)
+    k = _param(b, "K", (shape.batch, kv, shape.keys, shape.depth), shape.k_strides)
+    v = _param(b, "V", (shape.batch, kv, shape.keys, shape.v_depth), shape.v_strides)
+
+    def kv_head(hi: Expr) -> Expr:
+        return hi if kv == h else hi // (h // kv)
+    return q, k, v, kv_head
+
+
+def _param(b: Builder, base: str, dims: tuple[int, ...],
+           strides: tuple[int, ...] | None) -> Buffer:
+    buf = b.buffer(base, dims, F32)
+    return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
+
+
 def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     """The compute definition: scoresᵀ, their maximum, exponentials, sum, the product with V
     and the division, one block each (scores and probabilities kept keys by queries)."""
     bt, h, n_q, n_k = shape.batch, shape.heads, shape.queries, shape.keys
     e, ev = shape.depth, shape.v_depth
     b = Builder()
-
-    def param(base: str, dims: tuple[int, ...], strides: tuple[int, ...] | None):  # noqa: ANN202
-        buf = b.buffer(base, dims, F32)
-        return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
-
-    q = param("Q", (bt, h, n_q, e), shape.q_strides)
-    kv = shape.kv_heads or h
-    k = param("K", (bt, kv, n_k, e), shape.k_strides)
-    v = param("V", (bt, kv, n_k, ev), shape.v_strides)
-
-    def kv_head(hi):  # noqa: ANN001, ANN202 - the key head a query head reads
-        return hi if kv == h else hi // (h // kv)
+    q, k, v, kv_head = operand_buffers(b, shape)
+    param = functools.partial(_param, b)
     m = None
     panel, runtime = shape.mask_panel, shape.runtime_mask
     if runtime is not None:  # (M as the model lays it out; the kernel transposes it below)
