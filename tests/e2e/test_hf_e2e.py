@@ -176,6 +176,51 @@ def test_a_padded_batch_runs_the_generated_attention(name: str, implementation: 
                                    atol=1e-4, equal_nan=True)
 
 
+class _PaddedDecodeStep(torch.nn.Module):
+    """`models.hf.DecodeStep` with the batch's attention mask over the cached tokens and
+    the new one (a left-padded batch generating)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.step = models.hf.DecodeStep(model)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, *kv: torch.Tensor) -> torch.Tensor:
+        step = self.step
+        cache = step.cache_class()
+        for layer in range(len(kv) // 2):
+            cache.update(kv[2 * layer], kv[2 * layer + 1], layer)
+        positions = torch.arange(kv[0].shape[2], kv[0].shape[2] + ids.shape[1]).unsqueeze(0)
+        return step.model(ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          return_dict=False, **{step.cache_argument: cache})[0]
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_padded_batch_decode_step_runs_the_decode_attention(implementation: str) -> None:
+    """Llama (two key heads for four query heads) generating for a left-padded batch of two
+    over 20 cached tokens: the padding mask, computed at run time, is read by the few-queries
+    kernel in each layer (sdpa: 8 rows of one query; eager: the query heads stacked on their
+    key head, 4 rows of two), and the step matches eager, also for another padding."""
+    t = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = t.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=128, vocab_size=512,
+                           max_position_embeddings=64, attn_implementation=implementation)
+    model = _PaddedDecodeStep(t.LlamaModel(config)).eval()
+    kv = [torch.randn(2, 2, 20, 16) for _ in range(4)]
+    ids = torch.randint(0, 512, (2, 1))
+    mask = torch.ones(2, 21, dtype=torch.int64)
+    mask[1, :6] = 0
+    options = kiln.Options(strict=True, generated_kernels=True, measure_kernels=False)
+    compiled = kiln.compile(model, (ids, mask, *kv), options)
+    decode = "kiln_attention_decode_8x1x21x16" if implementation == "sdpa" \
+        else "kiln_attention_decode_4x2x21x16"
+    assert sum(decode in (k.source or "") for k in compiled.report.kernels) == 2
+    with torch.no_grad():
+        _check(compiled(ids, mask, *kv), model(ids, mask, *kv), "hf_llama")
+        mask[0, :3] = 0
+        _check(compiled(ids, mask, *kv), model(ids, mask, *kv), "hf_llama")
+
+
 def test_grouped_query_sdpa_runs_the_generated_attention() -> None:
     """Llama with HF's default attention (sdpa) and two key heads for four query heads calls
     torch's fused attention with ``enable_gqa`` (no mask: ``is_causal``); through either

@@ -1,11 +1,14 @@
-"""The few-queries attention kernel (a decode step's): softmax(Q Kᵀ · c) V against the
+"""The few-queries attention kernel (a decode step's): softmax(Q Kᵀ · c + M) V against the
 decomposition with the keys not a multiple of the lanes, strided views, shared key heads,
-two batches and the heads-inner output; NaN and ±inf as the decomposition's; the portable
-paths; which calls take it; and a decode step through kiln.compile."""
+two batches and the heads-inner output; masks (float and bool, computed at run time or
+constant, shared by the heads or not) and causal masking; NaN and ±inf as the
+decomposition's; the portable paths; which calls take it; and decode steps through
+kiln.compile, a padded batch's among them."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import platform
 
 import pytest
@@ -15,8 +18,14 @@ from torch import nn
 import kiln
 from kiln.codegen.isa import target_isa
 from kiln.codegen.kernel import compile_kernel
-from kiln.kernels.attention_decode import DECODE_QUERIES, decode_attention_plan, decodes
-from kiln.kernels.attention_schedule import AttentionShape, RuntimeMask
+from kiln.kernels.attention_decode import (
+    DECODE_QUERIES,
+    decode_attention_func,
+    decode_attention_plan,
+    decode_shape,
+    decodes,
+)
+from kiln.kernels.attention_schedule import AttentionShape, RuntimeMask, laid_mask
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
 
@@ -136,15 +145,106 @@ def test_decode_attention_portable_paths(kernel_options: Options, march: str) ->
 
 
 def test_which_calls_take_it() -> None:
-    """Fewer than DECODE_QUERIES queries, no mask, not causal."""
+    """Fewer than DECODE_QUERIES queries, with a mask or causal masking or neither."""
     base = AttentionShape(1, 4, 1, 64, 64, 64, 0.125)
     assert decodes(base)
     assert decodes(dataclasses.replace(base, queries=DECODE_QUERIES - 1))
     assert not decodes(dataclasses.replace(base, queries=DECODE_QUERIES))
-    assert not decodes(dataclasses.replace(base, mask=(1, 1)))
+    assert decodes(dataclasses.replace(base, mask=(1, 1)))
     runtime = RuntimeMask((1, 1, 1, 64), (64, 64, 64, 1))
-    assert not decodes(dataclasses.replace(base, mask=(1, 1), runtime_mask=runtime))
-    assert not decodes(dataclasses.replace(base, causal=True))
+    assert decodes(dataclasses.replace(base, mask=(1, 1), runtime_mask=runtime))
+    assert decodes(dataclasses.replace(base, causal=True))
+
+
+# (name, the mask's dims, bool): a padded batch's key mask shared by the heads, a bool one
+# per query, one per head and query (read through a transposed view), and a constant one
+MASKS = [("padding", (2, 1, 1, 37), False), ("bool_queries", (2, 1, 3, 37), True),
+         ("per_head", (1, 4, 3, 37), False), ("constant", (4, 3, 37), False)]
+
+
+def _mask(dims: tuple, boolean: bool, gen: torch.Generator) -> torch.Tensor:
+    if boolean:
+        mask = torch.rand(dims, generator=gen) > 0.3
+        mask[..., 5] = True  # (every query attends a key: no row all -inf)
+        return mask
+    mask = torch.randn(dims, generator=gen)
+    mask[..., :4] = -math.inf  # (a padded batch's first keys)
+    if len(dims) == 4 and dims[1] > 1:  # (a view, the keys not innermost in memory)
+        mask = mask.transpose(-1, -2).contiguous().transpose(-1, -2)
+    return mask
+
+
+def _additive(mask: torch.Tensor) -> torch.Tensor:
+    if mask.dtype == torch.bool:
+        return torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, -math.inf)
+    return mask.double()
+
+
+@pytest.mark.parametrize("name,dims,boolean", MASKS, ids=[m[0] for m in MASKS])
+def test_masked_decode_attention_matches_the_decomposition(
+        kernel_options: Options, name: str, dims: tuple, boolean: bool) -> None:
+    """Scaled scores plus the mask, read where it lies (a constant one as `decode_shape`
+    lays it out), against the float64 decomposition; the plan replays."""
+    case = (2, 4, 4, 3, 37, 40, 32)
+    b, h, _, n_q, n_k, e, _ = case
+    q, k, v = _operands(case, seed=11)
+    mask = _mask(dims, boolean, torch.Generator().manual_seed(12))
+    full = (1,) * (4 - len(dims)) + dims
+    shape = dataclasses.replace(_shape(case, q, k, v), mask=(b if full[0] > 1 else 1,
+                                                              h if full[1] > 1 else 1))
+    if name == "constant":
+        shape = decode_shape(shape)
+        operand = laid_mask(mask, b, h, n_q, n_k).contiguous()
+        assert shape.runtime_mask is not None and shape.mask_panel == 0
+    else:
+        shape = dataclasses.replace(shape, runtime_mask=RuntimeMask(dims, mask.stride(),
+                                                                    boolean))
+        operand = mask.view(torch.uint8) if boolean else mask
+    plan = decode_attention_plan(shape, f"decode_test_mask_{name}")
+    kernel = compile_kernel(plan.build(), kernel_options)
+    out = torch.empty(b, h, n_q, v.shape[-1])
+    kernel(q, k, v, operand, out)
+    scores = q.double() @ k.double().transpose(-1, -2) * shape.scale + _additive(mask)
+    want = torch.softmax(scores, -1) @ v.double()
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
+    assert plan.replayed() == plan.build()
+
+
+def test_causal_decode_attention_matches_the_decomposition(kernel_options: Options) -> None:
+    """is_causal over more keys than queries, as ATen's: query i attends keys 0..i."""
+    case = CASES[1]
+    q, k, v = _operands(case, seed=13)
+    shape = dataclasses.replace(_shape(case, q, k, v), causal=True)
+    kernel = compile_kernel(decode_attention_plan(shape, "decode_test_causal").build(),
+                            kernel_options)
+    want = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                                            is_causal=True)
+    torch.testing.assert_close(_run(kernel, q, v, k), want.float(), rtol=1e-5, atol=2e-6)
+
+
+def test_a_row_masked_whole_is_nan_as_the_decomposition(kernel_options: Options) -> None:
+    """Every key masked (-inf): the decomposition's maximum is -inf and its row NaN; the
+    other rows are untouched."""
+    case = (2, 4, 4, 1, 37, 40, 32)
+    q, k, v = _operands(case, seed=14)
+    mask = torch.zeros(2, 1, 1, 37)
+    mask[1] = -math.inf
+    shape = dataclasses.replace(_shape(case, q, k, v), mask=(2, 1),
+                                runtime_mask=RuntimeMask(tuple(mask.shape), mask.stride()))
+    kernel = compile_kernel(decode_attention_plan(shape, "decode_test_all_masked").build(),
+                            kernel_options)
+    out = torch.empty(2, 4, 1, 32)
+    kernel(q, k, v, mask, out)
+    want = torch.softmax(q @ k.transpose(-1, -2) * shape.scale + mask, -1) @ v
+    assert out[1].isnan().all() and want[1].isnan().all()
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=2e-6, equal_nan=True)
+
+
+def test_a_constant_mask_needs_its_layout() -> None:
+    """A constant mask the shape does not say how to read is refused with the fix named."""
+    shape = AttentionShape(1, 4, 1, 64, 64, 64, 0.125, mask=(1, 1))
+    with pytest.raises(ValueError, match="decode_shape"):
+        decode_attention_func(shape)
 
 
 class _DecodeStep(nn.Module):
@@ -188,3 +288,64 @@ def test_the_tuner_leaves_a_decode_step_alone(kernel_options: Options) -> None:
             torch.randn(1, 2, 24, 16)
         spaces = [w.space for w in model_workloads(Attention(), (q, k, v), kernel_options)]
         assert any(isinstance(s, AttentionSpace) for s in spaces) == tuned
+
+
+class _PaddedDecodeStep(nn.Module):
+    """A padded batch's decode step, as Hugging Face's attention runs it: SDPA with the
+    keys' padding mask (bool, or float from the 0/1 attention mask) and heads-inner output."""
+
+    def __init__(self, boolean: bool) -> None:
+        super().__init__()
+        self.boolean = boolean
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.boolean:
+            mask = attention_mask[:, None, None, :].bool()
+        else:
+            mask = (1.0 - attention_mask[:, None, None, :]) * torch.finfo(torch.float32).min
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+class _BiasedDecodeStep(nn.Module):
+    """A constant per-head bias over the keys (a relative position bias), two queries."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.randn(1, 6, 2, 41, generator=torch.Generator()
+                                                 .manual_seed(3)))
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.bias)
+
+
+@pytest.mark.parametrize("model", ["bool", "float", "constant", "causal"])
+def test_masked_decode_steps_run_the_few_queries_kernel(kernel_options: Options,
+                                                        model: str) -> None:
+    """Through kiln.compile: a padded batch (its second row's first 7 keys padding, bool
+    and float masks), a constant bias, is_causal; eager's answers, and the kernel ran."""
+    gen = torch.Generator().manual_seed(6)
+    queries = 1 if model in ("bool", "float") else 2
+    q = torch.randn(2, 6, queries, 32, generator=gen)
+    k, v = (torch.randn(2, 6, 41, 32, generator=gen) for _ in range(2))
+    if model in ("bool", "float"):
+        attention_mask = torch.ones(2, 41)
+        attention_mask[1, :7] = 0
+        module: nn.Module = _PaddedDecodeStep(model == "bool")
+        inputs: tuple = (q, k, v, attention_mask)
+    elif model == "constant":
+        module, inputs = _BiasedDecodeStep(), (q, k, v)
+    else:
+        module = _CausalStep()
+        inputs = (q, k, v)
+    compiled = kiln.compile(module, inputs, dataclasses.replace(kernel_options, strict=True))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), module(*inputs), rtol=1e-5, atol=1e-6)
+    sources = " ".join(k.source or "" for k in compiled.report.kernels if k.kind == "generated")
+    assert f"kiln_attention_decode_12x{queries}x41x32" in sources
+
+
+class _CausalStep(nn.Module):
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)

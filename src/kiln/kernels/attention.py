@@ -59,11 +59,12 @@ from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
 from kiln.ir.shared import packed
 from kiln.ir.types import DType
-from kiln.kernels.attention_decode import decode_attention_plan, decodes
+from kiln.kernels.attention_decode import decode_attention_plan, decode_shape, decodes
 from kiln.kernels.attention_schedule import (
     AttentionShape,
     RuntimeMask,
     default_attention_config,
+    laid_mask,
     stops_at_diagonal,
     transposed_mask,
 )
@@ -265,20 +266,29 @@ def plan_attention(graph: Graph, group: KernelGroup,
     space = attention_space(graph, group, options)
     if isinstance(space, Skipped):
         return space
-    if decodes(space.shape):  # a few queries: the keys along the work (no tuning space)
-        plan = decode_attention_plan(space.shape, space.name.replace(
-            "kiln_attention", "kiln_attention_decode"))
-    else:
-        plan, _ = tuned_or_default(space, options)
     call, shape = _call(group.nodes[0]), space.shape
     assert call is not None
+    constant_mask = shape.mask is not None and shape.runtime_mask is None
+    if decodes(shape):  # a few queries: the keys along the work (no tuning space)
+        plan = decode_attention_plan(decode_shape(shape), space.name.replace(
+            "kiln_attention", "kiln_attention_decode"))
+        layout = (_decode_mask, ())
+    else:
+        plan, _ = tuned_or_default(space, options)
+        layout = (transposed_mask, (shape.mask_panel,))
     weights = {}
-    if shape.mask is not None and shape.runtime_mask is None:  # laid out once, here
-        weights[call.mask] = packed(transposed_mask, graph.constant(call.mask.node),
-                                    shape.batch, shape.heads, shape.queries, shape.keys,
-                                    shape.mask_panel)
+    if constant_mask:  # laid out once, here
+        pack, extra = layout
+        weights[call.mask] = packed(pack, graph.constant(call.mask.node), shape.batch,
+                                    shape.heads, shape.queries, shape.keys, *extra)
     operands = (call.q, call.k, call.v) + ((call.mask,) if shape.mask is not None else ())
     return plan, operands, weights
+
+
+def _decode_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
+                 keys: int) -> torch.Tensor:
+    """A constant mask as the decode kernel reads it (`attention_decode.decode_shape`)."""
+    return laid_mask(mask, batch, heads, queries, keys).contiguous()
 
 
 def attention_space(graph: Graph, group: KernelGroup,

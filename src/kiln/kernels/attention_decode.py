@@ -20,21 +20,29 @@ multiply-adds for one score. Here each (batch, head, query) is a row, as a row k
 Zen 4, 2 threads, 12 heads x 64, one query: 128 keys 8 us (the query-block kernel 24,
 ATen's fused call 24); 1024 keys 41 us (167 and 96). Numerics are the decomposition's, as
 the other kernel's: the maximum over the scaled scores, the division after the product.
-It takes no mask and no causal masking (a decode step's query attends every cached key):
-those calls keep the query-block kernel.
+
+A mask is added to the scaled scores where it lies, read along the keys as the scores are
+(no transposed copy, unlike the query-block kernel): one computed at run time (a padded
+batch's, float or bool) as the model lays it out, a constant one laid out once as
+[MB, MH, L, S] (`attention_schedule.laid_mask`). ``is_causal`` sets the keys after each
+query to -inf, as ATen's does (key j > query i).
 """
 
 from __future__ import annotations
 
-from kiln.ir.types import DType
-from kiln.kernels.attention_schedule import AttentionShape, operand_buffers
-from kiln.kernels.plan import Compact, KernelPlan, Recipe
-from kiln.kernels.rows_schedule import LANES, tree_combine
-from kiln.tir.nodes import BinOp, PrimFunc, Unary, UnOp, const
-from kiln.tir.schedule import Schedule
-from kiln.tir.te import Builder
+import dataclasses
+import math
 
-__all__ = ["DECODE_QUERIES", "decode_attention_func", "decode_attention_plan", "decodes"]
+from kiln.ir.types import DType
+from kiln.kernels.attention_schedule import AttentionShape, RuntimeMask, operand_buffers
+from kiln.kernels.plan import BoolsAsBytes, Compact, KernelPlan, Recipe
+from kiln.kernels.rows_schedule import LANES, tree_combine
+from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, Unary, UnOp, const
+from kiln.tir.schedule import Schedule
+from kiln.tir.te import Builder, cmp, select
+
+__all__ = ["DECODE_QUERIES", "decode_attention_func", "decode_attention_plan", "decode_shape",
+           "decodes"]
 
 F32 = DType.F32
 # fewer queries than this run this kernel: the query-block kernel's narrowest block is one
@@ -43,18 +51,34 @@ DECODE_QUERIES = 16
 
 
 def decodes(shape: AttentionShape) -> bool:
-    """Whether the call runs this kernel: fewer than `DECODE_QUERIES` queries, no mask, not
-    causal."""
-    return shape.queries < DECODE_QUERIES and shape.mask is None and not shape.causal
+    """Whether the call runs this kernel: fewer than `DECODE_QUERIES` queries."""
+    return shape.queries < DECODE_QUERIES
+
+
+def decode_shape(shape: AttentionShape) -> AttentionShape:
+    """``shape`` as this kernel reads it: a constant mask as a mask read where it lies,
+    [MB, MH, L, S] contiguous, the layout `attention_schedule.laid_mask` gives it once (the
+    query-block kernel's transposed panels would put the keys a row of queries apart)."""
+    if shape.mask is None or shape.runtime_mask is not None:
+        return shape
+    dims = (*shape.mask, shape.queries, shape.keys)
+    strides = (dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1)
+    return dataclasses.replace(shape, runtime_mask=RuntimeMask(dims, strides), mask_panel=0)
 
 
 def decode_attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     """The compute definition: per (batch, head, query) row, its scores over the keys, their
-    maximum, exponentials and sum, the product with V and the division."""
+    maximum, exponentials and sum, the product with V and the division. A mask is read
+    where it lies (``shape.runtime_mask``; `decode_shape` makes a constant one so)."""
     bt, h, n_q, n_k = shape.batch, shape.heads, shape.queries, shape.keys
     e, ev = shape.depth, shape.v_depth
+    if shape.mask is not None and shape.runtime_mask is None:
+        raise ValueError("the decode kernel reads its mask where it lies: give the shape a "
+                         "runtime_mask (decode_shape does, for a constant mask)")
     b = Builder()
     q, k, v, kv_head = operand_buffers(b, shape)
+    mask = shape.runtime_mask
+    m = mask.param(b) if mask is not None else None
     out = b.buffer("out", (bt, n_q, h, ev) if shape.heads_inner else (bt, h, n_q, ev), F32)
     scores = b.temp("scores", (bt, h, n_q, n_k), F32)
     row_max = b.temp("row_max", (bt, h, n_q), F32)
@@ -62,12 +86,18 @@ def decode_attention_func(shape: AttentionShape, name: str = "attention") -> Pri
     row_sum = b.temp("row_sum", (bt, h, n_q), F32)
     pv = b.temp("pv", (bt, h, n_q, ev), F32)
     c = const(shape.scale, F32)
+
+    def scaled(bi: Expr, hi: Expr, qi: Expr, kj: Expr) -> Expr:  # the softmax's input
+        x = scores[bi, hi, qi, kj] * c
+        if mask is not None and m is not None:
+            x = x + mask.added(m, bi, hi, qi, kj)
+        return select(cmp(CmpOp.LE, kj, qi), x, -math.inf) if shape.causal else x
     b.reduce("scores", scores, (e,), BinOp.ADD,
              lambda w, r: k[w[0], kv_head(w[1]), w[3], r[0]] * q[w[0], w[1], w[2], r[0]])
     b.reduce("max", row_max, (n_k,), BinOp.MAX,
-             lambda w, r: scores[w[0], w[1], w[2], r[0]] * c)
+             lambda w, r: scaled(w[0], w[1], w[2], r[0]))
     b.compute("exp", probs, lambda w: Unary(
-        UnOp.EXP, scores[w[0], w[1], w[2], w[3]] * c - row_max[w[0], w[1], w[2]]))
+        UnOp.EXP, scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[2]]))
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], w[2], r[0]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], w[2], r[0]] * v[w[0], kv_head(w[1]), r[0], w[3]])
@@ -75,7 +105,7 @@ def decode_attention_func(shape: AttentionShape, name: str = "attention") -> Pri
         b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
     else:
         b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
-    return PrimFunc(name, (q, k, v), (out,), b.body())
+    return PrimFunc(name, (q, k, v) if m is None else (q, k, v, m), (out,), b.body())
 
 
 def schedule_decode(func: PrimFunc, heads_inner: bool = False) -> Schedule:
@@ -120,6 +150,8 @@ def decode_attention_plan(shape: AttentionShape, name: str = "attention") -> Ker
     `schedule_decode`, and buffer compaction (the temporaries shrink to a row's)."""
     program = decode_attention_func(shape, name)
     sch = schedule_decode(program, shape.heads_inner)
-    return KernelPlan(Recipe.ATTENTION, program, sch.trace, (Compact(),),
+    bools = shape.runtime_mask is not None and shape.runtime_mask.boolean
+    return KernelPlan(Recipe.ATTENTION, program, sch.trace,
+                      (Compact(), BoolsAsBytes()) if bools else (Compact(),),
                       notes=f"# kiln.kernels.decode_attention_plan({shape})",
                       scheduled=sch.func)

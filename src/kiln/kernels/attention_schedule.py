@@ -84,8 +84,8 @@ from kiln.tir.schedule import BlockRV, LoopRV, Schedule
 from kiln.tir.te import Builder, cmp, select
 
 __all__ = ["AttentionConfig", "AttentionShape", "RuntimeMask", "attention_func", "attention_plan",
-           "default_attention_config", "schedule_attention", "stops_at_diagonal",
-           "transposed_mask"]
+           "default_attention_config", "laid_mask", "operand_buffers", "schedule_attention",
+           "stops_at_diagonal", "transposed_mask"]
 
 F32 = DType.F32
 # queries per block, in vectors: as many of 4, 3 or 2 as leave the fewest padded queries in
@@ -112,6 +112,17 @@ class RuntimeMask:
         full = (1,) * (4 - len(self.dims)) + self.dims
         at = tuple(i if n > 1 else 0 for i, n in zip((batch, head, query, key), full))
         return at[4 - len(self.dims):]
+
+    def param(self, b: Builder) -> Buffer:
+        """M as a parameter of ``b``, where and as it lies."""
+        m = _param(b, "M", self.dims, self.strides)
+        return dataclasses.replace(m, dtype=DType.BOOL) if self.boolean else m
+
+    def added(self, m: Buffer, batch: Expr, head: Expr, query: Expr, key: Expr) -> Expr:
+        """What the mask adds to the scaled score of [batch, head, query, key]: its value, or
+        for a bool one 0 where the query attends the key and -inf where it does not."""
+        x = m[self.index(batch, head, query, key)]
+        return select(x, const(0.0, F32), -math.inf) if self.boolean else x
 
 
 @dataclass(frozen=True)
@@ -224,14 +235,11 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     e, ev = shape.depth, shape.v_depth
     b = Builder()
     q, k, v, kv_head = operand_buffers(b, shape)
-    param = functools.partial(_param, b)
     m = None
     panel, runtime = shape.mask_panel, shape.runtime_mask
     if runtime is not None:  # (M as the model lays it out; the kernel transposes it below)
         assert shape.mask is not None
-        m = param("M", runtime.dims, runtime.strides)
-        if runtime.boolean:
-            m = dataclasses.replace(m, dtype=DType.BOOL)
+        m = runtime.param(b)
     elif shape.mask is not None:  # (laid out by `transposed_mask`)
         m = b.buffer("M", (*shape.mask, -(-n_q // panel), n_k, panel) if panel else
                      (*shape.mask, n_k, n_q), F32)
@@ -250,8 +258,7 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
         if runtime is None:
             return m[bi, hi, query // panel, key, query % panel] if panel \
                 else m[bi, hi, key, query]
-        x = m[runtime.index(bi, hi, query, key)]
-        return select(x, const(0.0, F32), -math.inf) if runtime.boolean else x
+        return runtime.added(m, bi, hi, query, key)
 
     shared = runtime is not None and shape.mask is not None and shape.mask[1] == 1 and h > 1
     if shared:  # Mᵀ once a call, where the heads share it (a padding mask)
@@ -286,18 +293,27 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     return PrimFunc(name, (q, k, v) if m is None else (q, k, v, m), (out,), b.body())
 
 
+def laid_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
+              keys: int) -> torch.Tensor:
+    """A constant mask (any shape that broadcasts to [B, H, L, S]; a bool one, True where a
+    query attends) as the additive one it stands for, expanded to [MB, MH, L, S] (a view),
+    MB and MH 1 where it broadcasts there."""
+    if mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape).masked_fill_(~mask, -math.inf)
+    full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mb = batch if full.shape[0] > 1 else 1
+    mh = heads if full.shape[1] > 1 else 1
+    return full.expand(mb, mh, queries, keys)
+
+
 def transposed_mask(mask: torch.Tensor, batch: int, heads: int, queries: int,
                     keys: int, panel: int = 0) -> torch.Tensor:
     """A constant additive mask (any shape that broadcasts to [B, H, L, S]; a bool one, True
     where a query attends, as 0 and -inf) as the kernel's M reads it: [MB, MH, S, L]
     contiguous, MB and MH 1 where the mask broadcasts there; with ``panel``, in panels of
     that many queries, [MB, MH, ceil(L / panel), S, panel] (zeros past L)."""
-    if mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape).masked_fill_(~mask, -math.inf)
-    full = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-    mb = batch if full.shape[0] > 1 else 1
-    mh = heads if full.shape[1] > 1 else 1
-    laid = full.expand(mb, mh, queries, keys)
+    laid = laid_mask(mask, batch, heads, queries, keys)
+    mb, mh = laid.shape[:2]
     if not panel:
         return laid.transpose(-1, -2).contiguous()
     blocks = -(-queries // panel)
