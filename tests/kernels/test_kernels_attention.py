@@ -22,11 +22,12 @@ from kiln.kernels.attention_schedule import (
     RuntimeMask,
     attention_plan,
     default_attention_config,
+    packs_head,
     transposed_mask,
 )
 from kiln.kernels.plan import Recipe
 from kiln.options import Options
-from kiln.tir.nodes import For
+from kiln.tir.nodes import Allocate, For
 from kiln.tir.printer import print_func
 from kiln.tir.visit import iter_stmts
 
@@ -313,6 +314,54 @@ def test_grouped_query_heads_read_their_groups_key_head(kernel_options: Options,
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True,
                                           enable_gqa=True)
     torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("heads,kv_heads,causal,inner", [(4, 2, True, True), (1, 1, False, False)],
+                         ids=["grouped causal heads-inner", "one head: blocks shared"])
+def test_strided_keys_and_values_are_copied_once_per_head(kernel_options: Options, heads: int,
+                                                          kv_heads: int, causal: bool,
+                                                          inner: bool) -> None:
+    """K and V whose rows lie a token apart (heads split out of a merged projection, rows
+    4 KiB apart as Whisper's) are copied with their rows adjacent once a head, where more
+    than one block of queries reads them (`packs_head`); also for shared key heads, the
+    causal stop, the heads-inner output, and where the threads share one head's blocks (the
+    copy then made before they start). The decomposition's values, and the plan replays."""
+    b, n, e = 1, 100, 32
+    gen = torch.Generator().manual_seed(17)
+    q = torch.randn(b, n, heads * e, generator=gen).view(b, n, heads, e).transpose(1, 2)
+    merged = torch.randn(b, n, 1024, generator=gen)  # [K | V | unused]: rows 4 KiB apart
+    k = merged[..., :kv_heads * e].view(b, n, kv_heads, e).transpose(1, 2)
+    v = merged[..., 512:512 + kv_heads * e].view(b, n, kv_heads, e).transpose(1, 2)
+    shape = AttentionShape(b, heads, n, n, e, e, e ** -0.5, q.stride(), k.stride(), v.stride(),
+                           causal=causal, heads_inner=inner,
+                           kv_heads=kv_heads if kv_heads != heads else 0)
+    config = default_attention_config(Isa.AVX512, e, n, heads, threads=2)
+    assert config is not None and config.split_queries == (heads == 1)
+    plan = attention_plan(shape, config, f"attention_test_copied_{heads}_{kv_heads}")
+    func = plan.build()
+    assert packs_head(func, "K", config) and packs_head(func, "V", config)
+    assert {"K_local", "V_local"} <= {a.buffer.name for a in iter_stmts(func.body)
+                                      if isinstance(a, Allocate)}
+    assert plan.replayed() == func
+    out = torch.empty(b, n, heads, e) if inner else torch.empty(b, heads, n, e)
+    compile_kernel(func, kernel_options)(q, k, v, out)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(),
+                                          is_causal=causal, enable_gqa=kv_heads != heads)
+    torch.testing.assert_close(out.transpose(1, 2) if inner else out, want.float(),
+                               rtol=1e-5, atol=2e-6)
+
+
+def test_contiguous_or_once_read_keys_are_not_copied() -> None:
+    """K and V with adjacent rows, or read by a single block of queries, are read where
+    they lie."""
+    config = default_attention_config(Isa.AVX512, 32, 100, 4, threads=2)
+    assert config is not None
+    for n_q, strided in ((100, False), (config.qb, True)):
+        q, k, v = (torch.randn(1, n, 4 * 32).view(1, n, 4, 32).transpose(1, 2) if strided
+                   else torch.randn(1, 4, n, 32) for n in (n_q, 100, 100))
+        shape = AttentionShape(1, 4, n_q, 100, 32, 32, 0.2, q.stride(), k.stride(), v.stride())
+        func = attention_plan(shape, config, f"attention_test_uncopied_{n_q}").build()
+        assert not packs_head(func, "K", config) and not packs_head(func, "V", config)
 
 
 @pytest.mark.parametrize("case", [(1, 4, 100, 100, 64, 64, False), (2, 1, 70, 70, 32, 32, True),
