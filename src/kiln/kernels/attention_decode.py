@@ -34,10 +34,15 @@ import dataclasses
 import math
 
 from kiln.ir.types import DType
-from kiln.kernels.attention_schedule import AttentionShape, RuntimeMask, operand_buffers
+from kiln.kernels.attention_schedule import (
+    AttentionShape,
+    RuntimeMask,
+    divided,
+    operand_buffers,
+)
 from kiln.kernels.plan import BoolsAsBytes, Compact, KernelPlan, Recipe
 from kiln.kernels.rows_schedule import LANES, tree_combine
-from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, Unary, UnOp, const
+from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, Unary, UnOp, const, contiguous_strides
 from kiln.tir.schedule import Schedule
 from kiln.tir.te import Builder, cmp, select
 
@@ -62,8 +67,8 @@ def decode_shape(shape: AttentionShape) -> AttentionShape:
     if shape.mask is None or shape.runtime_mask is not None:
         return shape
     dims = (*shape.mask, shape.queries, shape.keys)
-    strides = (dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1)
-    return dataclasses.replace(shape, runtime_mask=RuntimeMask(dims, strides), mask_panel=0)
+    return dataclasses.replace(shape, runtime_mask=RuntimeMask(dims, contiguous_strides(dims)),
+                               mask_panel=0)
 
 
 def decode_attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
@@ -101,10 +106,7 @@ def decode_attention_func(shape: AttentionShape, name: str = "attention") -> Pri
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], w[2], r[0]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], w[2], r[0]] * v[w[0], kv_head(w[1]), r[0], w[3]])
-    if shape.heads_inner:  # out[b, i, h, :]
-        b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
-    else:
-        b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
+    divided(b, name, out, pv, row_sum, shape.heads_inner)
     return PrimFunc(name, (q, k, v) if m is None else (q, k, v, m), (out,), b.body())
 
 

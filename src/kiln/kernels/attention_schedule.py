@@ -86,7 +86,7 @@ from kiln.tir.schedule import BlockRV, LoopRV, Schedule
 from kiln.tir.te import Builder, cmp, select
 
 __all__ = ["AttentionConfig", "AttentionShape", "RuntimeMask", "attention_func", "attention_plan",
-           "default_attention_config", "laid_mask", "operand_buffers", "packs_head",
+           "default_attention_config", "divided", "laid_mask", "operand_buffers", "packs_head",
            "schedule_attention", "stops_at_diagonal", "transposed_mask"]
 
 F32 = DType.F32
@@ -230,6 +230,16 @@ def _param(b: Builder, base: str, dims: tuple[int, ...],
     return buf if strides is None else dataclasses.replace(buf, strides=tuple(strides))
 
 
+def divided(b: Builder, name: str, out: Buffer, pv: Buffer, row_sum: Buffer,
+            heads_inner: bool) -> None:
+    """The output block, named ``name``: the product with V divided by the row's sum, written
+    [B, H, L, Ev] or, ``heads_inner``, [B, L, H, Ev]."""
+    if heads_inner:  # out[b, i, h, :]
+        b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
+    else:
+        b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
+
+
 def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     """The compute definition: scoresᵀ, their maximum, exponentials, sum, the product with V
     and the division, one block each (scores and probabilities kept keys by queries)."""
@@ -288,10 +298,7 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], r[0], w[2]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], kv_head(w[1]), r[0], w[3]])
-    if shape.heads_inner:  # out[b, i, h, :]
-        b.compute(name, out, lambda w: pv[w[0], w[2], w[1], w[3]] / row_sum[w[0], w[2], w[1]])
-    else:
-        b.compute(name, out, lambda w: pv[w[0], w[1], w[2], w[3]] / row_sum[w[0], w[1], w[2]])
+    divided(b, name, out, pv, row_sum, shape.heads_inner)
     return PrimFunc(name, (q, k, v) if m is None else (q, k, v, m), (out,), b.body())
 
 
