@@ -72,6 +72,8 @@ def test_explain_ir_shows_the_passes_and_checks(tmp_path, capsys):
     ["explain", "--ir", "/nonexistent/x.kir"],
     ["fuzz", "--configs", "O9"],
     ["fuzz", "--kernel-every", "0"],
+    ["fuzz", "--ops", "frobnicate"],
+    ["fuzz", "--ops", "call,input"],  # (a source: made as an operand, never chosen)
 ])
 def test_usage_errors_exit_2(argv, capsys):
     assert cli.main(argv) == 2

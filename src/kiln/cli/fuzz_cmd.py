@@ -34,6 +34,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                         "only (each new kernel is a C compiler run; default 1: every graph)")
     f.add_argument("--max-ops", type=int, default=6, metavar="N",
                    help="computing nodes per graph, at most (default 6)")
+    f.add_argument("--ops", nargs="+", action="extend", metavar="OP",
+                   help="the ops the graphs are built from, by IR name (default: every op "
+                        "the generator makes; 'call' includes fused attention)")
     f.add_argument("--out", metavar="DIR", default="fuzz-failures",
                    help="where reproducers go (default fuzz-failures)")
     f.add_argument("--no-shrink", action="store_true", help="write failing graphs unshrunk")
@@ -62,12 +65,23 @@ def _fuzz(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"unknown configuration(s) {', '.join(unknown)}; known: "
                          f"{', '.join(known)}")
+    ops = split_names(args.ops)
+    try:
+        from kiln.fuzz.table import GENERATED_OPS
+        from kiln.ir.ops import Op
+
+        unmade = [name for name in ops if Op.parse(name) not in GENERATED_OPS]
+    except ValueError as err:
+        raise UsageError(f"--ops: {err}") from None
+    if unmade:
+        raise UsageError(f"--ops: the generator makes no {', '.join(unmade)} (sources are "
+                         "made as operands)")
     if args.graphs < 0 or args.jobs < 0 or args.kernel_every < 1 or args.max_ops < 1:
         raise UsageError("--graphs and --jobs must be >= 0, --kernel-every and --max-ops >= 1")
     settings = FuzzSettings(graphs=args.graphs, seed=args.seed, start=args.start,
                             jobs=args.jobs, configs=tuple(configs),
                             kernel_every=args.kernel_every, max_ops=args.max_ops,
-                            out_dir=args.out, shrink=not args.no_shrink,
+                            ops=tuple(ops), out_dir=args.out, shrink=not args.no_shrink,
                             time_limit=args.time_limit, verify=args.verify)
 
     def progress(summary, result) -> None:  # (Summary, GraphResult)

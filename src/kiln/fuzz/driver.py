@@ -33,6 +33,7 @@ from kiln.fuzz.compare import Strength
 from kiln.fuzz.generate import Limits, generate_case
 from kiln.fuzz.repro import write_repro
 from kiln.fuzz.shrink import shrink
+from kiln.ir.ops import Op
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class FuzzSettings:
     configs: tuple[str, ...] = tuple(c.name for c in CONFIGS)
     kernel_every: int = 1  # configurations with generated kernels run on every n-th graph
     max_ops: int = 6
+    ops: tuple[str, ...] = ()  # the ops steps choose among, by name ((): every generated op)
     out_dir: str = ""  # reproducers go here ("" writes none)
     cache_dir: str = ""  # kernel cache ("" makes a temporary one)
     shrink: bool = True
@@ -75,7 +77,8 @@ class GraphResult:
 def run_graph(settings: FuzzSettings, index: int) -> GraphResult:
     """Generate, check and (on failure) shrink and write graph ``index``."""
     start = time.perf_counter()
-    case = generate_case(settings.seed, index, Limits(max_ops=settings.max_ops))
+    case = generate_case(settings.seed, index, Limits(max_ops=settings.max_ops),
+                         tuple(Op.parse(name) for name in settings.ops) or None)
     result = GraphResult(index, ops=sorted({n.op.text for n in case.graph.all_nodes()}),
                          pid=os.getpid())
     outcome = check_case(case, settings.configs_for(index), settings.cache_dir,

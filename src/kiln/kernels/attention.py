@@ -78,8 +78,8 @@ from kiln.passes.partition import KernelGroup, chain
 from kiln.tune.apply import tuned_or_default
 from kiln.tune.space_attention import AttentionSpace
 
-__all__ = ["attention_candidate", "attention_groups", "attention_shape", "attention_space",
-           "plan_attention", "refusal"]
+__all__ = ["AttentionCall", "attention_call", "attention_candidate", "attention_groups",
+           "attention_shape", "attention_space", "plan_attention", "refusal"]
 
 AttentionPlanned = tuple[KernelPlan, tuple, dict]
 # ATen's fused attention as a model calls it, and as torch.export leaves that call on CPU
@@ -102,7 +102,7 @@ def attention_groups(graph: Graph) -> list[KernelGroup]:
     returned = set(graph.outputs)
     groups = []
     for node in graph.nodes:
-        if _call(node) is None or any(v in read for v in node.outputs[1:]):
+        if attention_call(node) is None or any(v in read for v in node.outputs[1:]):
             continue
         after = users.get(node, [])
         heads_out = refusal(node) is None and len(after) == 1 and node.out() not in returned \
@@ -136,7 +136,7 @@ class AttentionCall:
         return self.aten or (self.mask is not None and self.mask.type.dtype is DType.BOOL)
 
 
-def _call(node: Node) -> AttentionCall | None:
+def attention_call(node: Node) -> AttentionCall | None:
     """The call as an `AttentionCall`, or None where it is no attention call."""
     if node.op is not Op.CALL or not isinstance(node.attrs, CallAttrs):
         return None
@@ -172,7 +172,7 @@ def _call(node: Node) -> AttentionCall | None:
 
 def refusal(node: Node) -> str | None:
     """Why the generated kernel does not take this attention call; None where it does."""
-    call = _call(node)
+    call = attention_call(node)
     if call is None:
         return "not an attention call"
     q, k, v = call.q, call.k, call.v
@@ -203,7 +203,7 @@ def refusal(node: Node) -> str | None:
 def attention_shape(graph: Graph, node: Node, heads_inner: bool = False) -> AttentionShape:
     """The call's shapes, scale and the strides its operands have at run time; with
     ``heads_inner``, its result written transposed ([B, L, H, Ev])."""
-    call = _call(node)
+    call = attention_call(node)
     assert call is not None
     q, k, v = call.q, call.k, call.v
     batch, heads, queries, depth = q.type.shape
@@ -266,7 +266,7 @@ def plan_attention(graph: Graph, group: KernelGroup,
     space = attention_space(graph, group, options)
     if isinstance(space, Skipped):
         return space
-    call, shape = _call(group.nodes[0]), space.shape
+    call, shape = attention_call(group.nodes[0]), space.shape
     assert call is not None
     constant_mask = shape.mask is not None and shape.runtime_mask is None
     if decodes(shape):  # a few queries: the keys along the work (no tuning space)
@@ -320,7 +320,7 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
     """The generated attention for an attention group, compiled and checked against its calls on
     random operands with the run-time strides, not yet measured."""
     planned = planned if planned is not None else plan_attention(graph, group, options)
-    call = _call(group.nodes[0])
+    call = attention_call(group.nodes[0])
     built = checked_candidate(graph, group, options, planned, checks,
                               library_where_not_finite=call is not None
                               and call.library_where_not_finite)
