@@ -50,6 +50,21 @@ def test_calls_take_the_masks_layouts_and_shapes_models_give():
     assert any(n.inputs[2].type.shape[3] % 16 == 0 for n in found)  # whole vectors
 
 
+def test_the_decomposed_form_is_the_chain_the_attention_pass_fuses():
+    from kiln.passes.attention import fuse_attention
+
+    chains = fused = 0
+    for case in sample()[:60]:
+        softmaxes = [n for n in case.graph.nodes if n.op is Op.SOFTMAX]
+        chains += len(softmaxes)
+        after = fuse_attention(case.graph, Options(measure_kernels=False))
+        fused += sum(n.op is Op.CALL and "attention" in str(n.attrs.target)
+                     for n in after.nodes) - len([n for n in case.graph.nodes
+                                                   if n.op is Op.CALL
+                                                   and "attention" in str(n.attrs.target)])
+    assert chains >= 5 and fused >= 3  # (a chain with a second reader stays as it is)
+
+
 def test_graphs_are_well_typed_and_mostly_run():
     ran = 0
     for case in sample()[:60]:

@@ -6,7 +6,14 @@ fuzzer's random layouts), heads split out of a projection's rows (a permuted vie
 fewer key heads than query heads (grouped queries); a mask of bools or floats broadcast
 over some of [B, H, L, S] (a padded batch's, per head, per query), ``is_causal``, a scale.
 Float32 throughout where the kernels can take the call, now and then another float type
-(the library's call, unchanged)."""
+(the library's call, unchanged).
+
+A third of the time the same attention comes decomposed, as capture leaves a model's eager
+attention (`kiln.passes.attention` fuses it back into ``kiln::attention``)::
+
+    bmm(view(Q), Kᵀ) -> view -> mul or div by a number -> add a float mask, or where(C,
+    -inf, .) -> softmax(-1) -> [clone] -> view -> bmm(., V)
+"""
 
 from __future__ import annotations
 
@@ -53,6 +60,9 @@ def make_attention(d: Draft, op: Op) -> None:
             break
     else:
         raise Reject("no attention shape within the size limit")
+    if dtype is DType.F32 and not d.float32 and rng.random() < 0.33:
+        _decomposed(d, batch, heads, queries, keys, depth, depth_v)
+        return
     q = _operand(d, batch, heads, queries, depth, dtype)
     k = _operand(d, batch, kv_heads, keys, depth, dtype)
     v = _operand(d, batch, kv_heads, keys, depth_v, dtype)
@@ -74,6 +84,39 @@ def make_attention(d: Draft, op: Op) -> None:
     args = (Operand(0), Operand(1), Operand(2), Operand(3) if mask is not None else None,
             0.0, causal)
     d.emit1(op, *operands, attrs=A.CallAttrs(SDPA, args, tuple(kwargs)))
+
+
+def _decomposed(d: Draft, batch: int, heads: int, queries: int, keys: int, depth: int,
+                depth_v: int) -> None:
+    """softmax(Q Kᵀ · c + M) V as bmm, view, scale, mask, softmax and bmm (module docstring);
+    Kᵀ a transposed view now and then, as a model's ``k.transpose(-1, -2)``."""
+    rng, f32 = d.rng, DType.F32
+    rows = batch * heads
+    q = d.source(TensorType((rows, queries, depth), f32), constant=0.1)
+    if rng.random() < 0.5:
+        kt = d.source(TensorType((rows, depth, keys), f32), constant=0.2)
+    else:
+        k = d.source(TensorType((rows, keys, depth), f32), constant=0.2)
+        kt = d.emit1(Op.PERMUTE, k, attrs=A.PermuteAttrs((0, 2, 1)))
+    v = d.source(TensorType((rows, keys, depth_v), f32), constant=0.2)
+    scores = d.emit1(Op.VIEW, d.emit1(Op.BMM, q, kt),
+                     attrs=A.ShapeAttrs((batch, heads, queries, keys)))
+    if rng.random() < 0.8:
+        c = rng.choice((0.125, 0.25, 2.0, 8.0))
+        scores = d.emit1(Op.MUL, scores, d.number(c)) if rng.random() < 0.5 else \
+            d.emit1(Op.DIV, scores, d.number(c), attrs=A.DivAttrs(None))
+    roll = rng.random()
+    if roll < 0.4:
+        mask = _mask(d, batch, heads, queries, keys, f32)
+        if mask.type.dtype is DType.BOOL:  # (a masked_fill: where the condition, -inf)
+            scores = d.emit1(Op.WHERE, mask, d.number(-math.inf), scores)
+        else:
+            scores = d.emit1(Op.ADD, scores, mask)
+    probs = d.emit1(Op.SOFTMAX, scores, attrs=A.SoftmaxAttrs(rng.choice((-1, 3))))
+    if rng.random() < 0.5:
+        probs = d.emit1(Op.CLONE, probs)
+    probs = d.emit1(Op.VIEW, probs, attrs=A.ShapeAttrs((rows, queries, keys)))
+    d.emit1(Op.BMM, probs, v)
 
 
 def _fits(d: Draft, shape: tuple[int, ...]) -> bool:
