@@ -412,6 +412,48 @@ def test_large_conv_weights_get_their_next_panel_prefetched(kernel_options: Opti
                    for p in conv_plan(small, ConvConfig.default(small, 16)).post)
 
 
+def test_each_tile_prefetches_its_share_of_the_next_panel() -> None:
+    """With one tile width a row, tile t of a panel (rows of tiles by tiles of a row)
+    prefetches input channels (t CI + ci) // T of every tap of the next panel: together the
+    tiles prefetch each of its rows, and no tile more than its share (every tile prefetched
+    the whole panel before: 14 times over for ResNet-50's 14x14x256 layer)."""
+    from kiln.kernels.plan import PrefetchPanels
+    from kiln.tir.interp import compile_expr
+    from kiln.tir.nodes import For, Prefetch
+    from kiln.tir.visit import vars_of
+
+    shape = ConvShape(1, 100, 9, 11, 70, (3, 3), (1, 1), (1, 1), bias=True)
+    config = dataclasses.replace(ConvConfig.default(shape, 16), tail_tile=0)
+    rows, pixels = -(-9 // config.rows), -(-11 // config.tile)
+    plan = conv_plan(shape, config, name="conv_test_spread")
+    (step,) = [p for p in plan.post if isinstance(p, PrefetchPanels)]
+    assert (step.tiles, step.inner_tiles) == (rows * pixels, pixels) > (1, 0)
+    func = plan.build()
+    extents = {s.var.name: s.extent for s in iter_stmts(func.body) if isinstance(s, For)}
+    hint = next(s for s in iter_stmts(func.body) if isinstance(s, Prefetch))
+    index = [compile_expr(i) for i in hint.indices]
+    names = sorted({v.name for i in hint.indices for v in vars_of(i)})
+    tile_names, panel = (step.outer_loop, step.tile_loop), next(n for n in names if "co_0" in n)
+    taps = [n for n in names if n not in (*tile_names, panel, step.k_loop)]
+    reduction = [*taps, step.k_loop]  # (tap rows, tap columns, input channels)
+    assert len(taps) == 2
+    every = {(i, j, c) for i in range(3) for j in range(3) for c in range(100)}
+    covered: set[tuple[int, ...]] = set()
+    for row in range(rows):
+        for tile in range(pixels):
+            mine = set()
+            for i in range(extents[reduction[0]]):
+                for j in range(extents[reduction[1]]):
+                    for c in range(extents[reduction[2]]):
+                        env = dict(zip((panel, *tile_names, *reduction), (0, row, tile, i, j, c)))
+                        got = tuple(int(f(env, {})) for f in index)
+                        assert got[0] == 1  # (the next panel)
+                        mine.add(got[1:4])
+            assert len(mine) <= 9 * -(-100 // (rows * pixels))
+            covered |= mine
+    assert covered == every
+
+
 @pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 ISA flags")
 def test_conv_portable_path(kernel_options: Options) -> None:
     """Compiled for plain SSE2 (a machine without AVX-512), 4 channels a vector: the same."""

@@ -385,6 +385,10 @@ class PrefetchPanels:
     # each tile prefetches its share of the next panel's rows, not all of them
     tile_loop: str = ""
     tiles: int = 1
+    # a second loop over the tiles, outside ``tile_loop`` (a convolution's rows of tiles, its
+    # pixel tiles within a row): tile t = outer x ``inner_tiles`` + inner
+    outer_loop: str = ""
+    inner_tiles: int = 1
     # __builtin_prefetch's locality: 3 brings the next panel into L1 too, 2 into L2 and
     # beyond only (the next micro-kernel reads it, not this one), which measured slower
     # (Zen 4, 2 threads, weights cold: 128x768 @ 768x3072 2897 -> 2747 us, 128x3072 @
@@ -411,6 +415,9 @@ class PrefetchPanels:
                      if isinstance(st, For)}
             if self.tiles > 1:  # k -> (tile * K + k) // tiles
                 k, tile = s.var, Var(self.tile_loop, s.var.dtype)
+                if self.outer_loop:
+                    tile = Binary(BinOp.ADD, Binary(BinOp.MUL, Var(self.outer_loop, k.dtype),
+                                                    const(self.inner_tiles, k.dtype)), tile)
                 inner[k] = Binary(BinOp.FLOORDIV, Binary(
                     BinOp.ADD, Binary(BinOp.MUL, tile, const(s.extent, k.dtype)), k),
                     const(self.tiles, k.dtype))
@@ -422,6 +429,8 @@ class PrefetchPanels:
 
     def as_python(self) -> str:
         spread = f", {self.tile_loop!r}, {self.tiles}" if self.tiles > 1 else ""
+        if self.tiles > 1 and self.outer_loop:
+            spread += f", outer_loop={self.outer_loop!r}, inner_tiles={self.inner_tiles}"
         locality = f", locality={self.locality}" if self.locality != 3 else ""
         return f"prefetch_panels({self.k_loop!r}, {self.buffer!r}{spread}{locality})"
 
