@@ -59,14 +59,19 @@ def test_settled_stops_after_the_least_rounds_and_not_before() -> None:
     assert len(c.samples) == 6  # never settled: every round
 
 
-def test_the_first_batch_is_guessed_from_the_untimed_call() -> None:
-    """A call of about 0.2 ms and 2 ms samples: the batch starts near 10 calls, where doubling
-    from one call would run 1 + 2 + 4 + 8 + 16 of them before the first sample."""
-    count = [0]
+def test_the_first_batch_is_guessed_from_the_untimed_call(monkeypatch) -> None:  # noqa: ANN001
+    """A call of 0.2 ms and 2 ms samples: the batch starts near 10 calls, where doubling from
+    one call would run 1 + 2 + 4 + 8 + 16 of them before the first sample. On a clock each
+    call moves by exactly 0.2 ms: a real sleep of 0.2 ms took up to 0.6 ms on a busy VM, and
+    the guess (rightly) fell short (36 calls)."""
+    from kiln.cost import measure
+
+    clock, count = [0.0], [0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: clock[0])
 
     def call() -> None:
         count[0] += 1
-        time.sleep(2e-4)
+        clock[0] += 2e-4
     interleaved([call], Budget(min_rounds=1, max_rounds=1, min_sample_s=2e-3, warmup=1))
     assert count[0] <= 1 + 2 * 10 + 10  # the warm-up, at most two sizing batches, the sample
 
