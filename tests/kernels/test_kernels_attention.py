@@ -622,7 +622,7 @@ def test_an_added_causal_mask_runs_as_is_causal_where_the_scores_are_bounded(
     assert len(kernels) == 1
     reads_mask = "const float* restrict M" in kernels[0].source
     assert reads_mask == (fill == -1e9)
-    assert ("runs where _scores_bounded holds, else the library calls" in kernels[0].decision
+    assert ("runs where scores_bounded holds, else the library calls" in kernels[0].decision
             ) == (fill != -1e9)  # (the report says when ATen's call runs instead)
     assert "run again where its output is not finite" in kernels[0].decision  # (ATen's call)
     for where in ("none", "+inf behind the mask", "-inf before it"):

@@ -35,7 +35,7 @@ from kiln.ir.attrs import AddmmActAttrs, AddmmAttrs, ConvActAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op
-from kiln.kernels.attention import attention_call
+from kiln.kernels.attention import attention_call, scores_bounded
 from kiln.options import Options
 
 
@@ -190,9 +190,10 @@ class Reference:
         return False
 
     def _attention_backend_decides(self, node: Node) -> bool:
-        """ATen's fused attention call with a non-finite Q, K or V, or scores past the float
-        range: its answer then depends on the backend its operands' strides choose, and a
-        compiled graph hands it other strides (inputs made dense). Its flash kernel answers
+        """ATen's fused attention call with a non-finite Q, K or V, or scores that may come
+        near the float range (`kiln.kernels.attention.scores_bounded` fails): its answer
+        then depends on the backend its operands' strides choose, and a compiled graph hands
+        it other strides (inputs made dense). Its flash kernel answers
         0 for a row whose scores are all NaN where its math path answers NaN, and the two
         scale Q and K at different points, so that one overflows where the other does not
         (fuzz seed 2, graphs 50, 139 and 164; a fully masked row is 0 on both)."""
@@ -202,18 +203,8 @@ class Reference:
         q, k, v = (self.values.get(x) for x in (call.q, call.k, call.v))
         if not all(isinstance(t, torch.Tensor) and t.is_floating_point() for t in (q, k, v)):
             return False
-        if not all(bool(t.isfinite().all()) for t in (q, k, v)):
-            return True
-        if q.dim() != 4 or k.dim() != 4 or not q.numel() or not k.numel():
-            return False
-        keys = k.double().abs().repeat_interleave(max(q.shape[1] // max(k.shape[1], 1), 1),
-                                                   dim=1)
         scale = call.scale if call.scale is not None else q.shape[-1] ** -0.5
-        try:
-            bound = q.double().abs() @ keys.transpose(-1, -2) * max(abs(scale), 1.0)
-        except RuntimeError:  # (heads that do not broadcast: ATen refused the call)
-            return False
-        return bool((bound >= torch.finfo(q.dtype).max).any())
+        return not scores_bounded(q, k, v, scale)  # (the kernels' own run-time test)
 
     def _may_overflow(self, node: Node) -> bool:
         """A sum whose terms' magnitudes add up past the float range (summed in another

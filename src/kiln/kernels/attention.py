@@ -79,7 +79,8 @@ from kiln.tune.apply import tuned_or_default
 from kiln.tune.space_attention import AttentionSpace
 
 __all__ = ["AttentionCall", "attention_call", "attention_candidate", "attention_groups",
-           "attention_shape", "attention_space", "plan_attention", "refusal"]
+           "attention_shape", "attention_space", "plan_attention", "refusal",
+           "scores_bounded"]
 
 AttentionPlanned = tuple[KernelPlan, tuple, dict]
 # ATen's fused attention as a model calls it, and as torch.export leaves that call on CPU
@@ -253,7 +254,7 @@ def _causal_constant(graph: Graph, call: AttentionCall) -> str | None:
     return "adds" if causal else None
 
 
-def _scores_bounded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
+def scores_bounded(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> bool:
     """Every operand finite and every score below `fused._SCORE_BOUND` in size: an added
     causal mask's fill then makes an exponential of 0, as the kernel's skipped keys do."""
     return fused._fused_attention_is_exact(q, k, v, None, scale)
@@ -326,6 +327,6 @@ def attention_candidate(graph: Graph, group: KernelGroup, options: Options,
                               and call.library_where_not_finite)
     if isinstance(built, Built) and call is not None and _causal_constant(graph, call) == "adds":
         scale = call.scale if call.scale is not None else call.q.type.shape[3] ** -0.5
-        built = dataclasses.replace(built, run_if=(functools.partial(_scores_bounded,
+        built = dataclasses.replace(built, run_if=(functools.partial(scores_bounded,
                                                                      scale=scale), (0, 1, 2)))
     return built
