@@ -28,10 +28,10 @@ there, not NaN as the kernel's 0 / -inf added makes it); for these the library r
 wherever the kernel's output is not finite (`Built.library_where_not_finite`: where the
 kernel's output is finite, no such score was met).
 
-A call of fewer than 16 queries with no mask and no causal masking (a decode step's one
-token, or a shared key head's stacked query heads: `kiln.passes.grouped_heads`) runs the
-few-queries kernel of `kiln.kernels.attention_decode` instead, each query a row with the head
-dimension in the lanes (the query-block kernel filled one lane of 16 there). It has no
+A call of fewer than 16 queries (a decode step's one token, or a shared key head's stacked
+query heads: `kiln.passes.grouped_heads`) runs the few-queries kernel of
+`kiln.kernels.attention_decode` instead, masked or causal alike, each query a row with the
+head dimension in the lanes (the query-block kernel filled one lane of 16 there). It has no
 tuning space: `kiln tune` leaves such calls alone.
 
 With ``enable_gqa`` (grouped-query attention: fewer key and value heads than query heads,
