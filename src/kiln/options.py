@@ -66,6 +66,10 @@ class Options:
     # on this machine and thread count uses the fastest recorded schedule instead of the
     # heuristic one; compiling only reads it, never tunes ("" reads none)
     tuning_db: str = ""
+    # kiln.compile calls the compiled model and the model once on the example inputs and
+    # compares (kiln.frontend.agreement); where they disagree, the model runs eagerly with a
+    # warning (strict: raises). False skips the model's extra call
+    check_outputs: bool = True
 
     def __post_init__(self) -> None:
         for name in ("report", "tuning_db"):  # Options(report=Path("r.html"))

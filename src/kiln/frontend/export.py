@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 
+from kiln.frontend.agreement import Disagreement, disagreement, draws_random
 from kiln.frontend.aten import CONVERTERS
 from kiln.frontend.fx_compile import FxGraphRunner, data_dependent_size, first_line
 from kiln.frontend.importer import ImportedGraph, UnsupportedGraph, import_fx
@@ -154,6 +155,11 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
         run, signature, check = _fall_back(
             f"kiln cannot compile the graph torch.export captured of {name} ({err})",
             model, inputs, options, report, dynamic_shapes)
+    except _Disagrees as failed:  # (neither Dynamo's capture nor kiln's can be trusted here)
+        if options.strict:
+            raise Disagreement(failed.describe(name)) from None
+        run, signature, check = _eagerly(model, f"{failed.describe(name)}; it runs eagerly",
+                                         report, inputs, dynamic_shapes)
     except _CaptureFailed as failed:  # torch.export is strict; Dynamo is not
         err = failed.error
         if options.strict:
@@ -190,6 +196,23 @@ class _CaptureFailed(Exception):
         self.error = error
 
 
+class _Disagrees(Exception):
+    """The compiled model's results on the example inputs differ from the model's (``why``);
+    ``capture_differs``: so do those of torch.export's captured program, run by torch."""
+
+    def __init__(self, why: str, capture_differs: bool) -> None:
+        super().__init__(why)
+        self.why = why
+        self.capture_differs = capture_differs
+
+    def describe(self, name: str) -> str:
+        cause = ("torch.export's captured program, run by torch, disagrees too: the capture "
+                 "differs from the model" if self.capture_differs else
+                 "torch.export's captured program agrees: a kiln bug, please report it")
+        return (f"the compiled {name} disagrees with the model on the example inputs "
+                f"({self.why}); {cause}")
+
+
 def _is_onnx(model: Any) -> bool:
     if isinstance(model, (str, os.PathLike)):
         return os.fspath(model).lower().endswith(".onnx")
@@ -207,11 +230,20 @@ def _fall_back(why: str, model: Callable[..., Any], inputs: tuple[torch.Tensor, 
     except Exception as err:  # noqa: BLE001 - whatever Dynamo raises on the model
         if options.strict:
             raise
-        run = _eagerly(model, inputs, err, report)
+        with torch.no_grad():  # (where eager fails too, the error is the model's: raised)
+            model(*inputs)
+        return _eagerly(model, f"torch.compile could not trace the model either "
+                               f"({first_line(err)}); it runs eagerly", report, inputs,
+                        dynamic_shapes)
+    return run, _any_shapes(inputs, dynamic_shapes), None
+
+
+def _any_shapes(inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any) -> list[InputSpec]:
+    """The signature of a model run by Dynamo or eagerly: the example inputs' shapes, or
+    with ``dynamic_shapes`` any size (Dynamo recompiles for whatever shape comes)."""
     if dynamic_shapes is None:
-        return run, [InputSpec.of(x) for x in inputs], None
-    # Dynamo recompiles for whatever shape comes: with dynamic_shapes, any size is fine
-    return run, [InputSpec(("?",) * x.dim(), x.dtype) for x in inputs], None
+        return [InputSpec.of(x) for x in inputs]
+    return [InputSpec(("?",) * x.dim(), x.dtype) for x in inputs]
 
 
 def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...],
@@ -258,10 +290,27 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
         flat = [flat[i] for i in user_outputs]
         return torch.utils._pytree.tree_unflatten(flat, spec) if spec is not None else flat
 
+    if dynamic_shapes is not None:
+        run(*inputs)  # compile for the example shapes now, so the report is complete
+    if options.check_outputs and not draws_random(program.graph_module):
+        _agrees_with_model(model, program, run, inputs)
     if dynamic_shapes is None:
         return run, [InputSpec.of(x) for x in inputs], None
-    run(*inputs)  # compile for the example shapes now, so the report is complete
     return run, _signature(program), _shape_check(program)
+
+
+def _agrees_with_model(model: torch.nn.Module, program: ExportedProgram,
+                       run: Callable[..., Any], inputs: tuple[torch.Tensor, ...]) -> None:
+    """Raises `_Disagrees` where the compiled model's results on the example inputs differ
+    from the model's (`kiln.frontend.agreement`), saying whether the captured program's do."""
+    with torch.no_grad():
+        with _state_kept(model):  # (the call leaves the model's attributes as they were)
+            expected = model(*inputs)
+        why = disagreement(expected, run(*inputs))
+        if why is None:
+            return
+        capture_differs = disagreement(expected, program.module()(*inputs)) is not None
+    raise _Disagrees(why, capture_differs)
 
 
 def _signature(program: ExportedProgram) -> list[InputSpec]:
@@ -450,15 +499,12 @@ def _freeze(program: ExportedProgram) -> tuple[dict[int, tuple[str, torch.Tensor
     return frozen, users
 
 
-def _eagerly(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...], err: Exception,
-             report: CompileReport) -> Callable[..., Any]:
+def _eagerly(model: Callable[..., Any], message: str, report: CompileReport,
+             inputs: tuple[torch.Tensor, ...], dynamic_shapes: Any,
+             ) -> tuple[Callable[..., Any], list[InputSpec], None]:
     """The model as it is, where Dynamo could not trace it either (LongT5's transient-global
-    attention fails torch's own shape checks under both tracers): eager PyTorch, with a
-    warning. Where eager fails too, its error is the model's and is raised as is."""
-    with torch.no_grad():
-        model(*inputs)
-    message = (f"torch.compile could not trace the model either ({first_line(err)}); it runs "
-               f"eagerly")
+    attention fails torch's own shape checks under both tracers), or where the compiled
+    model disagrees with it (`_Disagrees`): eager PyTorch, with a warning (``message``)."""
     log.warning(message)
     report.fallbacks.append(message)
 
@@ -466,7 +512,7 @@ def _eagerly(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...], err: E
         with torch.no_grad():
             return model(*args)
 
-    return run
+    return run, _any_shapes(inputs, dynamic_shapes), None
 
 
 def _compile_dynamo(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...],

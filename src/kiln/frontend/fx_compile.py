@@ -3,6 +3,10 @@
 Shapes: a graph captured with symbolic shapes is specialized per concrete input signature
 (retraced at the shapes of the call, compiled once, cached: the `MAX_SHAPES` most recently
 called); static graphs compile at once.
+First calls: each compiled graph's first call also runs the graph as given (torch runs it)
+and compares (`kiln.frontend.agreement`); where kiln's results differ, that graph runs as
+given from then on, with a warning: a kiln bug costs speed, never an answer. Graphs that draw
+random numbers, write into their inputs or have effects are not run twice.
 Weights: inputs listed in ``frozen`` become constants; if the caller changes one in place
 (an optimizer step, ``load_state_dict``) its version counter moves and the graph recompiles
 with the new values, so results never go stale. A call that passes other tensors in those
@@ -28,6 +32,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
 from kiln.engine import CompiledGraph, compile_graph
+from kiln.frontend.agreement import Disagreement, disagreement, draws_random
 from kiln.frontend.importer import UnsupportedGraph, fill_outputs, import_fx
 from kiln.options import Options
 from kiln.report import CompileReport
@@ -85,6 +90,10 @@ class FxGraphRunner:
         self._static = is_static(gm)
         self._by_signature: OrderedDict[tuple[Any, ...], _Compiled | None] = OrderedDict()
         self._single: _Compiled | None = None
+        # compiled graphs not yet compared with the given graph on a first call (by id)
+        self._unchecked: set[int] = set()
+        self._comparable = options.check_outputs and not draws_random(gm) \
+            and not has_effects(gm)
         # the runners for other tensors in the frozen places, by those tensors
         self._others: list[tuple[tuple[torch.Tensor, ...], FxGraphRunner]] = []
         if self._static:
@@ -99,9 +108,38 @@ class FxGraphRunner:
                 break
         compiled = self._single if self._static else self._specialized(args)
         if compiled is None:  # kiln could not compile this graph: run the captured ATen
-            return list(self.gm(*args))
+            return self._given(args)
         graph, template = compiled
-        return fill_outputs(template, graph(args))
+        checking = id(compiled) in self._unchecked
+        given = list(args) if checking else []  # (a boxed call empties ``args``)
+        outputs = fill_outputs(template, graph(args))
+        if checking:
+            self._unchecked.discard(id(compiled))
+            expected = self._given(given)
+            why = disagreement(expected, outputs)
+            if why is not None:
+                self._distrust(compiled, why)
+                return expected
+        return outputs
+
+    def _given(self, args: list[Any]) -> list[Any]:
+        """The graph as given, run by torch (a graph of one output may return it bare)."""
+        out = self.gm(*args)
+        return list(out) if isinstance(out, (tuple, list)) else [out]
+
+    def _distrust(self, compiled: _Compiled, why: str) -> None:
+        """Run the given graph instead of ``compiled``, which disagreed with it (strict:
+        raise `Disagreement`)."""
+        message = (f"kiln's compiled graph disagrees with the graph it was given on its first "
+                   f"call ({why}; a kiln bug: please report it)")
+        if self.options.strict:
+            raise Disagreement(message)
+        if self._single is compiled:
+            self._single = None
+        for key, value in self._by_signature.items():
+            if value is compiled:
+                self._by_signature[key] = None
+        self._fell_back(message)
 
     def _for_weights(self, args: list[Any]) -> FxGraphRunner:
         """The runner whose frozen weights are the tensors ``args`` holds in their places."""
@@ -158,12 +196,29 @@ class FxGraphRunner:
         if imported.opaque:
             log.info("kiln: ATen ops run as they are: %s", ", ".join(sorted(set(imported.opaque))))
         self.report.graphs.append(compiled.report)
-        return compiled, imported.output_template
+        result = (compiled, imported.output_template)
+        if self._comparable:
+            self._unchecked.add(id(result))
+        return result
 
     def _fell_back(self, why: str) -> None:
         message = f"{why}; that graph runs eagerly"
         log.warning(message)
         self.report.fallbacks.append(message)
+
+
+def has_effects(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph calls an op that writes into an argument (``copy_``, ``add_``,
+    ``index_put_``) or has an effect (``with_effects``: a check that raises, a print): a
+    second run would repeat it."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.higher_order.with_effects:
+            return True
+        if isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable:
+            return True
+    return False
 
 
 def first_line(err: Exception) -> str:
