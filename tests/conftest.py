@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -28,6 +29,11 @@ def _load_support() -> ModuleType:
 
 
 SUPPORT = _load_support()
+
+# kiln's run-time comparison with the model (kiln.frontend.agreement) would hand a test the
+# model's own answer where kiln's is wrong: tests compare kiln's results themselves, so it is
+# off here (processes the tests start inherit this), and on in tests/frontend/test_agreement.py
+os.environ.setdefault("KILN_CHECK_OUTPUTS", "0")
 
 
 @pytest.fixture(params=SUPPORT.NAMES)

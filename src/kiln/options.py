@@ -106,12 +106,13 @@ class Options:
     @staticmethod
     def from_env(environ: Mapping[str, str] | None = None) -> Options:
         """Defaults, overridden by KILN_OPT_LEVEL, KILN_DEBUG, KILN_STRICT, KILN_PET,
-        KILN_FAST_MATH, KILN_SEARCH, KILN_CACHE_DIR, KILN_REPORT, KILN_TUNING_DB, CC."""
+        KILN_FAST_MATH, KILN_CHECK_OUTPUTS, KILN_SEARCH, KILN_CACHE_DIR, KILN_REPORT,
+        KILN_TUNING_DB, CC."""
         env = os.environ if environ is None else environ
         changes: dict[str, Any] = {}
         if "KILN_OPT_LEVEL" in env:
             changes["opt_level"] = int(env["KILN_OPT_LEVEL"])
-        for name in ("debug", "strict", "pet", "fast_math"):
+        for name in ("debug", "strict", "pet", "fast_math", "check_outputs"):
             key = f"KILN_{name.upper()}"
             if key in env:
                 changes[name] = env[key].strip().lower() in ("1", "true", "yes", "on")

@@ -1,6 +1,7 @@
 """kiln.compile compares the compiled model with the model on the example inputs: a capture
 that differs from the model, or a wrong compiled graph, runs the model eagerly with a
-warning that says which; random models are not compared; the comparison itself."""
+warning that says which; random models are not compared; real models compare equal; the
+comparison itself. (The suite turns the comparison off elsewhere: tests/conftest.py.)"""
 
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from kiln.frontend import agreement
 from kiln.frontend.agreement import Disagreement, disagreement, draws_random
 from kiln.frontend.dynamo import kiln_backend
 from kiln.frontend.export import capture
+from kiln.models import build
 from kiln.report import CompileReport
+
+CHECKED = kiln.Options(check_outputs=True)
 
 
 class CapturedOtherwise(nn.Module):
@@ -34,14 +38,14 @@ class CapturedOtherwise(nn.Module):
 def test_a_capture_that_differs_from_the_model_runs_it_eagerly(caplog) -> None:
     x = torch.randn(3, 8)
     with caplog.at_level("WARNING", logger="kiln"):
-        compiled = kiln.compile(CapturedOtherwise(), (x,))
+        compiled = kiln.compile(CapturedOtherwise(), (x,), CHECKED)
     torch.testing.assert_close(compiled(x), torch.tanh(x))
     (fallback,) = compiled.report.fallbacks
     assert "disagrees with the model on the example inputs" in fallback
     assert "the capture differs from the model" in fallback and "runs eagerly" in fallback
     assert any("runs eagerly" in r.getMessage() for r in caplog.records)
     with pytest.raises(Disagreement, match="CapturedOtherwise disagrees .* the capture differs"):
-        kiln.compile(CapturedOtherwise(), (x,), kiln.Options(strict=True))
+        kiln.compile(CapturedOtherwise(), (x,), kiln.Options(strict=True, check_outputs=True))
 
 
 @pytest.fixture
@@ -59,7 +63,7 @@ def test_a_wrong_compiled_graph_is_called_a_kiln_bug(off_by_one) -> None:  # noq
     """Its first call runs the captured graph too; from then on that graph runs instead."""
     x = torch.randn(3, 8)
     linear = nn.Linear(8, 4)
-    compiled = kiln.compile(linear, (x,))
+    compiled = kiln.compile(linear, (x,), CHECKED)
     (fallback,) = compiled.report.fallbacks
     assert "compiled graph disagrees with the graph it was given" in fallback
     assert "a kiln bug" in fallback
@@ -67,7 +71,7 @@ def test_a_wrong_compiled_graph_is_called_a_kiln_bug(off_by_one) -> None:  # noq
         for _ in range(2):
             torch.testing.assert_close(compiled(x), linear(x))
     with pytest.raises(Disagreement, match="a kiln bug"):
-        kiln.compile(linear, (x,), kiln.Options(strict=True))
+        kiln.compile(linear, (x,), kiln.Options(strict=True, check_outputs=True))
 
 
 def test_torch_compile_checks_each_graph_s_first_call(off_by_one) -> None:  # noqa: ANN001
@@ -75,8 +79,8 @@ def test_torch_compile_checks_each_graph_s_first_call(off_by_one) -> None:  # no
     compiled again for each)."""
     report = CompileReport()
     linear = nn.Linear(8, 4)
-    fast = torch.compile(linear, backend=functools.partial(kiln_backend, report=report),
-                         dynamic=True)
+    fast = torch.compile(linear, backend=functools.partial(kiln_backend, report=report,
+                                                           options=CHECKED), dynamic=True)
     with torch.no_grad():
         for rows in (3, 5, 5):
             x = torch.randn(rows, 8)
@@ -95,7 +99,7 @@ def test_an_agreeing_model_costs_one_extra_call_and_no_fallback() -> None:
             return F.gelu(x) * 3
 
     x = torch.randn(4, 16)
-    checked = kiln.compile(Counted(), (x,))
+    checked = kiln.compile(Counted(), (x,), CHECKED)
     assert not checked.report.fallbacks and len(calls) == 1
     calls.clear()
     kiln.compile(Counted(), (x,), kiln.Options(check_outputs=False))
@@ -109,9 +113,27 @@ def test_a_model_that_draws_random_numbers_is_not_compared() -> None:
 
     x = torch.zeros(2, 5)
     state = torch.get_rng_state()
-    compiled = kiln.compile(Noisy(), (x,))
+    compiled = kiln.compile(Noisy(), (x,), CHECKED)
     assert not compiled.report.fallbacks
     assert torch.equal(torch.get_rng_state(), state)  # (no extra draw by the model)
+
+
+@pytest.mark.parametrize("name", ["resnet18", "mobilenet_v2", "gpt2", "hf_bert",
+                                  "hf_llama_decode"])
+def test_real_models_agree(name: str) -> None:
+    """No false alarm: the quick zoo and HF models compile to graphs that agree with them,
+    generated kernels and all, through kiln.compile and torch.compile."""
+    torch.manual_seed(0)
+    model, inputs = build(name, quick=True, seed=0)
+    with torch.no_grad():
+        compiled = kiln.compile(model, inputs, CHECKED)
+        assert not compiled.report.fallbacks
+        report = CompileReport()
+        torch._dynamo.reset()
+        fast = torch.compile(model, backend=functools.partial(kiln_backend, report=report,
+                                                               options=CHECKED))
+        fast(*inputs)
+        assert report.graphs and not report.fallbacks
 
 
 def _graph(fn, *inputs: torch.Tensor) -> torch.fx.GraphModule:  # noqa: ANN001
