@@ -60,16 +60,24 @@ def off_by_one(monkeypatch):  # noqa: ANN201
 
 
 def test_a_wrong_compiled_graph_is_called_a_kiln_bug(off_by_one) -> None:  # noqa: ANN001
-    """Its first call runs the captured graph too; from then on that graph runs instead."""
+    """The captured program agrees with the model, kiln's graph does not: the model runs.
+    With sizes left symbolic, each shape's first call also runs the captured graph, and that
+    graph runs from then on."""
     x = torch.randn(3, 8)
     linear = nn.Linear(8, 4)
     compiled = kiln.compile(linear, (x,), CHECKED)
     (fallback,) = compiled.report.fallbacks
+    assert "captured program agrees: a kiln bug" in fallback
+    batch = {0: torch.export.Dim("batch", max=64)}
+    symbolic = kiln.compile(linear, (x,), CHECKED, dynamic_shapes=(batch,))
+    (fallback,) = symbolic.report.fallbacks
     assert "compiled graph disagrees with the graph it was given" in fallback
-    assert "a kiln bug" in fallback
     with torch.no_grad():
-        for _ in range(2):
-            torch.testing.assert_close(compiled(x), linear(x))
+        for rows in (3, 3, 7):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x) if rows == 3 else symbolic(x), linear(x))
+            torch.testing.assert_close(symbolic(x), linear(x))
+    assert len(symbolic.report.fallbacks) == 2  # (7 rows: another compile, checked too)
     with pytest.raises(Disagreement, match="a kiln bug"):
         kiln.compile(linear, (x,), kiln.Options(strict=True, check_outputs=True))
 

@@ -274,7 +274,9 @@ def _compile_exported(model: Callable[..., Any], inputs: tuple[torch.Tensor, ...
     # effect tokens (kiln.ir.calls) come out first; the caller sees only its own outputs
     user_outputs = [i for i, spec in enumerate(outputs) if spec.kind is OutputKind.USER_OUTPUT]
     device = inputs[0].device if inputs else torch.device("cpu")
-    runner = FxGraphRunner(program.graph_module, frozen, options, report, device)
+    # at fixed shapes, `_agrees_with_model` compares the one compile with the model itself
+    runner = FxGraphRunner(program.graph_module, frozen, options, report, device,
+                           compare=dynamic_shapes is not None)
     weights = {i: t for i, (_, t) in frozen.items()}
     n_args = len(program.graph_signature.input_specs)
     spec = program.call_spec.out_spec
