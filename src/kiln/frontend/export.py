@@ -155,7 +155,7 @@ def compile_model(model: Any, example_inputs: Sequence[Any] | None = None,
         run, signature, check = _fall_back(
             f"kiln cannot compile the graph torch.export captured of {name} ({err})",
             model, inputs, options, report, dynamic_shapes)
-    except _Disagrees as failed:  # (neither Dynamo's capture nor kiln's can be trusted here)
+    except _Disagrees as failed:  # (Dynamo may capture what torch.export did: the model runs)
         if options.strict:
             raise Disagreement(failed.describe(name)) from None
         run, signature, check = _eagerly(model, f"{failed.describe(name)}; it runs eagerly",

@@ -6,7 +6,8 @@ called); static graphs compile at once.
 First calls: each compiled graph's first call also runs the graph as given (torch runs it)
 and compares (`kiln.frontend.agreement`); where kiln's results differ, that graph runs as
 given from then on, with a warning: a kiln bug costs speed, never an answer. Graphs that draw
-random numbers, write into their inputs or have effects are not run twice.
+random numbers, write into their inputs or have effects are not run twice. (kiln.compile at
+fixed shapes compares with the model instead: ``compare=False``.)
 Weights: inputs listed in ``frozen`` become constants; if the caller changes one in place
 (an optimizer step, ``load_state_dict``) its version counter moves and the graph recompiles
 with the new values, so results never go stale. A call that passes other tensors in those
