@@ -19,6 +19,7 @@ import collections
 import enum
 import functools
 import logging
+import random
 import re
 import sys
 import time
@@ -27,9 +28,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy
 import torch
 import torch.utils._pytree as pytree
 from torch.testing._internal.common_methods_invocations import op_db
+from torch.testing._internal.common_utils import SEED as OPINFO_SEED
 from torch.testing._internal.opinfo.core import OpInfo, SampleInput
 
 import kiln
@@ -137,8 +140,28 @@ def kiln_converts(op: OpInfo) -> bool:
 
 
 def samples(op: OpInfo, dtype: torch.dtype, every: bool) -> Iterator[SampleInput]:
-    found = op.sample_inputs("cpu", dtype, requires_grad=False)
-    yield from found if every else list(found)[:1]
+    """The op's samples (only the first unless ``every``), as ``op.sample_inputs`` gives them:
+    the generator seeded before each sample as its iterator does (torch's `SEED`, Python's and
+    numpy's too). Not through that iterator: it looks for a unittest test up the stack
+    (``inspect.stack()``, about 0.1 s under pytest), and seeds through ``torch.manual_seed``,
+    which records a stack trace for CUDA's lazy seeding (3 ms a call): two thirds of this
+    file's time, when the first sample was taken from the whole list."""
+    found = iter(op.sample_inputs_func(op, "cpu", dtype, False))
+    while True:
+        _seed(OPINFO_SEED)
+        sample = next(found, None)
+        if sample is None:
+            return
+        yield sample
+        if not every:
+            return
+
+
+def _seed(seed: int) -> None:
+    """`torch.testing._internal.common_utils.set_rng_seed` without CUDA's lazy seeding."""
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    numpy.random.seed(seed)
 
 
 def run_case(op: OpInfo, sample: SampleInput, frontend: str) -> Result | None:
@@ -146,7 +169,7 @@ def run_case(op: OpInfo, sample: SampleInput, frontend: str) -> Result | None:
     module = _Sample(op, sample)
     tensors = module.tensors
     try:
-        torch.manual_seed(SEED)
+        torch.default_generator.manual_seed(SEED)  # (torch.manual_seed: see `samples`)
         expected = module(*tensors)
     except Exception:  # noqa: BLE001 - OpInfo samples that error in eager test error paths
         return None
@@ -159,7 +182,7 @@ def run_case(op: OpInfo, sample: SampleInput, frontend: str) -> Result | None:
     else:
         compiled = kiln.compile(module, tensors, OPTIONS)
         report = compiled.report
-    torch.manual_seed(SEED)
+    torch.default_generator.manual_seed(SEED)  # (torch.manual_seed: see `samples`)
     got = compiled(*tensors)
     try:
         _compare(got, expected)
@@ -206,7 +229,7 @@ def _compare_reduced(module: _Sample, tensors: list[torch.Tensor], got: Any,
     (logit becomes log(x / (1 - x)), three roundings), so kiln and eager may differ by a few
     units in the last place. There kiln must be as close to a float64 run as eager is."""
     wide = [t.double() if t.dtype in REDUCED else t for t in tensors]
-    torch.manual_seed(SEED)
+    torch.default_generator.manual_seed(SEED)  # (torch.manual_seed: see `samples`)
     reference = pytree.tree_leaves(module(*wide))
     for g, e, r in zip(pytree.tree_leaves(got), pytree.tree_leaves(expected), reference):
         if not isinstance(g, torch.Tensor) or g.dtype not in REDUCED:
