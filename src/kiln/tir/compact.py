@@ -27,6 +27,7 @@ from kiln.tir.primitives.common import (
     accesses,
     find_loop,
     region_under,
+    touches,
     walk_with_path,
 )
 from kiln.tir.visit import iter_stmts, map_stmt, replace_buffer, replace_node
@@ -41,7 +42,7 @@ def compact_buffers(func: PrimFunc) -> PrimFunc:
 
 def _innermost_common_loop(func: PrimFunc, buf: Buffer) -> tuple[For, list[For]] | None:
     users = [loc for loc in walk_with_path(func.body)
-             if isinstance(loc.stmt, Block) and accesses(loc.stmt, buf)]
+             if isinstance(loc.stmt, Block) and touches(loc.stmt, buf)]
     if not users:
         return None
     common: list[Stmt] = []

@@ -103,23 +103,44 @@ def loop_vars_of_kind(block: Block, kind: IterKind) -> set[Var]:
     return found
 
 
-def accesses(stmt: Stmt, buffer: Buffer) -> list[tuple[Block, tuple[Expr, ...], bool]]:
+Access = tuple[Block, tuple[Expr, ...], bool]
+
+
+def accesses(stmt: Stmt, buffer: Buffer) -> list[Access]:
     """Every access of ``buffer`` under ``stmt`` as (block, indices in loop vars, is_write)."""
-    found = []
+    return accesses_of(stmt, {buffer}).get(buffer, [])
+
+
+def accesses_of(stmt: Stmt, buffers: set[Buffer]) -> dict[Buffer, list[Access]]:
+    """`accesses` of each of ``buffers`` (those accessed), in one walk of ``stmt``: the
+    per-buffer walks of a kernel's every temporary were most of its scheduling time."""
+    found: dict[Buffer, list[Access]] = {}
     for block in blocks_under(stmt):
         mapping = binding_map(block)
         for part in (block.init, block.body):
             if part is None:
                 continue
             for s in stores_of(part):
-                if s.buffer == buffer:
-                    found.append((block, tuple(substitute(i, mapping) for i in s.indices),
-                                  True))
+                if s.buffer in buffers:
+                    found.setdefault(s.buffer, []).append(
+                        (block, tuple(substitute(i, mapping) for i in s.indices), True))
             for e in all_exprs(part):
-                if isinstance(e, Load) and e.buffer == buffer:
-                    found.append((block, tuple(substitute(i, mapping) for i in e.indices),
-                                  False))
+                if isinstance(e, Load) and e.buffer in buffers:
+                    found.setdefault(e.buffer, []).append(
+                        (block, tuple(substitute(i, mapping) for i in e.indices), False))
     return found
+
+
+def touches(block: Block, buffer: Buffer) -> bool:
+    """Whether ``block`` reads or writes ``buffer``."""
+    for part in (block.init, block.body):
+        if part is None:
+            continue
+        if any(s.buffer == buffer for s in stores_of(part)):
+            return True
+        if any(isinstance(e, Load) and e.buffer == buffer for e in all_exprs(part)):
+            return True
+    return False
 
 
 def loop_ranges(stmt: Stmt) -> dict[Var, Interval]:
@@ -172,12 +193,13 @@ def region_under(loop: For, outer: Sequence[For], index_lists: Sequence[tuple[Ex
     """The box covering ``index_lists`` for one iteration of the ``outer`` loops (which
     include ``loop``), inner loops ranging fully."""
     inner = loop_ranges(loop.body)
+    lowest = {v: _zero(v) for v in inner}
     rank = len(index_lists[0])
     starts, extents = [], []
     for d in range(rank):
         exprs = [simplify(idx[d]) for idx in index_lists]
         # the start: each index with inner loop vars at their lowest value
-        candidates = [simplify(substitute(e, {v: _zero(v) for v in inner})) for e in exprs]
+        candidates = [simplify(substitute(e, lowest)) for e in exprs]
         start = candidates[0]
         if any(c != start for c in candidates[1:]):
             raise ScheduleError(f"{what}: the accesses along dimension {d} do not start at the "

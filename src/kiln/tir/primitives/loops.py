@@ -32,6 +32,7 @@ from kiln.tir.nodes import (
 from kiln.tir.primitives.common import (
     ScheduleError,
     accesses,
+    accesses_of,
     blocks_under,
     find_loop,
     loop_ranges,
@@ -215,11 +216,13 @@ def _private_temps(func: PrimFunc, for_: For, outer: list[For]) -> set:
     """Temporaries that each iteration writes before reading and touches only under the loop:
     buffer compaction allocates them per iteration, so iterations do not share them."""
     found = set()
-    for s in _stmts_below_func(func):
-        if not isinstance(s, Allocate):
-            continue
-        under = accesses(for_, s.buffer)
-        if not under or len(under) != len(accesses(func.body, s.buffer)):
+    temps = [s.buffer for s in _stmts_below_func(func) if isinstance(s, Allocate)]
+    if not temps:
+        return found
+    under_loop, anywhere = accesses_of(for_, set(temps)), accesses_of(func.body, set(temps))
+    for temp in temps:
+        under = under_loop.get(temp, [])
+        if not under or len(under) != len(anywhere.get(temp, [])):
             continue
         reads = [idx for _, idx, w in under if not w]
         writes = [idx for _, idx, w in under if w]
@@ -231,7 +234,7 @@ def _private_temps(func: PrimFunc, for_: For, outer: list[For]) -> set:
         except ScheduleError:
             continue
         if w.starts == r.starts and all(a >= b for a, b in zip(w.extents, r.extents)):
-            found.add(s.buffer)
+            found.add(temp)
     return found
 
 
