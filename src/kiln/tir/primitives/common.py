@@ -112,8 +112,8 @@ def accesses(stmt: Stmt, buffer: Buffer) -> list[Access]:
 
 
 def accesses_of(stmt: Stmt, buffers: set[Buffer]) -> dict[Buffer, list[Access]]:
-    """`accesses` of each of ``buffers`` (those accessed), in one walk of ``stmt``: the
-    per-buffer walks of a kernel's every temporary were most of its scheduling time."""
+    """`accesses` of each of ``buffers`` (those accessed), in one walk of ``stmt``: a loop's
+    check for private temporaries walked the kernel twice per temporary."""
     found: dict[Buffer, list[Access]] = {}
     for block in blocks_under(stmt):
         mapping = binding_map(block)
