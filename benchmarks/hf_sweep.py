@@ -269,7 +269,9 @@ def _input_plans(model: nn.Module) -> Iterator[list[str]]:
     required = [n for n, p in params.items() if p.default is inspect.Parameter.empty
                 and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     main = getattr(model, "main_input_name", "input_ids")
-    names = [main, *required]
+    # a name, or (OneFormer) a list of them
+    mains = [main] if isinstance(main, str) else list(main)
+    names = [*mains, *required]
     if main == "input_ids":
         names += [n for n in ("attention_mask", "bbox") if n in params]
     names += [n for n in ("decoder_input_ids",) if n in params]
