@@ -12,7 +12,8 @@ import torch
 import torch.nn as nn
 
 from kiln.ir import parse_graph
-from kiln.ir.shared import packed, shared
+from kiln.ir import shared as shared_module
+from kiln.ir.shared import all_finite, packed, shared
 from kiln.kernels import gemm
 from kiln.kernels.gemm_schedule import pack_b
 from kiln.passes.fold import fold_constants
@@ -29,6 +30,24 @@ def test_the_same_weight_is_packed_once_and_again_after_an_in_place_change():
     again = packed(pack_b, w.t(), 16)
     assert again is not first
     torch.testing.assert_close(again, pack_b(w.t(), 16))
+
+
+def test_finiteness_is_asked_once_per_weight_and_again_after_an_in_place_change(monkeypatch):
+    asked = []
+    isfinite = torch.isfinite
+    monkeypatch.setattr(shared_module.torch, "isfinite",
+                        lambda t: asked.append(t) or isfinite(t))
+    w = torch.randn(8, 3)
+    assert all_finite(w) and all_finite(w) and len(asked) == 1  # remembered
+    assert all_finite(w.t()) and len(asked) == 2  # (other strides: asked)
+    with torch.no_grad():
+        w[2, 1] = float("inf")
+    assert not all_finite(w) and len(asked) == 3  # the version changed: asked again
+    assert not all_finite(w.t()) and not all_finite(w) and len(asked) == 4
+    assert not all_finite(torch.tensor([1.0, float("nan")])) and len(asked) == 5
+    with torch.inference_mode():
+        frozen = torch.ones(3)  # no version counter: asked every time
+    assert all_finite(frozen) and all_finite(frozen) and len(asked) == 7
 
 
 def test_numbers_are_told_apart_by_their_text():

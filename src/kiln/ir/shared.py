@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["packed", "shared"]
+__all__ = ["all_finite", "packed", "shared"]
 
 Made = TypeVar("Made", torch.Tensor, tuple[torch.Tensor, ...], list[torch.Tensor])
 # the owners' refs, the results' refs, and what held them (None: a lone tensor)
@@ -37,6 +37,9 @@ _MADE: dict[Hashable, _Entry] = {}
 # v3, compiled a third time in one process: 1.7 s of 5.5 sweeping ~900 times)
 _SWEEP_FROM = 256
 _sweep_at = _SWEEP_FROM
+# `all_finite`'s answers by the same key, with their owner's ref; swept the same way
+_FINITE: dict[Hashable, tuple[weakref.ref[torch.Tensor], bool]] = {}
+_finite_sweep_at = _SWEEP_FROM
 
 
 def shared(recipe: Hashable, sources: Sequence[Any], make: Callable[[], Made]) -> Made:
@@ -67,6 +70,27 @@ def packed(pack: Callable[..., torch.Tensor], weight: torch.Tensor, *params: Any
            ) -> torch.Tensor:
     """``pack(weight, *params)`` (a kernel's weight layout), shared as `shared` says."""
     return shared(pack, (weight, *params), lambda: pack(weight, *params))
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """``torch.isfinite(t).all()``, remembered per tensor by `shared`'s key (the same memory,
+    shape, strides, dtype and version, the owner still alive): the layout pass, the
+    padding fold and the direct-convolution and library refusals each ask it of the same
+    weights, several times a compile."""
+    key = _key(all_finite, (t,))
+    owner = _owner(t)
+    found = _FINITE.get(key) if key is not None else None
+    if found is not None and found[0]() is owner:
+        return found[1]
+    answer = bool(torch.isfinite(t).all())
+    if key is not None:
+        global _finite_sweep_at
+        if len(_FINITE) >= _finite_sweep_at:
+            for k in [k for k, (r, _) in list(_FINITE.items()) if r() is None]:
+                _FINITE.pop(k, None)
+            _finite_sweep_at = max(_SWEEP_FROM, 2 * len(_FINITE))
+        _FINITE[key] = (weakref.ref(owner), answer)
+    return answer
 
 
 def _owner(t: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,7 @@ from kiln.codegen.isa import target_isa
 from kiln.ir.attrs import ConvActAttrs, ConvAttrs, PadAttrs
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
-from kiln.ir.shared import packed
+from kiln.ir.shared import all_finite, packed
 from kiln.ir.types import DType
 from kiln.kernels.build import checked_candidate
 from kiln.kernels.checks import Checks
@@ -145,7 +145,7 @@ def direct_refusal(graph: Graph, node: Node, weight_dims: tuple[int, int],
         return f"a weight that is not a constant [{weight_dims[0]}, {weight_dims[1]}, KH, KW]"
     if any(d == 0 for d in (*x.type.shape, *node.type.shape)):
         return "an empty tensor"
-    if not bool(torch.isfinite(graph.constant(w.node)).all()):
+    if not all_finite(graph.constant(w.node)):
         return "non-finite weights (the padding would meet them)"
     nhwc = channels_last_values(graph) if nhwc is None else nhwc
     if x not in nhwc:

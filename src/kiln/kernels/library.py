@@ -30,6 +30,7 @@ from kiln.ir.attrs import AddmmActAttrs, AddmmAttrs, ConvActAttrs, ConvAttrs
 from kiln.ir.fused import ACTIVATIONS, apply_activation
 from kiln.ir.graph import Graph, Node, Value
 from kiln.ir.ops import Op
+from kiln.ir.shared import all_finite
 from kiln.ir.types import DType
 from kiln.kernels.checks import Checks
 from kiln.kernels.outcome import Built, Skipped, SkipReason
@@ -124,7 +125,7 @@ def _variant(graph: Graph, node: Node) -> Variant | None:
         w = node.inputs[1]
         if w.node.op is not Op.CONSTANT or len(w.type.shape) != 4:
             return None
-        if not bool(torch.isfinite(graph.constant(w.node)).all()):
+        if not all_finite(graph.constant(w.node)):
             return None  # 0 * inf: oneDNN and ATen make NaN of different elements
         if node.op is Op.CONVOLUTION and (node.attrs.transposed  # type: ignore[attr-defined]
                                           or len(node.inputs[0].type.shape) != 4):

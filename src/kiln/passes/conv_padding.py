@@ -23,10 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.ops import Op
+from kiln.ir.shared import all_finite
 from kiln.options import Options
 from kiln.passes.layout import CONVS, weight_only
 
@@ -67,4 +66,4 @@ def _foldable(graph: Graph, node: Node) -> bool:
     if len(padded.inputs[0].type.shape) != 4:
         return False
     weight = weight_only(graph, node.inputs[1])
-    return weight is not None and bool(torch.isfinite(weight).all())
+    return weight is not None and all_finite(weight)

@@ -35,6 +35,7 @@ from kiln.ir.graph import Graph, Node, Value, transform
 from kiln.ir.infer import META
 from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op, OpGroup
+from kiln.ir.shared import all_finite
 from kiln.options import Options
 from kiln.rules.movement import dense_result
 
@@ -92,7 +93,7 @@ def _pads_nonfinite(node: Node, graph: Graph) -> bool:
     weight = weight_only(graph, node.inputs[1])
     if weight is None:
         return True  # values known only at run time
-    return not bool(torch.isfinite(weight).all())
+    return not all_finite(weight)
 
 
 _NOT_CONSTANT = object()
