@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from kiln.ir.graph import Node
+from kiln.ir.memory import in_memory_order
 from kiln.ir.ops import Op
 
 aten = torch.ops.aten
@@ -112,8 +113,8 @@ def _fused_attention_is_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     169-187; 12 x 1500: 32.2 -> 28.4-28.9 ms, SDPA alone 27.7)."""
     if not (q.numel() and k.numel() and v.numel()) or (mask is not None and not mask.numel()):
         return False
-    stats = [*torch.aminmax(_in_memory_order(q)), *torch.aminmax(_in_memory_order(k)),
-             *torch.aminmax(_in_memory_order(v))]
+    stats = [*torch.aminmax(in_memory_order(q)), *torch.aminmax(in_memory_order(k)),
+             *torch.aminmax(in_memory_order(v))]
     if mask is not None and mask.dtype == torch.bool:  # adds nothing to the bound; the log
         # of whether every row attends a key is -inf where one does not, as a float row is
         stats += [torch.zeros((), dtype=q.dtype), mask.any(-1).all().to(q.dtype).log()]
@@ -129,16 +130,6 @@ def _fused_attention_is_exact(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             return False
         bound += max(top, 0.0)
     return bound < _SCORE_BOUND
-
-
-def _in_memory_order(x: torch.Tensor) -> torch.Tensor:
-    """``x`` with its dims permuted into the order of its strides, where that makes it
-    contiguous (heads split out of a projection and transposed: [B, L, H, E] again), so that
-    a reduction over all of it reads memory in order: aminmax of Llama's Q, K and V at 1024
-    tokens (2 threads) 486 -> 89 us. Otherwise ``x`` itself."""
-    order = sorted(range(x.dim()), key=lambda d: -x.stride(d))
-    laid = x.permute(order)
-    return laid if laid.is_contiguous() else x
 
 
 @attention.register_fake

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from kiln.ir.memory import in_memory_order
+
 __all__ = ["all_finite", "packed", "shared"]
 
 Made = TypeVar("Made", torch.Tensor, tuple[torch.Tensor, ...], list[torch.Tensor])
@@ -82,7 +84,7 @@ def all_finite(t: torch.Tensor) -> bool:
     found = _FINITE.get(key) if key is not None else None
     if found is not None and found[0]() is owner:
         return found[1]
-    answer = bool(torch.isfinite(t).all())
+    answer = bool(torch.isfinite(in_memory_order(t)).all())
     if key is not None:
         global _finite_sweep_at
         if len(_FINITE) >= _finite_sweep_at:

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from kiln.ir.graph import Graph, Node
+from kiln.ir.memory import in_memory_order
 from kiln.ir.ops import Op
 from kiln.kernels.decide import Decisions, decision_key, digest
 from kiln.kernels.outcome import Built
@@ -81,9 +82,9 @@ def weight_key(tensor: torch.Tensor) -> str:
     if tensor.numel() == 0:
         return layout
     if tensor.dtype.is_floating_point:
-        # (one pass, no temporary; a NaN makes both NaN, so the comparison fails for NaN
-        # and inf alike; 13 ms for GPT-2's 154 MB embedding, its digest 118)
-        low, high = torch.aminmax(tensor)
+        # (one pass in memory order, no temporary; a NaN makes both NaN, so the comparison
+        # fails for NaN and inf alike; 13 ms for GPT-2's 154 MB embedding, its digest 118)
+        low, high = torch.aminmax(in_memory_order(tensor))
         if -ORDINARY_BOUND <= float(low) and float(high) <= ORDINARY_BOUND:
             return layout
     return f"{layout} {weight_digest(tensor)}"
