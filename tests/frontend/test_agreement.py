@@ -173,6 +173,18 @@ def test_disagreement_of_floats_scales_with_the_output() -> None:
     assert disagreement(ref, ref.double()) == "the output: float64[64, 64] where the model's " \
                                               "is float32[64, 64]"
     assert disagreement(ref, ref[:-1]) is not None
+    # values at the top of float32: the difference overflows, and still disagrees
+    top = torch.tensor([3e38, 1.0])
+    assert "largest difference inf" in disagreement(top, -top)
+    assert disagreement(top, top.clone()) is None
+    # narrow floats are compared widened: bfloat16 steps of 1/128 near 1 are within 1e-3 of
+    # a largest value of 100, a step near 100 is not
+    wide = torch.tensor([1.0, 100.0], dtype=torch.bfloat16)
+    assert disagreement(wide, wide + torch.tensor([2 ** -7, 0.0], dtype=torch.bfloat16)) is None
+    assert disagreement(wide, wide + torch.tensor([0.0, 0.5], dtype=torch.bfloat16)) is not None
+    # a transposed output, and an empty one
+    assert disagreement(ref.t(), ref.t().contiguous()) is None
+    assert disagreement(torch.empty(0, 3), torch.empty(0, 3)) is None
 
 
 def test_disagreement_of_special_values_integers_and_structure() -> None:

@@ -31,6 +31,9 @@ __all__ = ["ATOL", "RTOL", "Disagreement", "disagreement", "draws_random"]
 # magnitude, plus ATOL
 RTOL = 1e-3
 ATOL = 1e-5
+# float types compared in their own precision (a float32 difference's rounding, 2^-24 of
+# it, is far below RTOL); narrower ones are widened to float64 first
+_WIDE = (torch.float32, torch.float64)
 
 
 class Disagreement(RuntimeError):
@@ -108,7 +111,19 @@ def _tensor_disagreement(e: torch.Tensor, g: torch.Tensor) -> str | None:
     if not e.is_floating_point():
         differ = int((e != g).sum())
         return f"{differ} of {e.numel()} values differ" if differ else None
-    e, g = e.detach().double(), g.detach().double()
+    e, g = e.detach(), g.detach()
+    if e.dtype not in _WIDE:  # (half and bfloat16: differences taken exactly)
+        e, g = e.double(), g.double()
+    if not e.numel():
+        return None
+    # both finite everywhere (aminmax gives NaN for a NaN, an infinity for one): the largest
+    # value and difference in three passes without a mask, where the general path below
+    # makes about a dozen in float64 (GPT-2's 128 x 50257 logits: 0.2-0.4 s of a compile)
+    e_low, e_high, g_low, g_high = torch.stack([*torch.aminmax(e), *torch.aminmax(g)]).tolist()
+    if all(math.isfinite(x) for x in (e_low, e_high, g_low, g_high)):
+        d_low, d_high = torch.aminmax(e - g)  # (an overflow is an infinity: a disagreement)
+        return _too_far(max(-d_low.item(), d_high.item()), max(-e_low, e_high))
+    e, g = e.double(), g.double()
     finite = torch.isfinite(e)
     # NaN where the model has NaN, each infinity where the model has it (with its sign)
     same_special = torch.where(finite, torch.isfinite(g),
@@ -118,8 +133,11 @@ def _tensor_disagreement(e: torch.Tensor, g: torch.Tensor) -> str | None:
         return f"NaN or infinity at {count} of {e.numel()} positions where the model's differ"
     if not bool(finite.any()):
         return None
-    scale = float(e[finite].abs().max())
-    error = float((e - g)[finite].abs().max())
+    return _too_far(float((e - g)[finite].abs().max()), float(e[finite].abs().max()))
+
+
+def _too_far(error: float, scale: float) -> str | None:
+    """The finite values' verdict: the largest difference against the largest magnitude."""
     if error > RTOL * scale + ATOL or math.isnan(error):
         return f"largest difference {error:.3g} against values up to {scale:.3g}"
     return None
