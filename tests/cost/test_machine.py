@@ -9,7 +9,7 @@ import torch
 
 from kiln.codegen.build import CompilerUnavailable, toolchain
 from kiln.codegen.isa import Isa, target_isa
-from kiln.cost.machine import fma_probe, full_rate_512, probe_source
+from kiln.cost.machine import fma_probe, full_rate_512, probe_source, width_ratio
 from kiln.options import Options
 
 
@@ -93,3 +93,24 @@ def test_full_rate_512_is_measured_once_and_read_back(tmp_path) -> None:  # noqa
     machine._full_rate_512.cache_clear()
     assert full_rate_512(options) is first
     assert json.loads(record.read_text())["full_rate_512"] is first
+
+
+class _FakeProbe:
+    """A probe whose rates are given in turn: a busy machine for the first ones."""
+
+    def __init__(self, name: str, rates: list[float], calls: list[str]) -> None:
+        self.name, self.rates, self.calls = name, list(rates), calls
+
+    def gflops(self, threads: int | None = None, iters: int = 0) -> float:
+        self.calls.append(self.name)
+        return self.rates.pop(0)
+
+
+def test_the_widths_are_measured_in_turns_each_at_its_best() -> None:
+    """Another process busy during the wide probe's first run (half its rate) must not make
+    a full-rate machine look split: the widths take turns, and each keeps its best."""
+    calls: list[str] = []
+    wide = _FakeProbe("wide", [60.0, 120.0, 118.0, 119.0], calls)
+    narrow = _FakeProbe("narrow", [61.0, 60.0, 59.0, 60.5], calls)
+    assert width_ratio(wide, narrow) == 120.0 / 61.0
+    assert calls == ["wide", "narrow"] * 4
