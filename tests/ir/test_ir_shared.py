@@ -50,6 +50,17 @@ def test_finiteness_is_asked_once_per_weight_and_again_after_an_in_place_change(
     assert all_finite(frozen) and all_finite(frozen) and len(asked) == 7
 
 
+def test_finiteness_answers_of_freed_weights_are_swept(monkeypatch):
+    monkeypatch.setattr(shared_module, "_FINITE", {})
+    monkeypatch.setattr(shared_module, "_finite_sweep_at", 3)
+    for _ in range(3):
+        all_finite(torch.randn(5))  # (each freed at once)
+    kept = torch.randn(5)
+    assert all_finite(kept)  # the fourth: a sweep first, the dead three go
+    assert len(shared_module._FINITE) == 1
+    assert shared_module._finite_sweep_at == shared_module._SWEEP_FROM
+
+
 def test_numbers_are_told_apart_by_their_text():
     w = torch.randn(4)
     made = [shared("scale", (w, s), functools.partial(torch.mul, w, s))

@@ -88,9 +88,7 @@ def all_finite(t: torch.Tensor) -> bool:
     if key is not None:
         global _finite_sweep_at
         if len(_FINITE) >= _finite_sweep_at:
-            for k in [k for k, (r, _) in list(_FINITE.items()) if r() is None]:
-                _FINITE.pop(k, None)
-            _finite_sweep_at = max(_SWEEP_FROM, 2 * len(_FINITE))
+            _finite_sweep_at = _swept(_FINITE, lambda entry: entry[0]() is None)
         _FINITE[key] = (weakref.ref(owner), answer)
     return answer
 
@@ -118,12 +116,15 @@ def _key(recipe: Hashable, sources: Sequence[Any]) -> Hashable | None:
 
 
 def _drop_dead() -> None:
-    """Forget the entries whose owner or result is gone, and sweep again when the live ones
-    have doubled. Over a copy of the entries, and tolerant of keys gone meanwhile: another
-    thread may compile at the same time."""
+    """Forget the entries whose owner or result is gone (`_swept`)."""
     global _sweep_at
-    dead = [k for k, (owners, made, _) in list(_MADE.items())
-            if any(r() is None for r in owners) or any(r() is None for r in made)]
-    for k in dead:
-        _MADE.pop(k, None)
-    _sweep_at = max(_SWEEP_FROM, 2 * len(_MADE))
+    _sweep_at = _swept(_MADE, lambda entry: any(r() is None for r in (*entry[0], *entry[1])))
+
+
+def _swept(table: dict[Hashable, Any], dead: Callable[[Any], bool]) -> int:
+    """Forget ``table``'s ``dead`` entries; the size at which to sweep again: when the live
+    ones have doubled. Over a copy of the entries, and tolerant of keys gone meanwhile:
+    another thread may compile at the same time."""
+    for k in [k for k, entry in list(table.items()) if dead(entry)]:
+        table.pop(k, None)
+    return max(_SWEEP_FROM, 2 * len(table))
