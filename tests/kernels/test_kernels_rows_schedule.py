@@ -107,3 +107,20 @@ def test_row_sums_and_means(options: Options, rows: int, n: int, mean: bool) -> 
     kernel(x, out)
     want = x.mean(-1, keepdim=True) if mean else x.sum(-1, keepdim=True)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5, equal_nan=True)
+
+
+def test_softmax_of_widely_spread_rows_flushes_only_its_subnormal_terms(options: Options
+                                                                         ) -> None:
+    """Scores spread over more than 87 give exp terms below the smallest normal float; the
+    kernel makes them 0 (`kiln.tir.te.softmax_exp`: on Intel cores every operation on a
+    subnormal is a microcode assist) and keeps every other term to rounding."""
+    kernel = compile_kernel(fused.softmax_rows(6, 200).func, options)
+    assert isinstance(kernel, CompiledKernel)
+    x = torch.randn(6, 200, generator=torch.Generator().manual_seed(3)) * 40
+    out = torch.full_like(x, math.nan)
+    kernel(x, out)
+    want = torch.softmax(x.double(), -1)
+    tiny = torch.finfo(torch.float32).tiny
+    assert ((want > 0) & (want < tiny)).any()  # (terms a float32 holds only as subnormals)
+    assert not ((out > 0) & (out < tiny)).any()
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=2 * tiny)

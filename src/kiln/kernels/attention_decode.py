@@ -42,9 +42,9 @@ from kiln.kernels.attention_schedule import (
 )
 from kiln.kernels.plan import BoolsAsBytes, Compact, KernelPlan, Recipe
 from kiln.kernels.rows_schedule import LANES, tree_combine
-from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, Unary, UnOp, const, contiguous_strides
+from kiln.tir.nodes import BinOp, CmpOp, Expr, PrimFunc, const, contiguous_strides
 from kiln.tir.schedule import Schedule
-from kiln.tir.te import Builder, cmp, select
+from kiln.tir.te import Builder, cmp, select, softmax_exp
 
 __all__ = ["DECODE_QUERIES", "decode_attention_func", "decode_attention_plan", "decode_shape",
            "decodes"]
@@ -101,8 +101,8 @@ def decode_attention_func(shape: AttentionShape, name: str = "attention") -> Pri
              lambda w, r: k[w[0], kv_head(w[1]), w[3], r[0]] * q[w[0], w[1], w[2], r[0]])
     b.reduce("max", row_max, (n_k,), BinOp.MAX,
              lambda w, r: scaled(w[0], w[1], w[2], r[0]))
-    b.compute("exp", probs, lambda w: Unary(
-        UnOp.EXP, scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[2]]))
+    b.compute("exp", probs, lambda w: softmax_exp(
+        scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[2]]))
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], w[2], r[0]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], w[2], r[0]] * v[w[0], kv_head(w[1]), r[0], w[3]])

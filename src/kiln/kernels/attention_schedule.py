@@ -81,9 +81,9 @@ from kiln.kernels.plan import (
     VersionTails,
     ZeroPadding,
 )
-from kiln.tir.nodes import BinOp, Buffer, CmpOp, Expr, PrimFunc, Scope, Unary, UnOp, const
+from kiln.tir.nodes import BinOp, Buffer, CmpOp, Expr, PrimFunc, Scope, const
 from kiln.tir.schedule import BlockRV, LoopRV, Schedule
-from kiln.tir.te import Builder, cmp, select
+from kiln.tir.te import Builder, cmp, select, softmax_exp
 
 __all__ = ["AttentionConfig", "AttentionShape", "RuntimeMask", "attention_func", "attention_plan",
            "default_attention_config", "divided", "laid_mask", "operand_buffers", "packs_head",
@@ -293,8 +293,8 @@ def attention_func(shape: AttentionShape, name: str = "attention") -> PrimFunc:
     b.reduce("scores", scores, (e,), BinOp.ADD,
              lambda w, r: k[w[0], kv_head(w[1]), w[2], r[0]] * q[w[0], w[1], w[3], r[0]])
     b.reduce("max", row_max, (n_k,), BinOp.MAX, lambda w, r: scaled(w[0], w[1], r[0], w[2]))
-    b.compute("exp", probs, lambda w: Unary(
-        UnOp.EXP, scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[3]]))
+    b.compute("exp", probs, lambda w: softmax_exp(
+        scaled(w[0], w[1], w[2], w[3]) - row_max[w[0], w[1], w[3]]))
     b.reduce("sum", row_sum, (n_k,), BinOp.ADD, lambda w, r: probs[w[0], w[1], r[0], w[2]])
     b.reduce("pv", pv, (n_k,), BinOp.ADD,
              lambda w, r: probs[w[0], w[1], r[0], w[2]] * v[w[0], kv_head(w[1]), r[0], w[3]])

@@ -45,7 +45,7 @@ from kiln.tir.nodes import (
 )
 from kiln.tir.primitives.common import find_block
 from kiln.tir.schedule import Schedule
-from kiln.tir.te import Builder, cmp, select
+from kiln.tir.te import Builder, cmp, select, softmax_exp
 from kiln.tir.trace import Trace
 
 __all__ = ["LANES", "RowKernel", "add_relu", "bias_gelu", "layernorm_rows", "rmsnorm_rows",
@@ -82,7 +82,7 @@ def softmax_rows(rows: int, n: int, name: str = "softmax", lanes: int = LANES) -
     s = b.temp("row_sum", (rows,), F32, Scope.LOCAL)
     inv = b.temp("row_inv", (rows,), F32, Scope.LOCAL)
     b.reduce("max", mx, (n,), BinOp.MAX, lambda v, k: x[v[0], k[0]])
-    b.compute("exp", e, lambda v: Unary(UnOp.EXP, x[v[0], v[1]] - mx[v[0]]))
+    b.compute("exp", e, lambda v: softmax_exp(x[v[0], v[1]] - mx[v[0]]))
     b.reduce("sum", s, (n,), BinOp.ADD, lambda v, k: e[v[0], k[0]])
     b.compute("inv", inv, lambda v: _c(1.0) / s[v[0]])
     b.compute(name, out, lambda v: e[v[0], v[1]] * inv[v[0]])

@@ -9,7 +9,16 @@ from kiln.ir import attrs as A
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op
 from kiln.tir.nodes import BinOp, Buffer, CmpOp, Expr, UnOp, Var, const
-from kiln.tir.te import Builder, NotLowerable, TensorRef, cast, cmp, select, unary
+from kiln.tir.te import (
+    Builder,
+    NotLowerable,
+    TensorRef,
+    cast,
+    cmp,
+    select,
+    softmax_exp,
+    unary,
+)
 
 Index = tuple[Var, ...]
 LowerFn = Callable[[Builder, Node, list[TensorRef], list[Buffer]], None]
@@ -117,13 +126,13 @@ def lower_softmax(b: Builder, node: Node, args: list[TensorRef], outs: list[Buff
     total = b.temp(f"{node.name}_sum", red_shape, out.dtype)
     if node.op is Op.SOFTMAX:
         e = b.temp(f"{node.name}_exp", x.shape, out.dtype)
-        b.compute(f"{node.name}_exp", e, lambda v: unary(UnOp.EXP, x.read(v) - at_max(v)))
+        b.compute(f"{node.name}_exp", e, lambda v: softmax_exp(x.read(v) - at_max(v)))
         reduce_into(b, f"{node.name}_sum", total, TensorRef(x.shape, x.dtype, e), dims, True,
                     BinOp.ADD)
         b.compute(node.name, out, lambda v: e[v] / total[tuple(kept_index(rank, dims, v))])
         return
     reduce_into(b, f"{node.name}_sum", total, x, dims, True, BinOp.ADD,
-                lambda e, idx: unary(UnOp.EXP, e - at_max(idx)))
+                lambda e, idx: softmax_exp(e - at_max(idx)))
     b.compute(node.name, out, lambda v: x.read(v) - at_max(v) - unary(
         UnOp.LOG, total[tuple(kept_index(rank, dims, v))]))
 
