@@ -24,7 +24,6 @@ from kiln.tir import interp
 from kiln.tir.nodes import (
     Allocate,
     BufferStore,
-    Compare,
     For,
     ForKind,
     IfThenElse,
@@ -53,11 +52,8 @@ def _tile_rows(func: PrimFunc) -> list[int]:
 
 
 def _selects(stmt: Stmt) -> int:
-    """The bounds selects in the values ``stmt`` stores (not a test of a float value: the
-    softmax exp's flush of subnormal terms, `kiln.tir.te.softmax_exp`)."""
-    return sum(isinstance(e, Select) and not (isinstance(e.cond, Compare)
-                                              and e.cond.a.dtype.is_floating)
-               for s in iter_stmts(stmt) if isinstance(s, BufferStore)
+    """The selects in the values ``stmt`` stores."""
+    return sum(isinstance(e, Select) for s in iter_stmts(stmt) if isinstance(s, BufferStore)
                for e in iter_exprs(s.value))
 
 

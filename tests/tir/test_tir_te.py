@@ -12,11 +12,11 @@ from kiln.codegen.kernel import CompiledKernel, compile_kernel
 from kiln.ir.types import DType
 from kiln.options import Options
 from kiln.tir.interp import run_torch
-from kiln.tir.nodes import PrimFunc
-from kiln.tir.te import SOFTMAX_FLUSH_BELOW, Builder, softmax_exp
+from kiln.tir.nodes import EXP_FLUSH_BELOW, PrimFunc, UnOp
+from kiln.tir.te import Builder, softmax_exp, unary
 
 # shifted scores as a softmax sees them (at most 0), NaN, and the edges of the flush
-SHIFTED = [0.0, -1.0, -30.0, -86.9, SOFTMAX_FLUSH_BELOW, -87.1, -87.4, -95.0, -103.0, -104.5,
+SHIFTED = [0.0, -1.0, -30.0, -86.9, EXP_FLUSH_BELOW, -87.1, -87.4, -95.0, -103.0, -104.5,
            -1e30, -math.inf, math.nan]
 FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
@@ -29,7 +29,7 @@ def _exp_func(dtype: DType) -> PrimFunc:
 
 
 def _expected(x: torch.Tensor) -> torch.Tensor:
-    return torch.where(x < SOFTMAX_FLUSH_BELOW, torch.zeros_like(x), x.exp())
+    return torch.where(x < EXP_FLUSH_BELOW, torch.zeros_like(x), x.exp())
 
 
 def test_the_softmax_exp_flushes_what_would_be_subnormal_and_keeps_nan() -> None:
@@ -58,3 +58,31 @@ def test_a_double_softmax_exp_is_exp() -> None:
     (got,) = run_torch(_exp_func(DType.F64), [x])
     torch.testing.assert_close(got, x.exp(), equal_nan=True)
     assert 0 < got[7] < 1e-40  # (exp(-95) in double: kept)
+
+
+def test_the_compiled_flushed_exp_is_exp_bit_for_bit_from_the_threshold_up(options: Options
+                                                                          ) -> None:
+    """Over a million random float32 bit patterns (every sign, exponent, NaN, inf): the
+    flushed exp equals kiln's exp exactly at and above `EXP_FLUSH_BELOW` and for NaN, and is
+    +0.0 below it."""
+    n = 1 << 20
+
+    def func(op: UnOp) -> PrimFunc:
+        b = Builder()
+        x, out = b.buffer("x", (n,), DType.F32), b.buffer("out", (n,), DType.F32)
+        b.compute("e", out, lambda v: unary(op, x[v[0]]))
+        return PrimFunc(f"exp_{op.value}", (x,), (out,), b.body())
+
+    flushed, plain = (compile_kernel(func(op), options) for op in (UnOp.EXP_FLUSHED, UnOp.EXP))
+    if not isinstance(flushed, CompiledKernel) or not isinstance(plain, CompiledKernel):
+        pytest.skip("no C compiler")
+    bits = torch.randint(-(2**31), 2**31, (n,), dtype=torch.int64,
+                         generator=torch.Generator().manual_seed(5)).to(torch.int32)
+    x = bits.view(torch.float32)
+    got, want = torch.empty_like(x), torch.empty_like(x)
+    flushed(x, got)
+    plain(x, want)
+    kept = ~(x < EXP_FLUSH_BELOW)  # (NaN included)
+    assert torch.equal(got[kept].view(torch.int32), want[kept].view(torch.int32))
+    assert torch.equal(got[~kept].view(torch.int32), torch.zeros_like(got[~kept]).view(torch.int32))
+    assert (x < EXP_FLUSH_BELOW).sum() > n // 8 and x.isnan().any()

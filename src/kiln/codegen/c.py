@@ -235,6 +235,8 @@ class CRenderer:
                 return f"({one} / ({one} + {exp}(-{operand})))"
             if op is UnOp.EXP:
                 return f"{exp}({arg})"
+            if op is UnOp.EXP_FLUSHED and dtype is DType.F32:
+                return f"kiln_expf_flushed({arg})"
             if op is UnOp.ERF and dtype is DType.F32:
                 return f"kiln_erff({arg})"
             return f"{self._math(_MATH[op], suffix)}({arg})"

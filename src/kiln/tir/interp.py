@@ -22,6 +22,7 @@ import torch
 
 from kiln.ir.types import DType
 from kiln.tir.nodes import (
+    EXP_FLUSH_BELOW,
     Allocate,
     Binary,
     BinOp,
@@ -110,6 +111,7 @@ _UN: dict[UnOp, Callable[[Any], Any]] = {
     UnOp.TANH: np.tanh,
     UnOp.ERF: lambda a: type(a)(math.erf(float(a))),
     UnOp.SIGMOID: _sigmoid,
+    UnOp.EXP_FLUSHED: lambda a: type(a)(0) if a < EXP_FLUSH_BELOW else np.exp(a),
     UnOp.SIN: np.sin,
     UnOp.COS: np.cos,
     UnOp.FLOOR: np.floor,

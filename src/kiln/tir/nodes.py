@@ -34,6 +34,8 @@ Semantics a renderer must keep:
   (indices are non-negative in every program kiln builds, so C's / and % agree there).
 * DIV is true division and only appears on floating dtypes. MIN/MAX propagate NaN, as
   ``torch.minimum``/``torch.maximum`` do. SIGMOID is 1 / (1 + exp(-x)), RSQRT 1 / sqrt(x).
+  EXP_FLUSHED (float32) is exp(x), but 0 where x < `EXP_FLUSH_BELOW` (a softmax's terms:
+  `kiln.tir.te.softmax_exp`).
 * `Select` is lazy: only the chosen side is evaluated (padding reads rely on it).
 * Binary operands have one dtype (lowering inserts `Cast`s); comparisons give BOOL.
 * `Allocate` introduces a buffer that lives for its body: LOCAL scope is a small stack
@@ -107,6 +109,11 @@ class BinOp(enum.Enum):
         return self not in (BinOp.MIN, BinOp.MAX, BinOp.POW)
 
 
+# below this EXP_FLUSHED gives 0: exp(-87) = 1.6e-38, just above the smallest normal float32,
+# and every result from here up is a normal float
+EXP_FLUSH_BELOW = -87.0
+
+
 class UnOp(enum.Enum):
     NEG = "neg"
     ABS = "abs"
@@ -117,6 +124,7 @@ class UnOp(enum.Enum):
     TANH = "tanh"
     ERF = "erf"
     SIGMOID = "sigmoid"
+    EXP_FLUSHED = "exp_flushed"
     SIN = "sin"
     COS = "cos"
     FLOOR = "floor"

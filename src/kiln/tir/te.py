@@ -118,25 +118,16 @@ def select(c: Expr, t: Expr, f: ExprLike) -> Expr:
     return Select(c, t, f if isinstance(f, Expr) else const(f, t.dtype))
 
 
-# below this a softmax's exp term is 0 (float32): exp(-87) = 1.6e-38, just above the smallest
-# normal float; every term from here up is computed as a normal float
-SOFTMAX_FLUSH_BELOW = -87.0
-
-
 def softmax_exp(shifted: Expr) -> Expr:
     """exp of a softmax's score less its row's maximum (at most 0: the row's largest term is
-    exp(0) = 1, and the row's sum at least 1), with the float32 terms below
-    `SOFTMAX_FLUSH_BELOW` flushed to 0. exp's results there are subnormal floats, and on
-    Intel cores each operation on one is a microcode assist: scores spread over more than 87
-    (LeViT's attention biases, sharp attention heads) made a softmax 12x128x128 7x slower
-    (828 against 118 us) and LeViT's subsampling attention 15x. A flushed term is below
-    1.7e-38: it changes the row's sum by nothing and each output by less than that. The
-    argument is clamped first, so no lane computes a subnormal either; NaN stays NaN and
+    exp(0) = 1, and the row's sum at least 1), float32 terms below `EXP_FLUSH_BELOW` given as
+    0 (`UnOp.EXP_FLUSHED`). exp's results there are subnormal floats, and on Intel cores each
+    operation on one is a microcode assist: scores spread over more than 87 (LeViT's
+    attention biases, sharp attention heads) made a softmax 12x128x128 7x slower (828
+    against 118 us) and LeViT's subsampling attention 15x. A flushed term is below 1.7e-38:
+    it changes the row's sum by nothing and each output by less than that. NaN stays NaN and
     -inf (a masked score) gives 0, as exp does. Other types: exp as it is."""
-    if shifted.dtype is not DType.F32:
-        return unary(UnOp.EXP, shifted)
-    return Select(cmp(CmpOp.LT, shifted, SOFTMAX_FLUSH_BELOW), const(0.0, DType.F32),
-                  unary(UnOp.EXP, max_(shifted, SOFTMAX_FLUSH_BELOW)))
+    return unary(UnOp.EXP_FLUSHED if shifted.dtype is DType.F32 else UnOp.EXP, shifted)
 
 
 def all_of(conds: Sequence[Expr]) -> Expr | None:
