@@ -86,3 +86,14 @@ def test_the_compiled_flushed_exp_is_exp_bit_for_bit_from_the_threshold_up(optio
     assert torch.equal(got[kept].view(torch.int32), want[kept].view(torch.int32))
     assert torch.equal(got[~kept].view(torch.int32), torch.zeros_like(got[~kept]).view(torch.int32))
     assert (x < EXP_FLUSH_BELOW).sum() > n // 8 and x.isnan().any()
+
+
+def test_a_flushed_exp_of_another_type_is_refused_by_the_c_renderer() -> None:
+    """softmax_exp makes it for float32 only; a double one is not silently rendered."""
+    from kiln.codegen.c import UnsupportedForC, render_c
+
+    b = Builder()
+    x, out = b.buffer("x", (4,), DType.F64), b.buffer("out", (4,), DType.F64)
+    b.compute("e", out, lambda v: unary(UnOp.EXP_FLUSHED, x[v[0]]))
+    with pytest.raises(UnsupportedForC, match="EXP_FLUSHED on f64"):
+        render_c(PrimFunc("flushed_f64", (x,), (out,), b.body()))

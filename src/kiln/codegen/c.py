@@ -235,7 +235,9 @@ class CRenderer:
                 return f"({one} / ({one} + {exp}(-{operand})))"
             if op is UnOp.EXP:
                 return f"{exp}({arg})"
-            if op is UnOp.EXP_FLUSHED and dtype is DType.F32:
+            if op is UnOp.EXP_FLUSHED:  # (a softmax's float32 terms: kiln.tir.te.softmax_exp)
+                if dtype is not DType.F32:
+                    raise UnsupportedForC(f"{op.name} on {dtype.value}")
                 return f"kiln_expf_flushed({arg})"
             if op is UnOp.ERF and dtype is DType.F32:
                 return f"kiln_erff({arg})"
