@@ -107,12 +107,16 @@ static inline double kiln_min_f64(double a, double b) {
 /* exp with the results below exp(-87) given as 0 (TIR's EXP_FLUSHED, a softmax's terms):
    x < -87 goes to -176, where k = -254 makes both halves of 2^k +0.0, so no lane computes
    a subnormal (on Intel cores a microcode assist each); the same clamps as kiln_expf's
-   otherwise, so from -87 up the same result bit for bit, and NaN stays NaN. The clamp sits
-   behind the barrier: without it gcc computes exp on x itself and blends the constant
-   results in afterwards, subnormals and all (4.0 against 0.4 ns a value over -200..-88) */
+   otherwise, so from -87 up the same result bit for bit, and NaN stays NaN. The clamp's
+   bounds are this file's variables, not constants: where a side of the clamp is a constant,
+   gcc may compute exp on x itself and blend that side's constant result in afterwards,
+   subnormals and all (LeViT's 8x49x196 attention 490 against 214 us; a behind-the-barrier
+   clamp did that in one loop and not in another) */
+float kiln_exp_flush_floor = -176.0f, kiln_exp_ceiling = 89.0f;
 #pragma omp declare simd notinbranch
 static inline __attribute__((always_inline)) float kiln_expf_flushed(float x) {
-  return kiln_expf_of_clamped(KILN_BARRIER(x < -87.0f ? -176.0f : (x > 89.0f ? 89.0f : x)));
+  return kiln_expf_of_clamped(x < -87.0f ? kiln_exp_flush_floor
+                              : (x > 89.0f ? kiln_exp_ceiling : x));
 }
 static inline float kiln_maxc_f32(float a, float b) {
   float m = a > b ? a : b; return KILN_BARRIER(a != a ? a : m);
