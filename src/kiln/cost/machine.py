@@ -142,9 +142,9 @@ FULL_RATE_RATIO = 1.5
 # rounds of `width_ratio`: each width's best rate over them
 RATIO_ROUNDS = 4
 # a ratio strictly between these is neither signature (about 1 split, about 2 full rate):
-# other work took the core from some of the runs (2 of about 40 probes in fresh caches, both
-# while a test suite ran beside them: 1.32 and 1.47, against 1.76-2.05 alone); it answers this
-# process but is not recorded, so the next compile measures again
+# other work took the core from some of the runs (2 of 52 probes in fresh caches on one
+# Xeon: 1.32, and 1.47 while a test suite ran beside it; the others 1.76-2.46); it answers
+# this process but is not recorded, so the next compile measures again
 AMBIGUOUS_RATIOS = (1.25, 1.75)
 
 
