@@ -301,6 +301,18 @@ def _mm_add(e: Example) -> Graph:
     return e.graph(e.op(Op.ADD, y, e.pick(lambda: e.weight((n,)), lambda: e.input((m, n)))))
 
 
+def _addmm_view_residual(e: Example) -> Graph:
+    """view(addmm(b, x, W)) + r, the view to [2, m, n] or [1, 2m, n], the bias a row or a
+    matrix, the residual either operand."""
+    m, k, n = e.dims(3)
+    bias = e.pick(lambda: e.weight((n,)), lambda: e.input((2 * m, n)))
+    y = e.op(Op.ADDMM, bias, e.input((2 * m, k)), _linear_weight(e, k, n),
+             attrs=AddmmAttrs(1, 1))
+    y = e.op(Op.VIEW, y, attrs=ShapeAttrs(e.pick((2, m, n), (1, 2 * m, n))))
+    r = e.input(y.type.shape)
+    return e.graph(e.pick(lambda: e.op(Op.ADD, y, r), lambda: e.op(Op.ADD, r, y)))
+
+
 def _skip_copy(op: Op):
     def build(e: Example) -> Graph:
         m, k, n = e.dims(3)
@@ -529,6 +541,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "broadcast-regroup": _broadcast_regroup,
     "gelu-tanh-idiom": _gelu_tanh_written_out,
     "mm-add-to-addmm": _mm_add,
+    "addmm-view-residual": _addmm_view_residual,
     "mm-skip-copy": _skip_copy(Op.MM),
     "addmm-skip-copy": _skip_copy(Op.ADDMM),
     "bmm-skip-copy": _skip_copy(Op.BMM),

@@ -309,3 +309,33 @@ class _Mm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.mm(x, self.w)
+
+
+RESIDUAL_THROUGH_VIEW = """\
+graph(%x: f32[6, 4], %w: f32[4, 5], %b: f32[5], %r: f32[{r}], %w2: f32[5, 3]) {{
+  %m = addmm(%b, %x, %w) {{beta=1, alpha=1}} : f32[6, 5]
+  %v = view(%m) {{shape=(1, 6, 5)}} : f32[1, 6, 5]
+  %s = add(%v, %r) : f32[1, 6, 5]
+  {reader}
+}}"""
+# the sum read by the next GEMM (through a view) and the next residual add, as in LeViT
+_NEXT_BLOCK = """%f = view(%s) {shape=(6, 5)} : f32[6, 5]
+  %n = mm(%f, %w2) : f32[6, 3]
+  %t = add(%s, %s) : f32[1, 6, 5]
+  return %n, %t"""
+_LAYER_NORM = """%g = constant {name='g'} : f32[5]
+  %ln = layer_norm(%s, %g, %g) {normalized_shape=(5,), eps=1e-05} : \
+(f32[1, 6, 5], f32[1, 6, 1], f32[1, 6, 1])
+  return %ln#0"""
+
+
+@pytest.mark.parametrize(("r", "reader", "fires"), [
+    ("1, 6, 5", _NEXT_BLOCK, 1),
+    ("1, 6, 5", _LAYER_NORM, 0),  # the norm's kernel computes the sum (GPT-2's ln(x + attn))
+    ("5", _NEXT_BLOCK, 0),  # a residual that broadcasts is no [M, N] matrix
+])
+def test_a_residual_joins_a_viewed_gemms_bias_where_only_gemms_and_adds_read_the_sum(
+        r: str, reader: str, fires: int) -> None:
+    text = RESIDUAL_THROUGH_VIEW.format(r=r, reader=reader)
+    constants = {"g": torch.ones(5)} if "constant" in reader else None
+    assert _fires("addmm-view-residual", text, constants) == fires
