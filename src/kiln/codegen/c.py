@@ -34,12 +34,20 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from kiln.codegen.c_intrinsics import fma_tile_lines, loop_bound
 from kiln.codegen.c_prelude import PRELUDE
+from kiln.codegen.c_text import (
+    C_TYPES,
+    CMP,
+    INFIX,
+    MATH,
+    VECTOR_MATH,
+    Names,
+    as_operand,
+    unparen,
+)
 from kiln.ir.types import DType
 from kiln.tir.arith import bounds
 from kiln.tir.nodes import (
@@ -50,7 +58,6 @@ from kiln.tir.nodes import (
     Buffer,
     BufferStore,
     Cast,
-    CmpOp,
     Compare,
     Const,
     Expr,
@@ -90,88 +97,13 @@ class UnsupportedForC(NotImplementedError):
     """The program uses something the C renderer cannot express (e.g. f16 arithmetic)."""
 
 
-_C_TYPES = {
-    DType.F64: "double",
-    DType.F32: "float",
-    DType.I64: "int64_t",
-    DType.I32: "int32_t",
-    DType.I16: "int16_t",
-    DType.I8: "int8_t",
-    DType.U8: "uint8_t",
-    DType.BOOL: "bool",
-}
-
-# (op) -> C function for f32; f64 drops the "f" suffix
-_MATH = {
-    UnOp.EXP: "expf",
-    UnOp.LOG: "logf",
-    UnOp.SQRT: "sqrtf",
-    UnOp.TANH: "tanhf",
-    UnOp.ERF: "erff",
-    UnOp.SIN: "sinf",
-    UnOp.COS: "cosf",
-    UnOp.FLOOR: "floorf",
-    UnOp.CEIL: "ceilf",
-    UnOp.ABS: "fabsf",
-}
-# glibc's libmvec has SIMD versions of these: (name, C type, arity)
-_VECTOR_MATH = tuple((name + suffix, ctype, 2 if name == "pow" else 1)
-                     for suffix, ctype in (("f", "float"), ("", "double"))
-                     for name in ("exp", "log", "tanh", "erf", "sin", "cos", "pow"))
-
-_INFIX = {
-    BinOp.ADD: "+",
-    BinOp.SUB: "-",
-    BinOp.MUL: "*",
-    BinOp.DIV: "/",
-    BinOp.AND: "&&",
-    BinOp.OR: "||",
-}
-_CMP = {CmpOp.EQ: "==", CmpOp.NE: "!=", CmpOp.LT: "<", CmpOp.LE: "<=", CmpOp.GT: ">",
-        CmpOp.GE: ">="}
-
-_RESERVED = frozenset("""
-auto break case char const continue default do double else enum extern float for goto if
-inline int long register restrict return short signed sizeof static struct switch typedef
-union unsigned void volatile while bool true false int64_t int32_t int16_t int8_t uint8_t
-main free malloc aligned_alloc kernel
-div abs labs exp expf exp2 log logf log2 log10 sqrt sqrtf tanh tanhf erf erff sin sinf cos
-cosf tan floor floorf ceil ceilf fabs fabsf pow powf fmod fmodf copysign copysignf round
-trunc fmax fmin fmaxf fminf nan isnan isinf signbit
-""".split())  # C keywords, and libc/libm functions a kernel or its prelude may call
-
-
-@dataclass
-class _Scope:
-    """Per-render state: C names for tir names, buffers in scope, enclosing loop kinds."""
-
-    names: dict[str, str] = field(default_factory=dict)
-    used: set[str] = field(default_factory=set)
-    in_parallel: bool = False
-    ranges: dict[Var, tuple[int, int]] = field(default_factory=dict)  # loop and iter vars
-
-    def name(self, tir_name: str) -> str:
-        if tir_name in self.names:
-            return self.names[tir_name]
-        base = re.sub(r"\W", "_", tir_name) or "v"
-        if base[0].isdigit() or base in _RESERVED or base.startswith("kiln_"):
-            base = f"v_{base}"
-        candidate, n = base, 1
-        while candidate in self.used:
-            n += 1
-            candidate = f"{base}_{n}"
-        self.used.add(candidate)
-        self.names[tir_name] = candidate
-        return candidate
-
-
 class CRenderer:
     """PrimFunc → C source. Each node type has one method; ``_stmt_table``/``_expr_table`` map
     node types to them."""
 
     def __init__(self) -> None:
         self._hoisted = itertools.count()
-        self._expr_table: dict[type, Callable[[Expr, _Scope], str]] = {
+        self._expr_table: dict[type, Callable[[Expr, Names], str]] = {
             Const: self._const,
             Var: self._var,
             Load: self._load,
@@ -181,7 +113,7 @@ class CRenderer:
             Select: self._select,
             Cast: self._cast,
         }
-        self._stmt_table: dict[type, Callable[[Stmt, _Scope], list[str]]] = {
+        self._stmt_table: dict[type, Callable[[Stmt, Names], list[str]]] = {
             SeqStmt: self._seq,
             For: self._for,
             Block: self._block,
@@ -196,14 +128,14 @@ class CRenderer:
 
     def dtype_name(self, dtype: DType) -> str:
         try:
-            return _C_TYPES[dtype]
+            return C_TYPES[dtype]
         except KeyError:
             raise UnsupportedForC(f"no C arithmetic for dtype {dtype.value}") from None
 
     def prologue(self) -> str:
         decls = "\n".join(f"#pragma omp declare simd notinbranch\n"
                           f"{ctype} {name}({', '.join([ctype] * arity)});"
-                          for name, ctype, arity in _VECTOR_MATH)
+                          for name, ctype, arity in VECTOR_MATH)
         return ("#include <math.h>\n#include <stdbool.h>\n#include <stdint.h>\n"
                 "#include <stdlib.h>\n\n"
                 f"#ifdef KILN_LIBMVEC\n{decls}\n#endif\n\n{PRELUDE}")
@@ -220,7 +152,7 @@ class CRenderer:
         return None
 
     def unary_call(self, op: UnOp, dtype: DType, arg: str) -> str:
-        operand = _operand(arg)  # what a prefix operator applies to: -(a + b), not -a + b
+        operand = as_operand(arg)  # what a prefix operator applies to: -(a + b), not -a + b
         if op is UnOp.NEG:
             return f"(-{operand})"
         if op is UnOp.NOT:
@@ -241,7 +173,7 @@ class CRenderer:
                 return f"kiln_expf_flushed({arg})"
             if op is UnOp.ERF and dtype is DType.F32:
                 return f"kiln_erff({arg})"
-            return f"{self._math(_MATH[op], suffix)}({arg})"
+            return f"{self._math(MATH[op], suffix)}({arg})"
         if op is UnOp.ABS:
             return f"({operand} < 0 ? -{operand} : {operand})"
         if op in (UnOp.FLOOR, UnOp.CEIL):
@@ -269,7 +201,7 @@ class CRenderer:
 
     def render(self, func: PrimFunc) -> str:
         self._hoisted = itertools.count()  # names from 0 each time: the text is func's alone
-        scope = _Scope()
+        scope = Names()
         params = []
         for buf in func.params:
             const = "const " if buf in func.inputs and buf not in func.outputs else ""
@@ -283,21 +215,21 @@ class CRenderer:
 
     def entry_name(self, func: PrimFunc) -> str:
         """The C symbol of the kernel (the PrimFunc name, made a valid identifier)."""
-        return _Scope().name(func.name)
+        return Names().name(func.name)
 
     # --- statements ----------------------------------------------------------------------------
 
-    def _stmt(self, stmt: Stmt, scope: _Scope) -> list[str]:
+    def _stmt(self, stmt: Stmt, scope: Names) -> list[str]:
         try:
             method = self._stmt_table[type(stmt)]
         except KeyError:
             raise UnsupportedForC(f"no C for statement {type(stmt).__name__}") from None
         return method(stmt, scope)
 
-    def _seq(self, stmt: SeqStmt, scope: _Scope) -> list[str]:
+    def _seq(self, stmt: SeqStmt, scope: Names) -> list[str]:
         return [line for s in stmt.stmts for line in self._stmt(s, scope)]
 
-    def _for(self, loop: For, scope: _Scope) -> list[str]:
+    def _for(self, loop: For, scope: Names) -> list[str]:
         if loop.extent == 0:
             return []
         kind = loop.kind
@@ -320,10 +252,10 @@ class CRenderer:
             lines.append(pragma)
         inner_scope = scope
         if kind.is_parallel:
-            inner_scope = _Scope(scope.names, scope.used, in_parallel=True,
+            inner_scope = Names(scope.names, scope.used, in_parallel=True,
                                  ranges=scope.ranges)
         for depth, level in enumerate(nest):
-            bound = loop_bound(level, lambda e: _strip(self._expr(e, scope)))
+            bound = loop_bound(level, lambda e: unparen(self._expr(e, scope)))
             scope.ranges[level.var] = (0, level.extent - 1)
             var = scope.name(level.var.name)
             lines.append(INDENT * depth + f"for (int64_t {var} = 0; {var} < {bound}; "
@@ -334,14 +266,14 @@ class CRenderer:
             lines.append(INDENT * depth + "}")
         return lines
 
-    def _block(self, block: Block, scope: _Scope) -> list[str]:
+    def _block(self, block: Block, scope: Names) -> list[str]:
         lines = [f"{{  /* block {block.name} */"]
         # (rendered before the iter var ranges are known: the predicate is what keeps them)
-        pred = None if block.predicate is None else _strip(self._expr(block.predicate, scope))
+        pred = None if block.predicate is None else unparen(self._expr(block.predicate, scope))
         for iv, binding in zip(block.iter_vars, block.bindings):
             scope.ranges[iv.var] = (0, iv.extent - 1)  # (the body runs inside the domain)
             lines.append(f"{INDENT}const int64_t {scope.name(iv.var.name)} = "
-                         f"{_strip(self._expr(binding, scope))};")
+                         f"{unparen(self._expr(binding, scope))};")
         inner: list[str] = []
         if block.init is not None:
             reduce_vars = [scope.name(iv.var.name) for iv in block.iter_vars
@@ -359,18 +291,18 @@ class CRenderer:
         lines.append("}")
         return lines
 
-    def _store(self, stmt: BufferStore, scope: _Scope) -> list[str]:
+    def _store(self, stmt: BufferStore, scope: Names) -> list[str]:
         target = self._index(stmt.buffer, stmt.indices, scope)
-        return [f"{target} = {_strip(self._expr(stmt.value, scope))};"]
+        return [f"{target} = {unparen(self._expr(stmt.value, scope))};"]
 
-    def _prefetch(self, stmt: Prefetch, scope: _Scope) -> list[str]:
+    def _prefetch(self, stmt: Prefetch, scope: Names) -> list[str]:
         """One read prefetch per cache line, into the caches its locality names."""
         first = self._index(stmt.buffer, stmt.indices, scope)
         per_line = max(1, 64 // stmt.buffer.dtype.itemsize)
         return [f"__builtin_prefetch(&{first}{f' + {i * per_line}' if i else ''}, 0, "
                 f"{stmt.locality});" for i in range(stmt.lines)]
 
-    def _tensorized(self, stmt: Tensorized, scope: _Scope) -> list[str]:
+    def _tensorized(self, stmt: Tensorized, scope: Names) -> list[str]:
         """The intrinsic's micro-kernel (`kiln.codegen.c_intrinsics`); a loop that no longer
         matches its description (a rewrite after tensorize) renders as the loop it is, and
         an init or write-back nest that no longer matches its tile as the nest it is."""
@@ -385,11 +317,11 @@ class CRenderer:
             scope.ranges[loop.var] = (0, loop.extent - 1)
         return head + fma_tile_lines(
             tile, stmt.lanes, access=lambda ld: self._load(ld, scope),
-            expr=lambda e: _strip(self._expr(e, scope)),
+            expr=lambda e: unparen(self._expr(e, scope)),
             stmt=lambda s: self._stmt(s, scope), name=scope.name,
             prefix=f"fma{next(self._hoisted)}_", write_back=back, init=init) + rest
 
-    def _allocate(self, stmt: Allocate, scope: _Scope) -> list[str]:
+    def _allocate(self, stmt: Allocate, scope: Names) -> list[str]:
         buf = stmt.buffer
         ctype = self.dtype_name(buf.dtype)
         name = scope.name(buf.name)
@@ -408,8 +340,8 @@ class CRenderer:
         head = [f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {size});"]
         return ["{", *[INDENT + x for x in head + body], f"{INDENT}free({name});", "}"]
 
-    def _if(self, stmt: IfThenElse, scope: _Scope) -> list[str]:
-        lines = [f"if ({_strip(self._expr(stmt.cond, scope))}) {{"]
+    def _if(self, stmt: IfThenElse, scope: Names) -> list[str]:
+        lines = [f"if ({unparen(self._expr(stmt.cond, scope))}) {{"]
         lines += [INDENT + x for x in self._stmt(stmt.then_body, scope)]
         if stmt.else_body is not None:
             lines.append("} else {")
@@ -419,23 +351,23 @@ class CRenderer:
 
     # --- expressions ---------------------------------------------------------------------------
 
-    def _expr(self, expr: Expr, scope: _Scope) -> str:
+    def _expr(self, expr: Expr, scope: Names) -> str:
         try:
             method = self._expr_table[type(expr)]
         except KeyError:
             raise UnsupportedForC(f"no C for expression {type(expr).__name__}") from None
         return method(expr, scope)
 
-    def _const(self, expr: Const, scope: _Scope) -> str:
+    def _const(self, expr: Const, scope: Names) -> str:
         return self.const(expr.value, expr.dtype)
 
-    def _var(self, expr: Var, scope: _Scope) -> str:
+    def _var(self, expr: Var, scope: Names) -> str:
         return scope.name(expr.name)
 
-    def _load(self, expr: Load, scope: _Scope) -> str:
+    def _load(self, expr: Load, scope: Names) -> str:
         return self._index(expr.buffer, expr.indices, scope)
 
-    def _index(self, buf: Buffer, indices: tuple[Expr, ...], scope: _Scope) -> str:
+    def _index(self, buf: Buffer, indices: tuple[Expr, ...], scope: Names) -> str:
         terms = []
         for index, stride in zip(indices, buf.elem_strides):
             if isinstance(index, Const) and index.value == 0:
@@ -444,16 +376,16 @@ class CRenderer:
             terms.append(text if stride == 1 else f"{text} * {stride}")
         return f"{scope.name(buf.name)}[{' + '.join(terms) or '0'}]"
 
-    def _binary(self, expr: Binary, scope: _Scope) -> str:
+    def _binary(self, expr: Binary, scope: Names) -> str:
         a, b = self._expr(expr.a, scope), self._expr(expr.b, scope)
         dtype = expr.a.dtype
-        if expr.op in _INFIX:
-            return f"({a} {_INFIX[expr.op]} {b})"
+        if expr.op in INFIX:
+            return f"({a} {INFIX[expr.op]} {b})"
         if expr.op in (BinOp.MIN, BinOp.MAX):
             if dtype in (DType.F32, DType.F64):  # (against a constant: a bound's own helper)
                 bound = "c" if isinstance(expr.a, Const) or isinstance(expr.b, Const) else ""
                 return (f"kiln_{expr.op.name.lower()}{bound}_{dtype.value}"
-                        f"({_strip(a)}, {_strip(b)})")
+                        f"({unparen(a)}, {unparen(b)})")
             op = "<" if expr.op is BinOp.MIN else ">"
             return f"({a} {op} {b} ? {a} : {b})"
         if expr.op is BinOp.POW:
@@ -463,26 +395,26 @@ class CRenderer:
             return f"(({ctype})pow((double){a}, (double){b}))"
         if expr.op is BinOp.FLOORDIV:
             if dtype.is_floating:
-                return f"kiln_floordiv_{dtype.value}({_strip(a)}, {_strip(b)})"
+                return f"kiln_floordiv_{dtype.value}({unparen(a)}, {unparen(b)})"
             if _nonneg(expr.a) and _nonneg(expr.b):
                 return f"({a} / {b})"
-            return f"(({self.dtype_name(dtype)})kiln_floordiv_i64({_strip(a)}, {_strip(b)}))"
+            return f"(({self.dtype_name(dtype)})kiln_floordiv_i64({unparen(a)}, {unparen(b)}))"
         if expr.op is BinOp.FLOORMOD:
             if dtype.is_floating:
-                return f"kiln_floormod_{dtype.value}({_strip(a)}, {_strip(b)})"
+                return f"kiln_floormod_{dtype.value}({unparen(a)}, {unparen(b)})"
             if _nonneg(expr.a) and _nonneg(expr.b):
                 return f"({a} % {b})"
-            return f"(({self.dtype_name(dtype)})kiln_floormod_i64({_strip(a)}, {_strip(b)}))"
+            return f"(({self.dtype_name(dtype)})kiln_floormod_i64({unparen(a)}, {unparen(b)}))"
         raise UnsupportedForC(f"binary {expr.op.name}")
 
-    def _unary(self, expr: Unary, scope: _Scope) -> str:
-        arg = _strip(self._expr(expr.a, scope))
+    def _unary(self, expr: Unary, scope: Names) -> str:
+        arg = unparen(self._expr(expr.a, scope))
         return self.unary_call(expr.op, expr.a.dtype, arg)
 
-    def _compare(self, expr: Compare, scope: _Scope) -> str:
-        return f"({self._expr(expr.a, scope)} {_CMP[expr.op]} {self._expr(expr.b, scope)})"
+    def _compare(self, expr: Compare, scope: Names) -> str:
+        return f"({self._expr(expr.a, scope)} {CMP[expr.op]} {self._expr(expr.b, scope)})"
 
-    def _select(self, expr: Select, scope: _Scope) -> str:
+    def _select(self, expr: Select, scope: Names) -> str:
         cond = self._expr(expr.cond, scope)
         loads = _hoistable_loads(expr, scope.ranges)
         if not loads:
@@ -490,7 +422,7 @@ class CRenderer:
                     f"{self._expr(expr.false_value, scope)})")
         return self._blend(expr, cond, loads, scope)
 
-    def _blend(self, expr: Select, cond: str, loads: list[Load], scope: _Scope) -> str:
+    def _blend(self, expr: Select, cond: str, loads: list[Load], scope: Names) -> str:
         """A select whose loads are in bounds whichever side is taken: the loads first (a GNU
         statement expression), then ``?:`` on values, which gcc vectorizes as a blend; left
         lazy, the loads would sit in branches and keep the loop scalar (a masked softmax)."""
@@ -505,7 +437,7 @@ class CRenderer:
                  for e in (expr.true_value, expr.false_value)]
         return f"({{ {' '.join(decls)} {cond} ? {sides[0]} : {sides[1]}; }})"
 
-    def _cast(self, expr: Cast, scope: _Scope) -> str:
+    def _cast(self, expr: Cast, scope: Names) -> str:
         value = self._expr(expr.value, scope)
         if expr.target is DType.BOOL:
             return f"({value} != 0)"
@@ -521,39 +453,6 @@ def render_c(func: PrimFunc) -> str:
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _strip(text: str) -> str:
-    """Drop one pair of outer parentheses when they enclose the whole expression."""
-    if not (text.startswith("(") and text.endswith(")")) or text.startswith("({"):
-        return text  # (a GNU statement expression keeps its parentheses)
-    depth = 0
-    for i, ch in enumerate(text):
-        depth += ch == "("
-        depth -= ch == ")"
-        if depth == 0 and i < len(text) - 1:
-            return text
-    return text[1:-1]
-
-
-def _operand(text: str) -> str:
-    """``text`` ready for a prefix operator: as it is where it is one primary expression (a
-    name, an unsigned number, a load ``x[...]``, a call ``f(...)``, a parenthesized whole),
-    else in parentheses (``-`` before ``a + b`` or before ``-1.0f``)."""
-    if re.fullmatch(r"[\w.]+", text):
-        return text
-    name = re.match(r"[A-Za-z_]\w*", text)
-    start = name.end() if name else 0
-    if text[start:start + 1] in ("[", "("):
-        depth = 0
-        for i in range(start, len(text)):
-            depth += text[i] in "[("
-            depth -= text[i] in "])"
-            if depth == 0:
-                if i == len(text) - 1 and (name or not text.startswith("({")):
-                    return text
-                break
-    return f"({text})"
 
 
 def _nonneg(expr: Expr) -> bool:
