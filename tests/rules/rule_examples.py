@@ -313,6 +313,16 @@ def _addmm_view_residual(e: Example) -> Graph:
     return e.graph(e.pick(lambda: e.op(Op.ADD, y, r), lambda: e.op(Op.ADD, r, y)))
 
 
+def _column_scale(e: Example) -> Graph:
+    """view(addmm(b, x, W)) * g, g a weight per column ([n] or [1, 1, n]), either order."""
+    m, k, n = e.dims(3)
+    y = e.op(Op.ADDMM, e.weight((n,)), e.input((2 * m, k)), _linear_weight(e, k, n),
+             attrs=AddmmAttrs(1, 1))
+    y = e.op(Op.VIEW, y, attrs=ShapeAttrs((2, m, n)))
+    g = e.weight(e.pick((n,), (1, 1, n)))
+    return e.graph(e.pick(lambda: e.op(Op.MUL, y, g), lambda: e.op(Op.MUL, g, y)))
+
+
 def _skip_copy(op: Op):
     def build(e: Example) -> Graph:
         m, k, n = e.dims(3)
@@ -553,6 +563,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "scale-sink": _scale_sink,
     "scale-into-matmul": _scale_into_matmul,
     "scale-into-addmm": _scale_into_addmm,
+    "column-scale-into-addmm": _column_scale,
     "addmm-act": _gemm_act(_addmm, False),
     "addmm-view-act": _gemm_act(_addmm, True),
     "mm-act": _gemm_act(_mm, False),

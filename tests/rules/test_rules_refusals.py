@@ -329,8 +329,20 @@ _LAYER_NORM = """%g = constant {name='g'} : f32[5]
   return %ln#0"""
 
 
+# read through a permute by a contraction (ConvNeXt's next depthwise convolution), or by an
+# activation, whose kernel would compute the sum
+_PERMUTED_GEMM = """%f = view(%s) {shape=(6, 5)} : f32[6, 5]
+  %p = permute(%f) {dims=(1, 0)} : f32[5, 6]
+  %n = mm(%p, %x) : f32[5, 4]
+  return %n"""
+_ACTIVATION = """%a = relu(%s) : f32[1, 6, 5]
+  return %a"""
+
+
 @pytest.mark.parametrize(("r", "reader", "fires"), [
     ("1, 6, 5", _NEXT_BLOCK, 1),
+    ("1, 6, 5", _PERMUTED_GEMM, 1),
+    ("1, 6, 5", _ACTIVATION, 0),
     ("1, 6, 5", _LAYER_NORM, 0),  # the norm's kernel computes the sum (GPT-2's ln(x + attn))
     ("5", _NEXT_BLOCK, 0),  # a residual that broadcasts is no [M, N] matrix
 ])
@@ -339,3 +351,27 @@ def test_a_residual_joins_a_viewed_gemms_bias_where_only_gemms_and_adds_read_the
     text = RESIDUAL_THROUGH_VIEW.format(r=r, reader=reader)
     constants = {"g": torch.ones(5)} if "constant" in reader else None
     assert _fires("addmm-view-residual", text, constants) == fires
+
+
+COLUMN_SCALE = """graph(%x: f32[6, 4]) {{
+  %w = constant {{name='w'}} : f32[4, 5]
+  %b = constant {{name='b'}} : f32[5]
+  %g = constant {{name='g'}} : f32[{g}]
+  %m = addmm(%b, %x, %w) {{beta=1, alpha=1}} : f32[6, 5]
+  %v = view(%m) {{shape=(1, 6, 5)}} : f32[1, 6, 5]
+  %s = mul(%v, %g) : f32[{out}]
+  return %s
+}}"""
+
+
+@pytest.mark.parametrize(("g", "out", "fires"), [
+    ("5", "1, 6, 5", 1), ("1, 1, 5", "1, 6, 5", 1),  # one weight per column (layer scale)
+    ("1, 6, 1", "1, 6, 5", 0),  # one per row: no column of W takes it
+    ("2, 1, 5", "2, 6, 5", 0),  # the product broadcast to a larger shape
+])
+def test_a_column_scale_goes_into_the_gemms_weights_only_one_per_column(
+        g: str, out: str, fires: int) -> None:
+    shape = tuple(int(d) for d in g.split(","))
+    constants = {"w": torch.randn(4, 5), "b": torch.randn(5), "g": torch.rand(shape) + 0.5}
+    text = COLUMN_SCALE.format(g=g, out=out)
+    assert _fires("column-scale-into-addmm", text, constants) == fires

@@ -7,6 +7,7 @@ of its (constant) weights, so they cost nothing at run time.
     conv(x, W) + b             -> conv(x, W, b)
     mm(a, b) * s               -> mm(a*s, b)             (s goes to the weight, or the smaller side)
     addmm(b, x, W) * s         -> addmm(b*s, x, W*s)     (attention's 1/sqrt(d), once folded)
+    view(addmm(b, x, W)) * g   -> view(addmm(b*g, x, W*g))   (g a weight per column: layer scale)
     move(y) * s                -> move(y * s)            (a scale travels down views to its source)
 
 The new weights are small subgraphs of the old ones; the fold pass computes them. Moving a
@@ -74,6 +75,26 @@ def _fold_bn_into_addmm(m: Match) -> Value:
     w2 = m.op(Op.MUL, m["w"], r)  # columns of the (K, N) weight scale by R
     b2 = m.op(Op.ADD, m.op(Op.MUL, m["b"], r), p)
     return m.op(Op.ADDMM, b2, m["x"], w2, attrs=m["mm"].attrs, name=m["mm"].name)
+
+
+def _column_scale(m: Match) -> str | None:
+    """``g`` is one weight per column of the product, seen through a view that keeps the
+    columns last ([N] or [1, ..., 1, N]: ConvNeXt's layer scale), and the product is not
+    broadcast to a larger shape."""
+    columns = m["mm"].type.shape[-1]
+    g, view = m["g"].type, m["view"].type
+    if view.shape[-1:] != (columns,) or m.root.type != view or g.dtype != view.dtype \
+            or g.shape[-1:] != (columns,) or any(d != 1 for d in g.shape[:-1]):
+        return f"the scale is not one weight per column ({columns}) of the product"
+    return None
+
+
+def _column_scale_into_addmm(m: Match) -> Value:
+    mm, columns = m["mm"], m["mm"].type.shape[-1]
+    g = m.op(Op.VIEW, m["g"], attrs=ShapeAttrs((columns,)))
+    gemm = m.op(Op.ADDMM, m.op(Op.MUL, m["b"], g), m["x"], m.op(Op.MUL, m["w"], g),
+                attrs=mm.attrs, name=mm.name)
+    return m.op(Op.VIEW, gemm, attrs=m["view"].attrs, name=m["view"].name)
 
 
 def _bn_per_column(m: Match) -> str | None:
@@ -206,6 +227,15 @@ SCALE_INTO_ADDMM_LAW = L("scale-into-addmm", A(Op.MUL, A(Op.ADDMM, B, X, W), S),
                          C(CondKind.FINITE_NONZERO, S), C(CondKind.WEIGHT, B),
                          C(CondKind.WEIGHT, W))
 
+G_COLUMNS = A(Op.VIEW, PVar("g"), shape=(F(AttrFnKind.SIZE, W, 1),))
+COLUMN_SCALE_LAW = L("column-scale-into-addmm",
+                     A(Op.MUL, A(Op.VIEW, A(Op.ADDMM, B, X, W, beta=1, alpha=1),
+                                 shape=PVar("shape")), PVar("g")),
+                     A(Op.VIEW, A(Op.ADDMM, A(Op.MUL, B, G_COLUMNS), X, A(Op.MUL, W, G_COLUMNS),
+                                  beta=1, alpha=1), shape=PVar("shape")),
+                     IEEE, C(CondKind.WEIGHT, W), C(CondKind.WEIGHT, B),
+                     C(CondKind.WEIGHT, PVar("g")), C(CondKind.GUARD, "column-scale"))
+
 RULES = (
     Rule("conv-bn", On(Op.BATCH_NORM, conv_pattern, *bn_operands), _fold_bn_into_conv, IEEE,
          guard=_conv_weights_only, laws=CONV_BN_LAWS),  # bn(conv(x, W, B)) -> conv(x, W*R, B*R + P)
@@ -241,6 +271,12 @@ RULES = (
                                 scale),
          _scale_into_addmm, IEEE, laws=(SCALE_INTO_ADDMM_LAW,)),
     # addmm(b, x, W)*s -> addmm(b*s, x, W*s)
+    Rule("column-scale-into-addmm",
+         On(Op.MUL, On(Op.VIEW, On(Op.ADDMM, Var("b", w_), Var("x"), Var("w", w_), name="mm",
+                                   where=plain_gemm, describe="beta=alpha=1"), name="view"),
+            Var("g", w_)),
+         _column_scale_into_addmm, IEEE, guard=_column_scale, laws=(COLUMN_SCALE_LAW,)),
+    # view(addmm(b, x, W))*g -> view(addmm(b*g, x, W*g)), g a weight per column
 )
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kiln.ir.attrs import AddmmAttrs, ShapeAttrs
 from kiln.ir.graph import Node, Value
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, OpGroup
 from kiln.rewrite.law import A, AttrFnKind, C, CondKind, F, L, PVar
 from kiln.rewrite.pattern import On, Rank, Var
 from kiln.rewrite.rule import IEEE, Match, Rule
@@ -48,23 +48,21 @@ def _residual_of_view(m: Match) -> str | None:
     return None
 
 
-_RESIDUAL_STREAM = (Op.ADD, Op.MM, Op.ADDMM, Op.ADDMM_ACT, Op.BMM)
-
-
 def _fusing_reader(m: Match, node: Node) -> Node | None:
-    """A reader of ``node``'s value (through views) that is no GEMM and no add: a layer
-    norm, an RMSNorm's square, an activation. `kiln.passes.partition` already computes the
-    sum in that reader's kernel (GPT-2's ln(x + attn), the sum also written for the next
-    layer), so the add is no pass of its own there and moving it buys nothing: in-process
-    A/B with the rule firing there, hf_gpt2, bert, hf_vit and hf_bert ran 1.01-1.05x the
-    time, inside this machine's noise (0.93-1.13 for two identical builds). LeViT's residual
-    stream has only GEMMs and adds for readers: there the add ran alone (26 kernels)."""
+    """A reader of ``node``'s value (through views and permutes) that is no contraction and
+    no add: a layer norm, an RMSNorm's square, an activation. `kiln.passes.partition`
+    already computes the sum in that reader's kernel (GPT-2's ln(x + attn), the sum also
+    written for the next layer), so the add is no pass of its own there and moving it buys
+    nothing: in-process A/B with the rule firing there, hf_gpt2, bert, hf_vit and hf_bert
+    ran 1.01-1.05x the time, inside this machine's noise (0.93-1.13 for two identical
+    builds). LeViT's residual stream has only GEMMs and adds for readers, ConvNeXt's a
+    depthwise convolution and the next add: there the add ran alone."""
     for user in m.ctx.users.get(node, []):
-        if user.op is Op.VIEW:
+        if user.op.is_a(OpGroup.VIEW):
             found = _fusing_reader(m, user)
             if found is not None:
                 return found
-        elif user.op not in _RESIDUAL_STREAM:
+        elif user.op is not Op.ADD and not user.op.is_a(OpGroup.CONTRACTION):
             return user
     return None
 
