@@ -58,6 +58,7 @@ def _(b):
     return (b.op(Op.GELU, x, attrs=A.GeluAttrs("none")),
             b.op(Op.GELU, x, attrs=A.GeluAttrs("tanh")),
             b.op(Op.LEAKY_RELU, x, attrs=A.LeakyReluAttrs(0.2)),
+            b.op(Op.HARDSWISH, x),
             b.op(Op.CLAMP, x, attrs=A.ClampAttrs(-0.5, None)),
             b.op(Op.CLAMP, x, attrs=A.ClampAttrs(-0.5, 0.25)))
 
@@ -177,7 +178,7 @@ def _(b):
     x, w = x_in(b, (5, 7)), weight(b, "w", 7, 3)
     bias = weight(b, "bias", 3)
     acts = ((Op.RELU, ()), (Op.GELU, ("none",)), (Op.GELU, ("tanh",)), (Op.CLAMP, (0.0, 6.0)),
-            (Op.LEAKY_RELU, (0.1,)), (Op.SIGMOID, ()), (Op.TANH, ()))
+            (Op.LEAKY_RELU, (0.1,)), (Op.SIGMOID, ()), (Op.TANH, ()), (Op.HARDSWISH, ()))
     return tuple(b.op(Op.ADDMM_ACT, bias, x, w, attrs=A.AddmmActAttrs(act, args))
                  for act, args in acts)
 

@@ -276,8 +276,8 @@ class _ConvActConv(torch.nn.Module):
         return self.c2(self.act(self.c1(x)))
 
 
-@pytest.mark.parametrize("act", [torch.nn.Hardswish(), torch.nn.SiLU()],
-                         ids=["hardswish", "silu"])
+@pytest.mark.parametrize("act", [torch.nn.Hardsigmoid(), torch.nn.SiLU()],
+                         ids=["hardsigmoid", "silu"])  # (a hardswish runs in the conv's epilogue)
 def test_an_activation_between_nhwc_convolutions_keeps_their_layout(
         kernel_options: Options, act: torch.nn.Module, monkeypatch: pytest.MonkeyPatch) -> None:
     """The activation's kernel reads and writes NHWC, so every kernel of the chain runs: it
@@ -352,3 +352,26 @@ def test_rmsnorm_kernel_keeps_nan_inf_zero_and_overflowing_rows_as_aten_does(
     (expected,) = support.run_interpreter(graph, (x, h))
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-6, equal_nan=True)
     assert actual[4].isnan().all() == (eps == 0.0)
+
+
+def test_a_lone_hardswish_is_a_kernel_bit_for_bit_atens(kernel_options: Options) -> None:
+    """hardswish as `kiln.rules.idioms` makes it: a group of its own, whose C computes x
+    times clamp(x + 3, 0, 6), divided by 6, as ATen's kernel does: every float the same,
+    -0.0, ±inf and the clamp's corners included, and NaN where ATen's is NaN (a NaN's sign
+    bit is not compared)."""
+    graph = parse_graph("""graph(%x: f32[4, 1031]) {
+  %y = hardswish(%x) : f32[4, 1031]
+  return %y
+}""", {})
+    built, run, _ = _compiled(graph, kernel_options)
+    assert len(built.kernels) == 1, built.skipped
+    torch.manual_seed(0)
+    x = torch.randn(4, 1031) * 4
+    x[0, :8] = torch.tensor([-0.0, 0.0, -3.0, 3.0, float("inf"), -float("inf"), float("nan"),
+                             -2.9999998])
+    with torch.no_grad():
+        (actual,) = run([x])
+    expected = torch.nn.functional.hardswish(x)
+    assert torch.equal(actual.isnan(), expected.isnan())
+    numbers = ~expected.isnan()
+    assert torch.equal(actual[numbers].view(torch.int32), expected[numbers].view(torch.int32))

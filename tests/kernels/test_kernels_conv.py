@@ -55,6 +55,7 @@ CASES = [
     (1, 2, 3, 2, 7, 3, 1, 1, 1, True, Op.LEAKY_RELU, (0.1,), True),  # H, W < kernel: all border
     (1, 3, 15, 15, 64, 7, 2, 3, 1, True, Op.RELU, (), True),  # a ResNet-like 7x7 stem
     (1, 8, 6, 31, 33, 1, 1, 1, 1, True, Op.TANH, (), False),  # a padded 1x1, a pixel tail
+    (1, 16, 12, 12, 32, 3, 2, 1, 1, True, Op.HARDSWISH, (), False),  # LeViT's stem
 ]
 IDS = [f"{c[1]}x{c[2]}x{c[3]}to{c[4]}k{c[5]}s{c[6]}p{c[7]}{c[10].text if c[10] else ''}"
        f"{'copy' if c[12] else 'guard'}" for c in CASES]

@@ -113,7 +113,7 @@ graph(%x: f32[{m}, {k}]) {{
   return %y
 }}"""
 ACTIVATIONS = [("relu", ()), ("gelu", ("none",)), ("gelu", ("tanh",)), ("sigmoid", ()),
-               ("tanh", ()), ("clamp", (-0.5, 0.5)), ("leaky_relu", (0.1,))]
+               ("tanh", ()), ("clamp", (-0.5, 0.5)), ("leaky_relu", (0.1,)), ("hardswish", ())]
 ODD = [(1, 7, 15), (7, 129, 33), (15, 2, 129), (129, 15, 7), (30, 64, 1000),
        (0, 256, 300)]  # (no rows: a token-routed layer's empty share)
 

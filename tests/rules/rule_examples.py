@@ -323,6 +323,14 @@ def _column_scale(e: Example) -> Graph:
     return e.graph(e.pick(lambda: e.op(Op.MUL, y, g), lambda: e.op(Op.MUL, g, y)))
 
 
+def _hardswish_written_out(e: Example) -> Graph:
+    """x * clamp(x + 3, 0, 6) / 6, as capture writes hardswish; the product either way."""
+    x = e.input(e.dims())
+    gate = e.op(Op.CLAMP, e.op(Op.ADD, x, e.number(e.pick(3, 3.0))), attrs=ClampAttrs(0, 6))
+    product = e.op(Op.MUL, *e.pick((x, gate), (gate, x)))
+    return e.graph(e.op(Op.DIV, product, e.number(e.pick(6, 6.0)), attrs=DivAttrs(None)))
+
+
 def _skip_copy(op: Op):
     def build(e: Example) -> Graph:
         m, k, n = e.dims(3)
@@ -550,6 +558,7 @@ EXAMPLES: dict[str, Callable[[Example], Graph]] = {
     "div-div-const": _chain(Op.DIV, Op.DIV),
     "broadcast-regroup": _broadcast_regroup,
     "gelu-tanh-idiom": _gelu_tanh_written_out,
+    "hardswish-idiom": _hardswish_written_out,
     "mm-add-to-addmm": _mm_add,
     "addmm-view-residual": _addmm_view_residual,
     "mm-skip-copy": _skip_copy(Op.MM),

@@ -73,8 +73,9 @@ def test_gelu(attrs: A.GeluAttrs) -> None:
     check([T(4, 7)], lambda b, x: b.op(Op.GELU, x, attrs=attrs))
 
 
-def test_leaky_relu_clamp_cast_not() -> None:
+def test_leaky_relu_hardswish_clamp_cast_not() -> None:
     check([T(5, 3)], lambda b, x: b.op(Op.LEAKY_RELU, x, attrs=A.LeakyReluAttrs(0.2)))
+    check([T(5, 3)], lambda b, x: b.op(Op.HARDSWISH, x))
     check([T(5, 3)], lambda b, x: b.op(Op.CLAMP, x, attrs=A.ClampAttrs(-0.5, 0.5)))
     check([T(5, 3)], lambda b, x: b.op(Op.CLAMP, x, attrs=A.ClampAttrs(None, 0.0)))
     check([T(5, 3)], lambda b, x: b.op(Op.CAST, x, attrs=A.CastAttrs(DType.I32)))

@@ -44,6 +44,8 @@ def activation(ctx: EmitContext, x: str, op: Op, args: tuple[Any, ...], dtype: D
         return ctx.one("Clip", [x, low, high])
     if op is Op.GELU:
         return _gelu(ctx, x, args[0], dtype)
+    if op is Op.HARDSWISH:
+        return ctx.one("HardSwish", [x])
     raise ctx.fail(f"activation {op.text} has no ONNX form in kiln")
 
 
@@ -68,7 +70,7 @@ def _activation_node(ctx: EmitContext) -> Names:
     x = ctx.operand(0, ctx.out_dtype)
     a = ctx.attrs
     args = {Op.GELU: lambda: (a.approximate,), Op.LEAKY_RELU: lambda: (a.negative_slope,),
-            Op.CLAMP: lambda: (a.min, a.max)}[ctx.node.op]()
+            Op.CLAMP: lambda: (a.min, a.max)}.get(ctx.node.op, lambda: ())()
     return [activation(ctx, x, ctx.node.op, args, ctx.out_dtype)]
 
 
@@ -283,6 +285,7 @@ def _adaptive_avg_pool(ctx: EmitContext) -> Names:
 EMITTERS: EmitterTable = {
     Op.GELU: _activation_node,
     Op.LEAKY_RELU: _activation_node,
+    Op.HARDSWISH: _activation_node,
     Op.CLAMP: _activation_node,
     Op.MM: _matmul,
     Op.BMM: _matmul,

@@ -27,6 +27,7 @@ _IN_PLACE: dict[Op, Any] = {
     Op.TANH: aten.tanh_.default,
     Op.CLAMP: aten.clamp_.default,
     Op.LEAKY_RELU: aten.leaky_relu_.default,
+    Op.HARDSWISH: aten.hardswish_.default,
 }
 
 ACTIVATIONS = frozenset(_IN_PLACE)

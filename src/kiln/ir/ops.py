@@ -56,6 +56,7 @@ class Op(enum.Enum):
     RELU = ("relu", _EW1)
     GELU = ("gelu", _EW1)
     LEAKY_RELU = ("leaky_relu", _EW1)
+    HARDSWISH = ("hardswish", _EW1)  # x * clamp(x + 3, 0, 6) / 6 (`kiln.rules.idioms`)
     CLAMP = ("clamp", _EW1)
     FLOOR = ("floor", _EW1)
     CEIL = ("ceil", _EW1)

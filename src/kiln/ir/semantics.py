@@ -88,6 +88,7 @@ LOWERINGS: dict[Op, Lowering] = {
     Op.SIGMOID: _unary(aten.sigmoid.default),
     Op.ERF: _unary(aten.erf.default),
     Op.RELU: _unary(aten.relu.default),
+    Op.HARDSWISH: _unary(aten.hardswish.default),
     Op.FLOOR: _unary(aten.floor.default),
     Op.CEIL: _unary(aten.ceil.default),
     Op.LOGICAL_NOT: _unary(aten.logical_not.default),

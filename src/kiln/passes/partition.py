@@ -29,7 +29,8 @@ Rules, each there for a reason:
   library view (free), which the kernel reads;
 * a cat along an inner axis that no group reads through (a decode step's KV cache: past
   keys and the new one along the sequence) is a copy kernel of its own (`_lone_cats`);
-* a lone elementwise op is left to the library, which is about as fast; a lone layer norm
+* a lone elementwise op is left to the library, which is about as fast (not a hardswish, a
+  formula of four ops in one); a lone layer norm
   is kept (its row kernel measured 1.5x faster than ATen's at BERT size), a lone mean
   (Llama's RMSNorm: 43 us in ATen between kiln kernels, 4 us alone) and a lone softmax
   (BERT's 12x128x128 on Zen 3: 95 us against ATen's 128; ViT's 197-wide rows lose, 0.51
@@ -250,7 +251,10 @@ def _computes(group: KernelGroup) -> bool:
 def _worth_it(group: Sequence[Node]) -> bool:
     if len(group) > 1:
         return True
-    return group[0].op in (Op.LAYER_NORM, Op.SOFTMAX, *_ROW_REDUCTIONS)
+    # a lone hardswish too: its formula's four ops ran as one generated kernel before
+    # `kiln.rules.idioms` made them one op, and ATen's call between kiln's kernels is slower
+    # (HF LeViT with its 14 lone ones left to ATen: 1.028x the time, in-process A/B)
+    return group[0].op in (Op.LAYER_NORM, Op.SOFTMAX, Op.HARDSWISH, *_ROW_REDUCTIONS)
 
 
 def _describe(nodes: list[Node], users: dict[Node, list[Node]],

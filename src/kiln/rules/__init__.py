@@ -17,9 +17,10 @@ from kiln.rules import (
     regroup,
 )
 
-# local algebra: each rewrite is cheaper or equal, and the set has no cycles
-SIMPLIFY: tuple[Rule, ...] = (neutral.RULES + movement.RULES + arith.RULES + constants.RULES
-                              + broadcast.RULES + matmul.RULES + idioms.RULES)
+# local algebra: each rewrite is cheaper or equal, and the set has no cycles; the idioms
+# before arith, whose div-const would otherwise take hardswish's division first
+SIMPLIFY: tuple[Rule, ...] = (neutral.RULES + movement.RULES + idioms.RULES + arith.RULES
+                              + constants.RULES + broadcast.RULES + matmul.RULES)
 # batch norms, biases and scales into weights; with SIMPLIFY so that scales can travel
 FOLD_INTO_WEIGHTS: tuple[Rule, ...] = fusion.RULES + SIMPLIFY
 EPILOGUE: tuple[Rule, ...] = epilogue.RULES

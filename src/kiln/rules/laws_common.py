@@ -19,6 +19,7 @@ def conv(*operands: Term) -> App:
 # activation op -> (its attributes in a law, the act_args its fused form keeps)
 ACTIVATION_FORMS: dict[Op, tuple[dict[str, Term], tuple[Term, ...]]] = {
     Op.RELU: ({}, ()),
+    Op.HARDSWISH: ({}, ()),
     Op.SIGMOID: ({}, ()),
     Op.TANH: ({}, ()),
     Op.GELU: ({"approximate": PVar("approximate")}, (PVar("approximate"),)),

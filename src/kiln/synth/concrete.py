@@ -206,6 +206,8 @@ _REAL_UNARY: dict[Op, Callable[[RealDomain, Any, Any], Any]] = {
     Op.RELU: lambda d, at, a: z3.If(a > 0, a, z3.RealVal(0)),
     Op.LEAKY_RELU: lambda d, at, a: z3.If(a > 0, a, a * z3.RealVal(at.negative_slope)),
     Op.CLAMP: lambda d, at, a: _clamp(at, a),
+    Op.HARDSWISH: lambda d, at, a: a * z3.If(a + 3 < 0, z3.RealVal(0),
+                                             z3.If(a + 3 > 6, z3.RealVal(6), a + 3)) / 6,
     Op.RECIPROCAL: lambda d, at, a: d.divide(z3.RealVal(1), a),
     Op.RSQRT: lambda d, at, a: d.rsqrt(a),
     Op.SQRT: lambda d, at, a: d.sqrt(a),

@@ -89,6 +89,9 @@ def activation(op: Op, args: tuple[Any, ...]) -> Callable[[Expr], Expr]:
         return lambda x: select(cmp(CmpOp.GT, x, 0), x, x * slope)
     if op is Op.CLAMP:
         return _clamp(args[0], args[1])
+    if op is Op.HARDSWISH:  # (as ATen's kernel: x times the clamp, then divided by 6)
+        gate = _clamp(0, 6)
+        return lambda x: x * gate(x + const(3, x.dtype)) / const(6, x.dtype)
     if op in (Op.SIGMOID, Op.TANH):
         un = _UNARY_MATH[op]
         return lambda x: unary(un, x)
@@ -107,7 +110,7 @@ def lower_unary(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer
         fn = (lambda x: unary(un, x)) if dtype.is_floating else (lambda x: x)
     elif op is Op.RECIPROCAL:
         fn = lambda x: const(1, x.dtype) / x  # noqa: E731
-    elif op in (Op.RELU, Op.GELU, Op.LEAKY_RELU, Op.CLAMP):
+    elif op in (Op.RELU, Op.GELU, Op.LEAKY_RELU, Op.CLAMP, Op.HARDSWISH):
         fn = activation(op, activation_args(node))
     elif op is Op.CAST:
         fn = lambda x: x  # noqa: E731 - the store converts
@@ -213,7 +216,7 @@ def lower_full(b: Builder, node: Node, args: list[TensorRef], outs: list[Buffer]
 
 ELEMENTWISE: dict[Op, LowerFn] = {op: lower_unary for op in (
     *_UNARY_MATH, Op.FLOOR, Op.CEIL, Op.RELU, Op.RECIPROCAL, Op.GELU, Op.LEAKY_RELU, Op.CLAMP,
-    Op.CAST)}
+    Op.HARDSWISH, Op.CAST)}
 ELEMENTWISE.update({op: lower_binary for op in (
     *_BINARY, *_COMPARE, Op.DIV, Op.LOGICAL_AND, Op.LOGICAL_OR)})
 ELEMENTWISE[Op.LOGICAL_NOT] = lower_logical_not
