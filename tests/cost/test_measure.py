@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 
-from kiln.cost.measure import Budget, interleaved
+from kiln.cost.measure import Budget, Timing, interleaved
 
 
 def test_contenders_run_in_interleaved_rounds_with_untimed_calls_first() -> None:
@@ -98,12 +99,28 @@ def test_the_quiet_pause_comes_before_each_contenders_settle_call(monkeypatch) -
 
 
 def test_a_timing_is_steady_when_its_spread_is_small() -> None:
-    from kiln.cost.measure import Timing
 
     assert Timing([1.0, 1.1, 1.2]).steady()
     assert not Timing([1.0, 1.1, 2.0]).steady()  # spread 1.0 > 0.5 x median 1.1
     assert Timing([1.0, 1.1, 2.0]).steady(1.0)
     assert not Timing().steady()
+
+
+def test_a_timing_whose_threads_waited_for_a_cpu_is_not_steady() -> None:
+    """Close samples under a steady load still say the machine was shared: not steady
+    where the threads waited more than `WAITED_MAX` of the time; unknown waiting (no
+    /proc) leaves the samples to decide."""
+    assert Timing([1.0, 1.1, 1.2], waited=0.01).steady()
+    assert not Timing([1.0, 1.1, 1.2], waited=0.3).steady()
+    assert Timing([1.0, 1.1, 1.2], waited=None).steady()
+
+
+def test_interleaved_records_how_long_its_threads_waited() -> None:
+    timings = interleaved([lambda: sum(range(1000))], Budget(min_rounds=3))
+    if not os.path.isdir("/proc/self/task"):
+        assert timings[0].waited is None
+    else:
+        assert timings[0].waited is not None and timings[0].waited >= 0
 
 
 def test_a_long_call_is_a_sample_alone_without_a_trial_batch_or_settle_call() -> None:

@@ -23,6 +23,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kiln.cost.contention import waited_s, waited_share
+
+# a timing during which this process's threads waited for a CPU more than this share of
+# the wall time ran beside other work (`kiln.cost.contention`): quiet, 0.006; one other
+# process spinning on this project's 2 cores, 0.23
+WAITED_MAX = 0.05
 # an untimed call this many times a sample's minimum length: one call a sample, no trial
 # batch (one-time costs may have lengthened the untimed call, but not fivefold)
 ONE_CALL_ENOUGH = 5
@@ -80,6 +86,9 @@ class Timing:
 
     samples: list[float] = field(default_factory=list)
     error: BaseException | None = None
+    # seconds this process's threads waited for a CPU per second of the rounds' wall time
+    # (`kiln.cost.contention`); None where unknown
+    waited: float | None = None
 
     @property
     def median_s(self) -> float:
@@ -94,9 +103,12 @@ class Timing:
         return max(self.samples) if self.samples else math.inf
 
     def steady(self, spread: float = 0.5) -> bool:
-        """Whether the samples span at most ``spread`` of their median: on a busy machine,
-        time slices taken by other processes show as outliers, and such a timing is used
-        once but not kept."""
+        """Whether the samples span at most ``spread`` of their median and the threads
+        hardly waited for a CPU (`WAITED_MAX`): on a busy machine, time slices taken by
+        other processes show as outliers, or as waiting under a steady load that slows the
+        contenders unequally; such a timing is used once but not kept."""
+        if self.waited is not None and self.waited > WAITED_MAX:
+            return False
         return bool(self.samples) and self.max_s - self.min_s <= spread * self.median_s
 
 
@@ -121,6 +133,7 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
     settles = {i: budget.settle_calls if untimed_s.get(i, 0.0) < budget.settle_below_s else 0
                for i in live}
     started = time.perf_counter()
+    waited_before = waited_s()
     rounds = 0
     if budget.collect_first:
         gc.collect()
@@ -157,6 +170,9 @@ def interleaved(fns: Sequence[Callable[[], object]], budget: Budget = Budget(),
                 break
     finally:
         gc.enable()
+    waited = waited_share(waited_before, time.perf_counter() - started)
+    for timing in timings:
+        timing.waited = waited
     return timings
 
 
