@@ -8,10 +8,11 @@ cores while kiln timed something.
 Linux counts, per thread, the time it was ready to run but had no CPU (the second field of
 ``/proc/<pid>/task/<tid>/schedstat``, in ns). kiln's own threads (the caller and its OpenMP
 and ATen pools) fit the cores they are sized for, so on a quiet machine they hardly wait:
-0.6% of the wall time for two busy threads on this project's 2-core machine, 23% with one
-other process spinning beside them. A timing's samples can stay close to each other under a
-steady load (a test suite beside it) while the load slows the contenders unequally, so
-`kiln.cost.measure.Timing.steady` also asks this. Elsewhere (no ``/proc``) it is unknown,
+compiling HF LeViT on this project's 2-core machine, its 37 kernel timings waited 0-1.1% of
+their wall time; with one other process spinning beside the compile, half (the median).
+A timing's samples can stay close to each other under a steady load (a test suite beside
+it) while the load slows the contenders unequally, so `kiln.cost.measure.Timing.steady`
+also asks this. Elsewhere (no ``/proc``) it is unknown,
 and only the samples' spread decides.
 """
 
