@@ -44,7 +44,7 @@ from kiln.codegen.c_text import (
     INFIX,
     MATH,
     VECTOR_MATH,
-    Names,
+    RenderScope,
     as_operand,
     unparen,
 )
@@ -103,7 +103,7 @@ class CRenderer:
 
     def __init__(self) -> None:
         self._hoisted = itertools.count()
-        self._expr_table: dict[type, Callable[[Expr, Names], str]] = {
+        self._expr_table: dict[type, Callable[[Expr, RenderScope], str]] = {
             Const: self._const,
             Var: self._var,
             Load: self._load,
@@ -113,7 +113,7 @@ class CRenderer:
             Select: self._select,
             Cast: self._cast,
         }
-        self._stmt_table: dict[type, Callable[[Stmt, Names], list[str]]] = {
+        self._stmt_table: dict[type, Callable[[Stmt, RenderScope], list[str]]] = {
             SeqStmt: self._seq,
             For: self._for,
             Block: self._block,
@@ -201,7 +201,7 @@ class CRenderer:
 
     def render(self, func: PrimFunc) -> str:
         self._hoisted = itertools.count()  # names from 0 each time: the text is func's alone
-        scope = Names()
+        scope = RenderScope()
         params = []
         for buf in func.params:
             const = "const " if buf in func.inputs and buf not in func.outputs else ""
@@ -215,21 +215,21 @@ class CRenderer:
 
     def entry_name(self, func: PrimFunc) -> str:
         """The C symbol of the kernel (the PrimFunc name, made a valid identifier)."""
-        return Names().name(func.name)
+        return RenderScope().name(func.name)
 
     # --- statements ----------------------------------------------------------------------------
 
-    def _stmt(self, stmt: Stmt, scope: Names) -> list[str]:
+    def _stmt(self, stmt: Stmt, scope: RenderScope) -> list[str]:
         try:
             method = self._stmt_table[type(stmt)]
         except KeyError:
             raise UnsupportedForC(f"no C for statement {type(stmt).__name__}") from None
         return method(stmt, scope)
 
-    def _seq(self, stmt: SeqStmt, scope: Names) -> list[str]:
+    def _seq(self, stmt: SeqStmt, scope: RenderScope) -> list[str]:
         return [line for s in stmt.stmts for line in self._stmt(s, scope)]
 
-    def _for(self, loop: For, scope: Names) -> list[str]:
+    def _for(self, loop: For, scope: RenderScope) -> list[str]:
         if loop.extent == 0:
             return []
         kind = loop.kind
@@ -252,7 +252,7 @@ class CRenderer:
             lines.append(pragma)
         inner_scope = scope
         if kind.is_parallel:
-            inner_scope = Names(scope.names, scope.used, in_parallel=True,
+            inner_scope = RenderScope(scope.names, scope.used, in_parallel=True,
                                  ranges=scope.ranges)
         for depth, level in enumerate(nest):
             bound = loop_bound(level, lambda e: unparen(self._expr(e, scope)))
@@ -266,7 +266,7 @@ class CRenderer:
             lines.append(INDENT * depth + "}")
         return lines
 
-    def _block(self, block: Block, scope: Names) -> list[str]:
+    def _block(self, block: Block, scope: RenderScope) -> list[str]:
         lines = [f"{{  /* block {block.name} */"]
         # (rendered before the iter var ranges are known: the predicate is what keeps them)
         pred = None if block.predicate is None else unparen(self._expr(block.predicate, scope))
@@ -291,18 +291,18 @@ class CRenderer:
         lines.append("}")
         return lines
 
-    def _store(self, stmt: BufferStore, scope: Names) -> list[str]:
+    def _store(self, stmt: BufferStore, scope: RenderScope) -> list[str]:
         target = self._index(stmt.buffer, stmt.indices, scope)
         return [f"{target} = {unparen(self._expr(stmt.value, scope))};"]
 
-    def _prefetch(self, stmt: Prefetch, scope: Names) -> list[str]:
+    def _prefetch(self, stmt: Prefetch, scope: RenderScope) -> list[str]:
         """One read prefetch per cache line, into the caches its locality names."""
         first = self._index(stmt.buffer, stmt.indices, scope)
         per_line = max(1, 64 // stmt.buffer.dtype.itemsize)
         return [f"__builtin_prefetch(&{first}{f' + {i * per_line}' if i else ''}, 0, "
                 f"{stmt.locality});" for i in range(stmt.lines)]
 
-    def _tensorized(self, stmt: Tensorized, scope: Names) -> list[str]:
+    def _tensorized(self, stmt: Tensorized, scope: RenderScope) -> list[str]:
         """The intrinsic's micro-kernel (`kiln.codegen.c_intrinsics`); a loop that no longer
         matches its description (a rewrite after tensorize) renders as the loop it is, and
         an init or write-back nest that no longer matches its tile as the nest it is."""
@@ -321,7 +321,7 @@ class CRenderer:
             stmt=lambda s: self._stmt(s, scope), name=scope.name,
             prefix=f"fma{next(self._hoisted)}_", write_back=back, init=init) + rest
 
-    def _allocate(self, stmt: Allocate, scope: Names) -> list[str]:
+    def _allocate(self, stmt: Allocate, scope: RenderScope) -> list[str]:
         buf = stmt.buffer
         ctype = self.dtype_name(buf.dtype)
         name = scope.name(buf.name)
@@ -340,7 +340,7 @@ class CRenderer:
         head = [f"{ctype}* restrict {name} = ({ctype}*)aligned_alloc(64, {size});"]
         return ["{", *[INDENT + x for x in head + body], f"{INDENT}free({name});", "}"]
 
-    def _if(self, stmt: IfThenElse, scope: Names) -> list[str]:
+    def _if(self, stmt: IfThenElse, scope: RenderScope) -> list[str]:
         lines = [f"if ({unparen(self._expr(stmt.cond, scope))}) {{"]
         lines += [INDENT + x for x in self._stmt(stmt.then_body, scope)]
         if stmt.else_body is not None:
@@ -351,23 +351,23 @@ class CRenderer:
 
     # --- expressions ---------------------------------------------------------------------------
 
-    def _expr(self, expr: Expr, scope: Names) -> str:
+    def _expr(self, expr: Expr, scope: RenderScope) -> str:
         try:
             method = self._expr_table[type(expr)]
         except KeyError:
             raise UnsupportedForC(f"no C for expression {type(expr).__name__}") from None
         return method(expr, scope)
 
-    def _const(self, expr: Const, scope: Names) -> str:
+    def _const(self, expr: Const, scope: RenderScope) -> str:
         return self.const(expr.value, expr.dtype)
 
-    def _var(self, expr: Var, scope: Names) -> str:
+    def _var(self, expr: Var, scope: RenderScope) -> str:
         return scope.name(expr.name)
 
-    def _load(self, expr: Load, scope: Names) -> str:
+    def _load(self, expr: Load, scope: RenderScope) -> str:
         return self._index(expr.buffer, expr.indices, scope)
 
-    def _index(self, buf: Buffer, indices: tuple[Expr, ...], scope: Names) -> str:
+    def _index(self, buf: Buffer, indices: tuple[Expr, ...], scope: RenderScope) -> str:
         terms = []
         for index, stride in zip(indices, buf.elem_strides):
             if isinstance(index, Const) and index.value == 0:
@@ -376,7 +376,7 @@ class CRenderer:
             terms.append(text if stride == 1 else f"{text} * {stride}")
         return f"{scope.name(buf.name)}[{' + '.join(terms) or '0'}]"
 
-    def _binary(self, expr: Binary, scope: Names) -> str:
+    def _binary(self, expr: Binary, scope: RenderScope) -> str:
         a, b = self._expr(expr.a, scope), self._expr(expr.b, scope)
         dtype = expr.a.dtype
         if expr.op in INFIX:
@@ -407,14 +407,14 @@ class CRenderer:
             return f"(({self.dtype_name(dtype)})kiln_floormod_i64({unparen(a)}, {unparen(b)}))"
         raise UnsupportedForC(f"binary {expr.op.name}")
 
-    def _unary(self, expr: Unary, scope: Names) -> str:
+    def _unary(self, expr: Unary, scope: RenderScope) -> str:
         arg = unparen(self._expr(expr.a, scope))
         return self.unary_call(expr.op, expr.a.dtype, arg)
 
-    def _compare(self, expr: Compare, scope: Names) -> str:
+    def _compare(self, expr: Compare, scope: RenderScope) -> str:
         return f"({self._expr(expr.a, scope)} {CMP[expr.op]} {self._expr(expr.b, scope)})"
 
-    def _select(self, expr: Select, scope: Names) -> str:
+    def _select(self, expr: Select, scope: RenderScope) -> str:
         cond = self._expr(expr.cond, scope)
         loads = _hoistable_loads(expr, scope.ranges)
         if not loads:
@@ -422,7 +422,7 @@ class CRenderer:
                     f"{self._expr(expr.false_value, scope)})")
         return self._blend(expr, cond, loads, scope)
 
-    def _blend(self, expr: Select, cond: str, loads: list[Load], scope: Names) -> str:
+    def _blend(self, expr: Select, cond: str, loads: list[Load], scope: RenderScope) -> str:
         """A select whose loads are in bounds whichever side is taken: the loads first (a GNU
         statement expression), then ``?:`` on values, which gcc vectorizes as a blend; left
         lazy, the loads would sit in branches and keep the loop scalar (a masked softmax)."""
@@ -437,7 +437,7 @@ class CRenderer:
                  for e in (expr.true_value, expr.false_value)]
         return f"({{ {' '.join(decls)} {cond} ? {sides[0]} : {sides[1]}; }})"
 
-    def _cast(self, expr: Cast, scope: Names) -> str:
+    def _cast(self, expr: Cast, scope: RenderScope) -> str:
         value = self._expr(expr.value, scope)
         if expr.target is DType.BOOL:
             return f"({value} != 0)"

@@ -1,6 +1,7 @@
-"""How tir is spelled in C: the type and operator tables, the names a kernel's variables
-get (never a C keyword, a libm function or the prelude's ``kiln_`` names), and the
-parenthesization helpers of `kiln.codegen.c`'s renderer."""
+"""How tir is spelled in C: the type and operator tables, the per-render state that gives a
+kernel's variables their C names (`RenderScope`: never a C keyword, a libm function or the
+prelude's ``kiln_`` names), and the parenthesization helpers of `kiln.codegen.c`'s
+renderer."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from dataclasses import dataclass, field
 from kiln.ir.types import DType
 from kiln.tir.nodes import BinOp, CmpOp, UnOp, Var
 
-__all__ = ["CMP", "C_TYPES", "INFIX", "MATH", "RESERVED", "VECTOR_MATH", "Names", "as_operand",
-           "unparen"]
+__all__ = ["CMP", "C_TYPES", "INFIX", "MATH", "RESERVED", "VECTOR_MATH", "RenderScope",
+           "as_operand", "unparen"]
 
 C_TYPES = {
     DType.F64: "double",
@@ -65,7 +66,7 @@ trunc fmax fmin fmaxf fminf nan isnan isinf signbit
 
 
 @dataclass
-class Names:
+class RenderScope:
     """Per-render state: C names for tir names, buffers in scope, enclosing loop kinds."""
 
     names: dict[str, str] = field(default_factory=dict)

@@ -12,8 +12,8 @@ compiling HF LeViT on this project's 2-core machine, its 37 kernel timings waite
 their wall time; with one other process spinning beside the compile, half (the median).
 A timing's samples can stay close to each other under a steady load (a test suite beside
 it) while the load slows the contenders unequally, so `kiln.cost.measure.Timing.steady`
-also asks this. Elsewhere (no ``/proc``) it is unknown,
-and only the samples' spread decides.
+also asks this. Elsewhere (no ``/proc``) it is unknown, and only the samples' spread
+decides.
 """
 
 from __future__ import annotations
