@@ -1,5 +1,5 @@
-"""Options(tuning_db=...): a compile uses the database's fastest schedule for each GEMM
-workload on this target, says so in the report, and never fails because of the database."""
+"""Options(tuning_db=...): a compile uses the tuner's confirmed choice for each workload on
+this target, says so in the report, and never fails because of the database."""
 
 from __future__ import annotations
 
@@ -25,9 +25,10 @@ def test_a_compile_uses_the_recorded_schedule(tmp_path: Path, options: kiln.Opti
     target = Target.here(options, torch.get_num_threads())
     db = TuningDB.open(tmp_path / "t.sqlite")
     db.add(TuningRecord.measured(space_workload(space), target, "gemm",
-                                 space.plan(point).trace.to_json(), point, [1e-6]))
+                                 space.plan(point).trace.to_json(), point, [1e-6],
+                                 paired=0.5))  # (confirmed: timed beside the default)
     db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
-                                 space.default(), [2e-6]))
+                                 space.default(), [2e-6], paired=1.0))
     tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
     with torch.no_grad():
         compiled = kiln.compile(model, inputs, options=tuned)
@@ -41,9 +42,14 @@ def test_a_compile_uses_the_recorded_schedule(tmp_path: Path, options: kiln.Opti
     assert all("tuned" not in k.decision for k in others)  # no record: the heuristic
 
 
-@pytest.mark.parametrize("faster, tuned", [(0.99, False), (0.96, True)])
-def test_a_record_replaces_the_default_only_where_it_is_clearly_faster(
-        tmp_path: Path, options: kiln.Options, faster: float, tuned: bool) -> None:
+@pytest.mark.parametrize("faster, paired, tuned", [(0.99, 0.99, False), (0.96, 0.96, True),
+                                                   (0.5, None, False), (0.5, 1.02, False)])
+def test_a_record_replaces_the_default_only_where_it_was_confirmed_clearly_faster(
+        tmp_path: Path, options: kiln.Options, faster: float, paired: float | None,
+        tuned: bool) -> None:
+    """Clearly: by the margin. Confirmed: timed side by side with the default (its paired
+    ratio); a record timed alone (None) or slower beside the default (1.02) is not used,
+    however fast its own time."""
     from kiln.tune.apply import MARGIN, tuned_schedule
 
     assert 1 - faster != MARGIN
@@ -53,9 +59,10 @@ def test_a_record_replaces_the_default_only_where_it_is_clearly_faster(
     target = Target.here(options, torch.get_num_threads())
     db = TuningDB.open(tmp_path / "t.sqlite")
     db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
-                                 space.default(), [100e-6]))
+                                 space.default(), [100e-6], paired=1.0))
     db.add(TuningRecord.measured(space_workload(space), target, "gemm",
-                                 space.plan(point).trace.to_json(), point, [faster * 100e-6]))
+                                 space.plan(point).trace.to_json(), point, [faster * 100e-6],
+                                 paired=paired))
     chosen = tuned_schedule(space, kiln.Options(**{**options.__dict__,
                                                    "tuning_db": str(tmp_path / "t.sqlite")}))
     assert (chosen is not None) is tuned
@@ -94,7 +101,7 @@ def test_row_kernels_share_one_workload_and_use_its_record(tmp_path: Path,
     db = TuningDB.open(tmp_path / "t.sqlite")
     db.add(TuningRecord.measured(space.workload(), target, "rows",
                                  space.plan(point).trace.to_json(), point,
-                                 measured.run_times))
+                                 measured.run_times, paired=0.9))
     tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
     with torch.no_grad():
         compiled = kiln.compile(model, inputs, options=tuned)

@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from kiln.kernels.gemm_schedule import matmul_func
-from kiln.tune.db import SCHEMA_VERSION, Target, TuningDB, TuningDBError, TuningRecord, workload_key
+from kiln.tune.db import (
+    APPLICATION_ID,
+    SCHEMA_VERSION,
+    Target,
+    TuningDB,
+    TuningDBError,
+    TuningRecord,
+    workload_key,
+)
 
 HERE = Target("x86_64 Test CPU", "avx512", "cc 1.0", 2)
 ELSEWHERE = Target("x86_64 Test CPU", "avx512", "cc 1.0", 1)  # same machine, one thread
@@ -40,18 +48,52 @@ def test_best_is_the_fastest_record_that_ran_on_that_target(tmp_path: Path) -> N
     assert [r.decisions["mr"] for r in db.top(HERE, "gemm", 5)] == [14]
 
 
-def test_a_record_timed_again_keeps_the_new_times(tmp_path: Path) -> None:
+def test_a_confirmation_keeps_the_new_times_and_says_what_a_compile_uses(tmp_path: Path
+                                                                          ) -> None:
     db = TuningDB.open(tmp_path / "t.sqlite")
     db.add(_record("w", 8, [3e-4]))
     db.add(_record("w", 14, [2e-4]))
+    db.add(_record("w", 4, [1e-4]))  # the fastest alone, but not timed side by side
     db.add(TuningRecord.failed("w", HERE, "gemm", "[]", {"mr": 16}, "timeout"))
-    assert db.retime("w", HERE, {"mr": 8}, [1e-4, 1.2e-4])  # now the best
-    assert db.best("w", HERE).decisions == {"mr": 8}
-    assert db.best("w", HERE).run_times == (1e-4, 1.2e-4)
-    assert not db.retime("w", HERE, {"mr": 16}, [1e-4])  # a failed one stays failed
-    assert not db.retime("w", ELSEWHERE, {"mr": 14}, [1e-4])  # no such record there
+    assert db.chosen("w", HERE) is None  # never confirmed
+    assert db.confirm("w", HERE, [({"mr": 8}, [3e-4, 3.1e-4], 1.0),
+                                  ({"mr": 14}, [2.9e-4], 0.95),
+                                  ({"mr": 16}, [1e-4], 0.5)]) == 2  # a failed one stays so
+    chosen = db.chosen("w", HERE)
+    assert chosen.decisions == {"mr": 14} and chosen.paired == 0.95
+    assert chosen.run_times == (2.9e-4,)
+    assert db.record("w", HERE, {"mr": 4}).paired is None
+    assert db.chosen("w", ELSEWHERE) is None  # another target's records are apart
+    # a later confirmation replaces the earlier one as a whole
+    db.confirm("w", HERE, [({"mr": 8}, [3e-4], 1.0), ({"mr": 4}, [3.3e-4], 1.1)])
+    assert db.chosen("w", HERE).decisions == {"mr": 8}
+    assert db.record("w", HERE, {"mr": 14}).paired is None
     with pytest.raises(ValueError):
-        db.retime("w", HERE, {"mr": 14}, [0.0])
+        db.confirm("w", HERE, [({"mr": 14}, [0.0], 1.0)])
+    with pytest.raises(ValueError):
+        db.confirm("w", HERE, [({"mr": 14}, [1e-4], float("nan"))])
+
+
+def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    with sqlite3.connect(path) as conn:  # the version-1 schema, as kiln wrote it
+        conn.executescript("""
+            CREATE TABLE records (id INTEGER PRIMARY KEY, workload TEXT NOT NULL,
+                target TEXT NOT NULL, kind TEXT NOT NULL, trace TEXT NOT NULL,
+                decisions TEXT NOT NULL, run_times TEXT NOT NULL, features TEXT NOT NULL,
+                error TEXT, created REAL NOT NULL, UNIQUE (workload, target, decisions));""")
+        conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+        conn.execute("PRAGMA user_version = 1")
+        conn.execute("INSERT INTO records (workload, target, kind, trace, decisions, "
+                     "run_times, features, error, created) VALUES (?, ?, 'gemm', '[]', "
+                     "'{\"mr\":8}', '[0.001]', '[]', NULL, 1.0)", ("w", HERE.key()))
+    db = TuningDB.open(path)
+    (record,) = db.records("w", HERE)
+    assert record.decisions == {"mr": 8} and record.paired is None
+    assert db.chosen("w", HERE) is None  # its records were never confirmed
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
+    assert db.confirm("w", HERE, [({"mr": 8}, [1e-3], 1.0)]) == 1
 
 
 def test_the_file_is_in_wal_mode_and_versioned(tmp_path: Path) -> None:
@@ -125,11 +167,13 @@ def test_export_and_import_round_trip(tmp_path: Path) -> None:
     db = TuningDB.open(tmp_path / "a.sqlite")
     db.add_many([_record("w", 8, [3e-4, 3e-4]), _record("v", 4, [1e-4]),
                  TuningRecord.failed("w", HERE, "gemm", "[]", {"mr": 2}, "crashed: SIGSEGV")])
+    db.confirm("w", HERE, [({"mr": 8}, [3e-4], 1.0)])  # a confirmation travels with them
     assert db.export_jsonl(tmp_path / "records.jsonl") == 3
     other = TuningDB.open(tmp_path / "b.sqlite")
     assert other.import_jsonl(tmp_path / "records.jsonl") == 3
     assert other.import_jsonl(tmp_path / "records.jsonl") == 0  # nothing new the second time
     assert [r.to_dict() for r in other.records()] == [r.to_dict() for r in db.records()]
+    assert other.chosen("w", HERE).decisions == {"mr": 8}
 
 
 def test_a_bad_import_line_changes_nothing(tmp_path: Path) -> None:

@@ -46,6 +46,7 @@ def test_a_local_ray_cluster_gives_the_local_runner_s_records(tmp_path: Path) ->
         first = remote.run_one(space, points[0])  # the first task, on a new cluster
         assert remote.build(space, points) == ["", ""]
         on_ray = [first, remote.run_one(space, points[1])]
+        together = remote.run_together(space, points, rounds=3)  # the tuner's confirmation
         remote.timeout_s = 120  # (a crash must not read as a timeout on a loaded machine)
         crashed = remote.run_one(Crashing(), {})
     with Runner(options, timeout_s=120, threads=1, budget_s=0.1) as local:
@@ -55,3 +56,4 @@ def test_a_local_ray_cluster_gives_the_local_runner_s_records(tmp_path: Path) ->
         assert r.decisions == h.decisions and r.source == h.source  # the same kernel
         assert r.target == Target.here(options, 1).key()
     assert crashed.error is not None and crashed.error.startswith(("crash", "run"))
+    assert [len(t) for t in together] == [3, 3] and all(x > 0 for t in together for x in t)

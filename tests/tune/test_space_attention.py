@@ -123,7 +123,8 @@ def test_a_compile_uses_the_recorded_attention_schedule(tmp_path: Path,
     target = Target.here(options, torch.get_num_threads())
     db = TuningDB.open(tmp_path / "t.sqlite")
     db.add(TuningRecord.measured(space.workload(), target, "attention",
-                                 space.plan(point).trace.to_json(), point, [1e-6]))
+                                 space.plan(point).trace.to_json(), point, [1e-6],
+                                 paired=0.5))
     tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
     with torch.no_grad():
         compiled = kiln.compile(model, inputs, options=tuned)

@@ -153,7 +153,7 @@ def test_a_compile_uses_the_recorded_window_schedule(tmp_path: Path, options: ki
         points[kind] = list(neighbours(space, space.default()))[-1]  # not the heuristic's
         db.add(TuningRecord.measured(space.workload(), target, kind,
                                      space.plan(points[kind]).trace.to_json(), points[kind],
-                                     [1e-6]))
+                                     [1e-6], paired=0.5))
     tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
     with torch.no_grad():
         compiled = kiln.compile(model, inputs, options=tuned)
@@ -174,7 +174,7 @@ def test_a_record_from_before_the_tail_tile_decision_is_not_used(tmp_path: Path)
     old = {k: v for k, v in space.default().items() if k != "tail_tile"}
     db = TuningDB.open(tmp_path / "t.sqlite")
     db.add(TuningRecord.measured(space.workload(), Target.here(options, torch.get_num_threads()),
-                                 "conv", "[]", old, [1e-6]))
+                                 "conv", "[]", old, [1e-6], paired=0.5))
     assert tuned_schedule(space, options) is None
     plan, decisions = tuned_or_default(space, options)
     assert decisions == space.default() and TUNED not in plan.notes

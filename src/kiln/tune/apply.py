@@ -1,6 +1,7 @@
 """Tuned schedules at compile time: ``Options(tuning_db=PATH)`` makes each generated kernel use
-the fastest schedule recorded for its workload on this target, where there is one and it is
-`MARGIN` faster than the default schedule's record.
+the schedule the tuner chose for its workload on this target: the fastest point of the
+tuner's last confirmation (`kiln.tune.search`), where it ran `MARGIN` faster than the default
+schedule timed beside it. Records never confirmed (a run stopped before its end) are not used.
 
     tuned = tuned_schedule(space, options)    # (decisions, record's median s) or None
 
@@ -35,32 +36,31 @@ Tuned = tuple[dict[str, Any], float]  # the decisions, and their measured median
 
 
 def tuned_schedule(space: Space, options: Options) -> Tuned | None:
-    """The best record's decisions for ``space``'s workload on this target, or None (no
-    database, no record, or a record that no longer fits the space)."""
+    """The decisions the tuner chose for ``space``'s workload on this target, or None: no
+    database, a workload never tuned to the end here, a choice that no longer fits the space,
+    or a default that nothing beat (`beats_default`)."""
     if not options.tuning_db:
         return None
     db = _open(options.tuning_db)
     if db is None:
         return None
     try:
-        target = _target(options)
-        best = db.best(space.workload(), target)
-        default = db.record(space.workload(), target, space.default())
+        chosen = db.chosen(space.workload(), _target(options))
     except TuningDBError as err:
         _warn_once(str(err))
         return None
-    if best is None or repair(space, best.decisions) != best.decisions \
-            or not beats_default(best, default):
+    if chosen is None or repair(space, chosen.decisions) != chosen.decisions \
+            or not beats_default(chosen, space.default()):
         return None
-    return dict(best.decisions), best.median_s
+    return dict(chosen.decisions), chosen.median_s
 
 
-def beats_default(best: TuningRecord, default: TuningRecord | None) -> bool:
-    """Whether ``best`` replaces the default schedule: it is not the default's own record,
-    and it is `MARGIN` faster than that record (where the default has one that ran)."""
-    if default is not None and best.decisions == default.decisions:
-        return False
-    return default is None or not default.ok or best.median_s < default.median_s * (1 - MARGIN)
+def beats_default(record: TuningRecord, default: dict[str, Any]) -> bool:
+    """Whether ``record`` replaces the default schedule (decisions ``default``): it is
+    another point, and the tuner's confirmation timed it `MARGIN` faster than the default,
+    side by side (its paired ratio)."""
+    return record.decisions != default and record.paired is not None \
+        and record.paired < 1 - MARGIN
 
 
 def tuned_or_default(space: Any, options: Options) -> tuple[KernelPlan, dict[str, Any]]:

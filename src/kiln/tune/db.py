@@ -3,6 +3,7 @@
     db = TuningDB.open("tuning.sqlite")
     db.add(TuningRecord.measured(workload, target, "gemm", trace_json, decisions, [1.2e-4, ...]))
     best = db.best(workload, target)          # the fastest record that ran, or None
+    chosen = db.chosen(workload, target)      # what a compile uses: the confirmation's winner
     db.export_jsonl("team.jsonl"); other.import_jsonl("team.jsonl")
 
 A *workload* is a structural hash of the kernel's lowered loop program (`workload_key`); a
@@ -35,7 +36,7 @@ from typing import Any
 __all__ = ["SCHEMA_VERSION", "Target", "TuningDB", "TuningDBError", "TuningRecord",
            "WorkloadSummary", "workload_key"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2 added records.paired; a version-1 file is brought up to it in place
 APPLICATION_ID = 0x6B6C6E74  # "klnt" in sqlite's header: this file is a kiln tuning database
 TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 
@@ -51,6 +52,8 @@ CREATE TABLE IF NOT EXISTS records (
     features TEXT NOT NULL,       -- JSON list: the program's features for the cost model
     error TEXT,                   -- why it failed (build, check, crash, timeout)
     created REAL NOT NULL,
+    paired REAL,                  -- its time over the default's, timed side by side (NULL:
+                                  -- not in the workload's latest confirmation)
     UNIQUE (workload, target, decisions)
 );
 CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload, target);
@@ -131,14 +134,18 @@ class TuningRecord:
     error: str | None = None
     created: float = 0.0
     features: tuple[float, ...] = ()  # kiln.tune.features of the built program
+    # its time over the default schedule's, the median of their ratios when the tuner last
+    # timed them side by side (`TuningDB.confirm`); None where it was not among those
+    paired: float | None = None
 
     @staticmethod
     def measured(workload: str, target: Target | str, kind: str, trace: str,
                  decisions: dict[str, Any], run_times: Sequence[float],
-                 features: Sequence[float] = ()) -> TuningRecord:
+                 features: Sequence[float] = (), paired: float | None = None
+                 ) -> TuningRecord:
         return TuningRecord(workload, _target_key(target), kind, trace, dict(decisions),
                             tuple(float(t) for t in run_times), None, time.time(),
-                            tuple(features))
+                            tuple(features), paired)
 
     @staticmethod
     def failed(workload: str, target: Target | str, kind: str, trace: str,
@@ -159,7 +166,8 @@ class TuningRecord:
         return {"workload": self.workload, "target": self.target, "kind": self.kind,
                 "trace": self.trace, "decisions": self.decisions,
                 "run_times": list(self.run_times), "error": self.error,
-                "created": self.created, "features": list(self.features)}
+                "created": self.created, "features": list(self.features),
+                "paired": self.paired}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TuningRecord:
@@ -171,13 +179,17 @@ class TuningRecord:
                 tuple(float(t) for t in data["run_times"]),
                 None if data.get("error") is None else str(data["error"]),
                 float(data.get("created", 0.0)),
-                tuple(float(x) for x in data.get("features", ())))
+                tuple(float(x) for x in data.get("features", ())),
+                None if data.get("paired") is None else float(data["paired"]))
             json.loads(record.trace)
             Target.from_key(record.target)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a tuning record ({type(err).__name__}: {err})") from None
         if any(not math.isfinite(t) or t <= 0 for t in record.run_times):
             raise ValueError("a run time is not a positive number of seconds")
+        if record.paired is not None and not (math.isfinite(record.paired)
+                                              and record.paired > 0):
+            raise ValueError("a paired ratio is not a positive number")
         return record
 
 
@@ -227,28 +239,35 @@ class TuningDB:
         """Store records in one transaction (all or none); returns how many were new."""
         rows = [(r.workload, r.target, r.kind, r.trace, _canonical(r.decisions),
                  json.dumps(list(r.run_times)), json.dumps(list(r.features)), r.error,
-                 r.created or time.time()) for r in records]
+                 r.created or time.time(), r.paired) for r in records]
         with self._connect() as conn:
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO records (workload, target, kind, trace, "
-                             "decisions, run_times, features, error, created) VALUES "
-                             "(?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                             "decisions, run_times, features, error, created, paired) VALUES "
+                             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             return conn.total_changes - before
 
-    def retime(self, workload: str, target: Target | str, decisions: Mapping[str, Any],
-               run_times: Sequence[float]) -> bool:
-        """Replace the run times of a measured record with ones timed again (the tuner's
-        confirmation: its best candidates and the default timed together); False where no
-        such record ran."""
-        if not run_times or any(not math.isfinite(t) or t <= 0 for t in run_times):
-            raise ValueError("a run time is not a positive number of seconds")
+    def confirm(self, workload: str, target: Target | str,
+                timed: Sequence[tuple[Mapping[str, Any], Sequence[float], float]]) -> int:
+        """Store the tuner's confirmation of a workload: for each of its points timed side by
+        side with the default (the default among them, at 1.0), the run times of that timing
+        and its paired ratio to the default. It replaces the workload's earlier confirmation
+        on ``target`` in one transaction. Returns how many records it updated (a point with
+        no record that ran is skipped)."""
+        rows = []
+        for decisions, run_times, paired in timed:
+            if not run_times or any(not math.isfinite(t) or t <= 0 for t in run_times):
+                raise ValueError("a run time is not a positive number of seconds")
+            if not (math.isfinite(paired) and paired > 0):
+                raise ValueError("a paired ratio is not a positive number")
+            rows.append((json.dumps([float(t) for t in run_times]), float(paired), workload,
+                         _target_key(target), _canonical(dict(decisions))))
         with self._connect() as conn:
-            changed = conn.execute(
-                "UPDATE records SET run_times = ? WHERE workload = ? AND target = ? AND "
-                "decisions = ? AND error IS NULL",
-                (json.dumps([float(t) for t in run_times]), workload, _target_key(target),
-                 _canonical(decisions))).rowcount
-        return changed == 1
+            conn.execute("UPDATE records SET paired = NULL WHERE workload = ? AND target = ?",
+                         (workload, _target_key(target)))
+            return sum(conn.execute("UPDATE records SET run_times = ?, paired = ? WHERE "
+                                    "workload = ? AND target = ? AND decisions = ? AND "
+                                    "error IS NULL", row).rowcount for row in rows)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -287,6 +306,16 @@ class TuningDB:
             row = conn.execute("SELECT * FROM records WHERE id = ?",
                                (min(medians)[1],)).fetchone()
         return self._record(row)
+
+    def chosen(self, workload: str, target: Target | str) -> TuningRecord | None:
+        """The record of the workload's latest confirmation with the lowest paired ratio to
+        the default (the default itself where nothing beat it), or None where the workload
+        was never confirmed on ``target``."""
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM records WHERE workload = ? AND target = ? AND "
+                               "paired IS NOT NULL AND error IS NULL ORDER BY paired, id "
+                               "LIMIT 1", (workload, _target_key(target))).fetchone()
+        return None if row is None else self._record(row)
 
     def record(self, workload: str, target: Target | str, decisions: Mapping[str, Any]
                ) -> TuningRecord | None:
@@ -381,6 +410,8 @@ class TuningDB:
         if app_id != APPLICATION_ID:
             raise TuningDBError(f"{self.path} is an sqlite database, but not a kiln tuning "
                                 "database; give another path")
+        if version == 1:
+            version = _upgrade_from_1(conn)
         if version != SCHEMA_VERSION:
             raise TuningDBError(f"{self.path} has tuning schema version {version}; this kiln "
                                 f"reads version {SCHEMA_VERSION}. Use the kiln that wrote it "
@@ -390,14 +421,32 @@ class TuningDB:
             raise TuningDBError(_explain(self.path, sqlite3.DatabaseError(problem)))
 
     def _record(self, row: tuple) -> TuningRecord:
-        _, workload, target, kind, trace, decisions, run_times, features, error, created = row
+        (_, workload, target, kind, trace, decisions, run_times, features, error, created,
+         paired) = row
         try:
             return TuningRecord(workload, target, kind, trace, json.loads(decisions),
                                 tuple(json.loads(run_times)), error, created,
-                                tuple(json.loads(features)))
+                                tuple(json.loads(features)), paired)
         except (TypeError, ValueError) as err:
             raise TuningDBError(f"{self.path}: a record cannot be read ({err}); the file is "
                                 "damaged") from None
+
+
+def _upgrade_from_1(conn: sqlite3.Connection) -> int:
+    """Version 2 added the records' paired column: the records stay, none of them confirmed.
+    One transaction, the version read again inside it, so that two processes opening the
+    same old file at once upgrade it once. Returns the version now."""
+    conn.commit()
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
+            conn.execute("ALTER TABLE records ADD COLUMN paired REAL")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        conn.commit()
+    except BaseException:
+        conn.rollback()
+        raise
+    return conn.execute("PRAGMA user_version").fetchone()[0]
 
 
 def _canonical(decisions: dict[str, Any]) -> str:

@@ -139,7 +139,8 @@ def time_together(space: Any, points: Sequence[Mapping[str, Any]], options: Opti
                   threads: int, rounds: int = 7) -> list[tuple[float, ...]]:
     """In the runner's process: the points (built and checked already) timed together, in
     interleaved rounds, so that a slow phase of the machine falls on all of them alike; an
-    empty tuple for a point that no longer builds or runs."""
+    empty tuple for a point that no longer builds or runs. Each point's i-th time is from
+    round i, where none raised (`interleaved` drops a point that raises)."""
     from kiln.cost.measure import Budget, interleaved
 
     torch.set_num_threads(threads)
@@ -265,14 +266,14 @@ class Runner:
             self._stop(kill=True)
             return MeasureResult(dict(point), error="crash: the kernel killed its process")
 
-    def run_together(self, space: Any, points: Sequence[Mapping[str, Any]]
+    def run_together(self, space: Any, points: Sequence[Mapping[str, Any]], rounds: int = 7
                      ) -> list[tuple[float, ...]]:
         """`time_together` in the worker; empty tuples where it crashed or timed out."""
         pool = self._worker()
         if pool is None:
             return [() for _ in points]
         job = pool.submit(time_together, space, [dict(p) for p in points], self.options,
-                          self.threads)
+                          self.threads, rounds)
         try:
             return job.result(timeout=self.timeout_s * max(len(points), 1))
         except (futures.TimeoutError, futures.process.BrokenProcessPool):

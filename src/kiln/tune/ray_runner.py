@@ -3,6 +3,7 @@
     with RayRunner(options, address="auto") as runner:   # or None: a local cluster
         errors = runner.build(space, points)              # compiled on the workers, in parallel
         result = runner.run_one(space, point)             # built (cached) and timed on a worker
+        times = runner.run_together(space, points)        # side by side, on one worker
 
 Each task runs `kiln.tune.measure.time_one` in a Ray worker process: a candidate that
 crashes its worker or runs past the timeout is a failed result, as with the local runner.
@@ -24,7 +25,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiln.options import Options
-from kiln.tune.measure import STARTUP_TIMEOUT_S, MeasureResult, build_one, ready, time_one
+from kiln.tune.measure import (
+    STARTUP_TIMEOUT_S,
+    MeasureResult,
+    build_one,
+    ready,
+    time_one,
+    time_together,
+)
 
 __all__ = ["RayRunner", "RayUnavailable"]
 
@@ -39,6 +47,14 @@ def _measure_remote(space: Any, point: dict[str, Any], options: Options, threads
 
     result = time_one(space, point, options, threads, budget_s)
     return result, Target.here(options, threads).key()
+
+
+def _together_remote(space: Any, points: list[dict[str, Any]], options: Options, threads: int,
+                     rounds: int) -> tuple[list[tuple[float, ...]], str]:
+    from kiln.tune.db import Target
+
+    return time_together(space, points, options, threads, rounds), \
+        Target.here(options, threads).key()
 
 
 def _build_remote(space: Any, point: dict[str, Any], options: Options) -> str:
@@ -67,6 +83,7 @@ class RayRunner:
                 ray.init(address=address, log_to_driver=False)
         # one CPU per task: a measurement must not share its cores with another
         self._measure = ray.remote(num_cpus=max(threads, 1), max_retries=0)(_measure_remote)
+        self._together = ray.remote(num_cpus=max(threads, 1), max_retries=0)(_together_remote)
         self._build = ray.remote(num_cpus=1, max_retries=0)(_build_remote)
         self._ready = {n: ray.remote(num_cpus=n, max_retries=0)(ready) for n in {1, threads}}
         self._warm = False
@@ -127,6 +144,35 @@ class RayRunner:
         self.last_target = target
         return MeasureResult(result.decisions, result.run_times, result.error, result.source,
                              target)
+
+
+    def run_together(self, space: Any, points: Sequence[Mapping[str, Any]], rounds: int = 7
+                     ) -> list[tuple[float, ...]]:
+        """`kiln.tune.measure.time_together` on one worker; empty tuples where it failed, or
+        where that worker is another kind of machine than this one (the confirmation is filed
+        under this machine's target)."""
+        self._warm_up()
+        ref = self._together.remote(space, [dict(p) for p in points], self.options,
+                                    self.threads, rounds)
+        done, _ = self.ray.wait([ref], timeout=self.timeout_s * max(len(points), 1))
+        if not done:
+            self.ray.cancel(ref, force=True)
+            self._warm = False
+            return [() for _ in points]
+        try:
+            times, target = self.ray.get(ref)
+        except Exception:  # noqa: BLE001 - (a crashed worker): nothing confirmed
+            self._warm = False
+            return [() for _ in points]
+        if target != _here(self.options, self.threads):
+            return [() for _ in points]
+        return times
+
+
+def _here(options: Options, threads: int) -> str:
+    from kiln.tune.db import Target
+
+    return Target.here(options, threads).key()
 
 
 def _first_line(err: BaseException) -> str:

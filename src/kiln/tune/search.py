@@ -15,8 +15,9 @@ model has learned from `MIN_KIND_RECORDS` records of the space's kind (GEMMs, ro
 ...): what one kind's decisions do says nothing of another's.
 
 At the end, the default and the fastest candidates are timed again side by side in one
-process, and those times replace theirs in the database (`_confirm`), so the record a compile
-picks won against the default on one yardstick, by `apply.MARGIN` at least.
+process, round by round, and each one's median ratio to the default in the same round goes
+into the database (`_confirm`): a compile picks only a candidate that beat the default there,
+by `apply.MARGIN` at least.
 
 A run can stop at any point and start again: what was measured is in the database, and a new
 run skips every point already there.
@@ -188,12 +189,14 @@ def tune_kernel(space: Space, session: Session, settings: TuneSettings = TuneSet
         measure(picks[: trials - result.measured])
         if settings.use_model:
             session.retrain()
-    if result.measured:  # (a workload tuned to the full count already: nothing new to time)
+    # (a workload tuned to the full count and confirmed already: nothing new to time)
+    if result.measured or not any(r.paired is not None for r in known.values()):
         _confirm(space, session, workload, known, result)
     return result
 
 
 CONFIRMED = 4  # the default and the fastest candidates, timed again together at the end
+CONFIRM_ROUNDS = 21  # rounds of each of the confirmation's two passes
 
 
 def _stale(records: Iterable[TuningRecord]) -> int:
@@ -213,44 +216,56 @@ def _stale(records: Iterable[TuningRecord]) -> int:
 def _confirm(space: Space, session: Session, workload: str,
              known: dict[str, TuningRecord], result: TuneResult) -> None:
     """Time the default and the fastest other candidates again, side by side in one process
-    (`Runner.run_together`, twice, in opposite orders), and keep those times: each candidate
-    was timed alone, minutes apart, and one point's times differed by up to 2x between such
-    runs on a noisy machine. So the choice a compile reads from the database is made on one
-    yardstick (with `apply.MARGIN` on top). It is not the last word: timed again outside the
-    tuner, 21 of 70 chosen candidates of eight models came out slower than their default,
-    mostly by under 3% (docs/tuning.md). (A runner that cannot, as Ray's, leaves the times
-    as they were.)"""
+    (`Runner.run_together`, twice, in opposite orders), and store each one's paired ratio to
+    the default: the median, over the rounds, of its time over the default's in the same
+    round (`TuningDB.confirm`). A compile uses only that: each candidate was timed alone,
+    minutes apart, and this machine's speed drifts by 10% and more within seconds, so the
+    fastest of 32 lone timings is often one taken in a fast moment. Confirmed with 7 rounds
+    and per-point medians instead, resnet18's tuned kernels ran 2.4% slower than the
+    defaults in the model (400 alternated calls). (A runner that cannot time points
+    together, as Ray's, confirms nothing, and a compile keeps the default schedules.)"""
     together = getattr(session.runner, "run_together", None)
     default = known.get(_key(space.default()))
     ran = sorted((r for r in known.values() if r.ok and r is not default),
                  key=lambda r: r.median_s)[: CONFIRMED - 1]
-    if together is None or default is None or not default.ok or not ran:
+    if together is None or default is None or not default.ok:
         return
     records = [default, *ran]
     points = [r.decisions for r in records]
-    # twice, the second time in reverse order, and each point keeps its faster pass: a slow
-    # moment of the machine in one pass (once the default read 6495 us beside a best of
-    # 2449, and 2413-2498 when timed again) is not what a compile chooses by
-    passes = zip(together(space, points), reversed(together(space, points[::-1])))
-    for record, (first, second) in zip(records, passes):
-        ran_ok = [t for t in (first, second) if t]
-        times = min(ran_ok, key=statistics.median) if ran_ok else ()
-        if times and session.db.retime(workload, session.target, record.decisions, times):
-            known[_key(record.decisions)] = dataclasses.replace(record,
-                                                                run_times=tuple(times))
+    first = together(space, points, CONFIRM_ROUNDS)
+    second = together(space, points[::-1], CONFIRM_ROUNDS)[::-1]
+    if not first[0] or not second[0]:  # the default did not run: nothing to compare with
+        return
+    timed = []
+    for record, a, b in zip(records, first, second):
+        ratios = [x / d for x, d in zip(a, first[0])] + [x / d for x, d in zip(b, second[0])]
+        if ratios:  # (a point that no longer runs keeps no place in the confirmation)
+            timed.append((record.decisions, (*a, *b), statistics.median(ratios)))
+    session.db.confirm(workload, session.target, timed)
+    for decisions, times, paired in timed:
+        record = known[_key(decisions)]
+        known[_key(decisions)] = dataclasses.replace(record, run_times=tuple(times),
+                                                     paired=paired)
     _update(result, known, space)
 
 
 def _update(result: TuneResult, known: Mapping[str, TuningRecord], space: Space) -> None:
-    """The default's time, and the best: what a compile would choose (`apply.beats_default`:
-    the default, unless a record is `apply.MARGIN` faster)."""
+    """The default's time, and the best: once confirmed, what a compile would choose
+    (`apply.beats_default`), at the default's time times its paired ratio; before, the
+    fastest record, as the search's progress."""
     default = known.get(_key(space.default()))
     if default is not None:
         result.default_s = default.median_s
-    best = min(known.values(), key=lambda r: r.median_s, default=None)
-    if best is not None and best.ok:
-        chosen = best if beats_default(best, default) else default
-        result.best_s, result.best = chosen.median_s, dict(chosen.decisions)
+    confirmed = [r for r in known.values() if r.ok and r.paired is not None]
+    if confirmed and default is not None:
+        best = min(confirmed, key=lambda r: r.paired or 1.0)
+        chosen = best if beats_default(best, space.default()) else default
+        result.best_s, result.best = default.median_s * (chosen.paired or 1.0), \
+            dict(chosen.decisions)
+    else:
+        best = min(known.values(), key=lambda r: r.median_s, default=None)
+        if best is not None and best.ok:
+            result.best_s, result.best = best.median_s, dict(best.decisions)
     result.history.append((result.measured, result.best_s))
 
 
