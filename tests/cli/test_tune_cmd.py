@@ -21,6 +21,7 @@ def test_tune_records_then_db_lists_shows_exports_imports(tmp_path: Path, capsys
     assert main(["tune", "mlp", "--quick", "--trials", "2", "--jobs", "1", "--db", db]) == 0
     out = capsys.readouterr().out
     assert "| mlp   | gemm 8x128x128 +bias, relu, B packed" in out and "3 kernels in" in out
+    assert "model with it" in out  # a schedule faster alone is checked in the model
     assert main(["db", "ls", "--db", db]) == 0
     listing = capsys.readouterr().out.splitlines()
     assert len(listing) == 2 + 3  # header, rule, one row per workload

@@ -141,3 +141,20 @@ def test_a_long_call_is_a_sample_alone_without_a_trial_batch_or_settle_call() ->
     assert slow.median_s >= 12e-3
     assert calls.count("short") > 1 + 2 * 2 * 16  # batched, with a settle call a round
     assert fast.median_s < 1e-3
+
+
+def test_alternated_calls_take_turns_going_first_and_give_b_over_a() -> None:
+    from kiln.cost.measure import alternated
+
+    calls: list[str] = []
+
+    def a() -> None:
+        calls.append("a")
+        time.sleep(0.001)
+
+    def b() -> None:
+        calls.append("b")
+        time.sleep(0.003)
+    ratios = alternated(a, b, 6)
+    assert calls == ["a", "b"] + ["a", "b", "b", "a"] * 3  # an untimed call each first
+    assert len(ratios) == 6 and all(r > 1.5 for r in ratios)  # b's time over a's, each pair

@@ -110,3 +110,32 @@ def test_row_kernels_share_one_workload_and_use_its_record(tmp_path: Path,
                    and k.kind == "generated"]
     assert layer_norms and all("(tuned)" in k.decision for k in layer_norms)
     assert all("decision=8)" in k.trace for k in layer_norms)
+
+
+def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
+                                                        options: kiln.Options) -> None:
+    """`kiln.tune.validate`: a schedule faster alone is compiled into the model alone and
+    the two builds' calls are alternated; the ratio is stored, and a compile keeps the
+    schedule only where the model ran faster with it."""
+    from kiln.tune.apply import tuned_schedule
+    from kiln.tune.validate import check_in_model
+
+    model, inputs = models.build("mlp", quick=True)
+    workloads = model_workloads(model, inputs, options)
+    space = workloads[0].space
+    point = list(neighbours(space, space.default()))[-1]
+    target = Target.here(options, torch.get_num_threads())
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
+                                 space.default(), [2e-6], paired=1.0))
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm",
+                                 space.plan(point).trace.to_json(), point, [1e-6], paired=0.5))
+    tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
+    (check,) = check_in_model(model, inputs, workloads, db, target, tuned)  # the others:
+    assert check.workload is workloads[0] and 0 < check.ratio < 10  # no record, unchecked
+    assert 40 <= check.pairs <= 300 and 0 <= check.faster_in <= check.pairs
+    assert db.record(space_workload(space), target, point).in_model == check.ratio
+    db.checked_in_model(space_workload(space), target, point, 1.02)  # slower with it
+    assert tuned_schedule(space, tuned) is None
+    db.checked_in_model(space_workload(space), target, point, 0.98)  # faster with it
+    assert tuned_schedule(space, tuned) == (point, pytest.approx(1e-6))

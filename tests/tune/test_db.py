@@ -89,11 +89,12 @@ def test_a_version_1_file_is_upgraded_in_place(tmp_path: Path) -> None:
                      "'{\"mr\":8}', '[0.001]', '[]', NULL, 1.0)", ("w", HERE.key()))
     db = TuningDB.open(path)
     (record,) = db.records("w", HERE)
-    assert record.decisions == {"mr": 8} and record.paired is None
+    assert record.decisions == {"mr": 8} and record.paired is None and record.in_model is None
     assert db.chosen("w", HERE) is None  # its records were never confirmed
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 2
     assert db.confirm("w", HERE, [({"mr": 8}, [1e-3], 1.0)]) == 1
+    assert db.checked_in_model("w", HERE, {"mr": 8}, 0.99)
 
 
 def test_the_file_is_in_wal_mode_and_versioned(tmp_path: Path) -> None:
@@ -168,12 +169,15 @@ def test_export_and_import_round_trip(tmp_path: Path) -> None:
     db.add_many([_record("w", 8, [3e-4, 3e-4]), _record("v", 4, [1e-4]),
                  TuningRecord.failed("w", HERE, "gemm", "[]", {"mr": 2}, "crashed: SIGSEGV")])
     db.confirm("w", HERE, [({"mr": 8}, [3e-4], 1.0)])  # a confirmation travels with them
+    assert db.checked_in_model("w", HERE, {"mr": 8}, 1.02)  # and the check in a model
+    assert not db.checked_in_model("w", HERE, {"mr": 2}, 1.0)  # (it failed: nothing to check)
     assert db.export_jsonl(tmp_path / "records.jsonl") == 3
     other = TuningDB.open(tmp_path / "b.sqlite")
     assert other.import_jsonl(tmp_path / "records.jsonl") == 3
     assert other.import_jsonl(tmp_path / "records.jsonl") == 0  # nothing new the second time
     assert [r.to_dict() for r in other.records()] == [r.to_dict() for r in db.records()]
     assert other.chosen("w", HERE).decisions == {"mr": 8}
+    assert other.chosen("w", HERE).in_model == 1.02
 
 
 def test_a_bad_import_line_changes_nothing(tmp_path: Path) -> None:

@@ -27,7 +27,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
         "row kernels and elementwise chains), measure the heuristic schedule, then candidates "
         "an evolutionary search picks with a learned cost model (LightGBM), each built in "
         "parallel and timed in a separate process; the default and the best three are timed "
-        "again side by side at the end. Records go into the tuning database; a stopped run "
+        "again side by side at the end, and a schedule that beat its default there is then "
+        "checked in the model (its model's calls with and without it, alternated): a compile "
+        "uses it only if the model ran faster. Records go into the tuning database; a stopped run "
         "resumes from it. Compile with Options(tuning_db=PATH) (or KILN_TUNING_DB) to use the "
         "results.",
         epilog="example: kiln tune bert --trials 32 --time-budget 10m --db tuning.sqlite")
@@ -81,6 +83,7 @@ def _tune(args: argparse.Namespace) -> int:
     from kiln.tune.db import TuningDBError
     from kiln.tune.ray_runner import RayUnavailable
     from kiln.tune.search import Session, TuneSettings, tune_kernel
+    from kiln.tune.validate import check_in_model
     from kiln.tune.workloads import model_workloads
 
     if (args.model is None) == (not args.all):
@@ -114,6 +117,7 @@ def _tune(args: argparse.Namespace) -> int:
             from None
     start = time.perf_counter()
     rows = []
+    in_model: dict[tuple[str, str], float] = {}  # (model, workload) -> time with / without
     try:
         for m, name in enumerate(names):
             model_start = time.perf_counter()
@@ -138,13 +142,25 @@ def _tune(args: argparse.Namespace) -> int:
                                             trials_include_records=True)
                     result = tune_kernel(w.space, session, settings, show)
                     rows.append((name, w, result))
+            with step_progress(sys.stderr, total=len(workloads)) as bar:
+                def checking(i: int, label: str, bar=bar, name=name) -> None:  # noqa: ANN001
+                    bar.update(i, f"{name}: checking in the model: {label}")
+
+                for check in check_in_model(model, inputs, workloads, session.db,
+                                            session.target, options, checking):
+                    in_model[(name, check.workload.space.workload())] = check.ratio
     finally:
         session.close()
-    print(markdown(["model", "kernel", "uses", "default us", "tuned us", "speedup", "measured",
-                    "failed"],
+    print(markdown(["model", "kernel", "uses", "default us", "tuned us", "speedup",
+                    "model with it", "measured", "failed"],
                    [[name, w.label, str(len(w.nodes)), _us(r.default_s), _us(r.best_s),
-                     f"{r.speedup:.2f}x", str(r.measured), str(r.failed)]
+                     f"{r.speedup:.2f}x", _ratio(in_model.get((name, w.space.workload()))),
+                     str(r.measured), str(r.failed)]
                     for name, w, r in rows]))
+    if in_model:
+        kept = sum(r < 1 for r in in_model.values())
+        print(f"\n{kept} of {len(in_model)} tuned schedules made their model faster (its time "
+              "with the schedule over without, calls alternated); a compile uses only those")
     print(f"\n{len(rows)} kernels in {time.perf_counter() - start:.0f} s; records in {args.db} "
           f"(compile with KILN_TUNING_DB={args.db} to use them)")
     return 0
@@ -158,6 +174,10 @@ def _shows(bar, label: str, offset: int):  # noqa: ANN001, ANN202 - StepProgress
                    key=(label, result.best_s))
 
     return show
+
+
+def _ratio(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.3f}" + (" (dropped)" if ratio >= 1 else "")
 
 
 def _us(seconds: float) -> str:

@@ -80,9 +80,9 @@ Planned = tuple[KernelPlan, tuple[Value, ...], tuple[Value, ...]]
 def plan_group(graph: Graph, group: KernelGroup, options: Options,
                nhwc: set[Value] | None = None) -> Planned | Skipped:
     """The group's plan and the values its parameters stand for, or why there is none: the
-    tuning database's fastest schedule (``Options.tuning_db``) where it has one, else the
-    default (`kiln.tune.space_groups.GroupSpace`: the recipe's schedule, bool inputs read
-    as bytes, one thread below `GRAIN` output elements)."""
+    tuner's choice (`kiln.tune.apply.tuned_schedule`, ``Options.tuning_db``) where it has
+    one, else the default (`kiln.tune.space_groups.GroupSpace`: the recipe's schedule, bool
+    inputs read as bytes, one thread below `GRAIN` output elements)."""
     try:
         space = GroupSpace.of(graph, group, nhwc)
         tuned = tuned_schedule(space, options)

@@ -79,8 +79,8 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
 def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:
     """The plan of the generated GEMM for an mm / bmm / addmm / addmm_act group, its inputs
     (A, B, then the bias, or the residual and its row), and the weights packed for it: the
-    tuning database's fastest schedule
-    (``Options.tuning_db``) where it has one, else the heuristic."""
+    tuner's choice (`kiln.tune.apply.tuned_schedule`, ``Options.tuning_db``) where it has
+    one, else the heuristic."""
     space = gemm_space(graph, group, options)
     if isinstance(space, Skipped):
         return space

@@ -22,9 +22,10 @@ from kiln.options import Options
 from kiln.tune.db import Target, TuningDB, TuningDBError, TuningRecord
 from kiln.tune.space import Space, repair
 
-__all__ = ["MARGIN", "TUNED", "Tuned", "beats_default", "tuned_or_default", "tuned_schedule"]
+__all__ = ["MARGIN", "TUNED", "Tuned", "beats_default", "faster_alone", "tuned_or_default",
+           "tuned_schedule"]
 
-TUNED = "tuned: the tuning database's fastest schedule for this workload"  # in plan notes
+TUNED = "tuned: the tuner's confirmed choice for this workload"  # in plan notes
 # the fastest record replaces the default schedule only where it is this much faster than
 # the default's record: timed again beside the default outside the tuner (benchmarks/tune.py
 # --from-db: 9 interleaved rounds in one process; 8 models, Zen 3, 2 threads), 31 of the 104
@@ -57,8 +58,15 @@ def tuned_schedule(space: Space, options: Options) -> Tuned | None:
 
 def beats_default(record: TuningRecord, default: dict[str, Any]) -> bool:
     """Whether ``record`` replaces the default schedule (decisions ``default``): it is
-    another point, and the tuner's confirmation timed it `MARGIN` faster than the default,
-    side by side (its paired ratio)."""
+    another point, the tuner's confirmation timed it `MARGIN` faster than the default, side
+    by side (its paired ratio), and where it was checked in a model, the model ran faster
+    with it (`kiln.tune.validate`)."""
+    return faster_alone(record, default) and (record.in_model is None or record.in_model < 1)
+
+
+def faster_alone(record: TuningRecord, default: dict[str, Any]) -> bool:
+    """Whether the tuner's confirmation timed ``record`` `MARGIN` faster than the default
+    schedule (decisions ``default``), side by side, each kernel on its own."""
     return record.decisions != default and record.paired is not None \
         and record.paired < 1 - MARGIN
 

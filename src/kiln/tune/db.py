@@ -36,7 +36,7 @@ from typing import Any
 __all__ = ["SCHEMA_VERSION", "Target", "TuningDB", "TuningDBError", "TuningRecord",
            "WorkloadSummary", "workload_key"]
 
-SCHEMA_VERSION = 2  # 2 added records.paired; a version-1 file is brought up to it in place
+SCHEMA_VERSION = 2  # 2 added records.paired and in_model; a version-1 file is upgraded in place
 APPLICATION_ID = 0x6B6C6E74  # "klnt" in sqlite's header: this file is a kiln tuning database
 TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction
 
@@ -54,6 +54,7 @@ CREATE TABLE IF NOT EXISTS records (
     created REAL NOT NULL,
     paired REAL,                  -- its time over the default's, timed side by side (NULL:
                                   -- not in the workload's latest confirmation)
+    in_model REAL,                -- a model's time with it over without (NULL: not checked)
     UNIQUE (workload, target, decisions)
 );
 CREATE INDEX IF NOT EXISTS records_by_workload ON records (workload, target);
@@ -137,6 +138,9 @@ class TuningRecord:
     # its time over the default schedule's, the median of their ratios when the tuner last
     # timed them side by side (`TuningDB.confirm`); None where it was not among those
     paired: float | None = None
+    # a model's time with this schedule over its time with the default schedule, their calls
+    # alternated (`kiln.tune.validate`); None where that was not measured
+    in_model: float | None = None
 
     @staticmethod
     def measured(workload: str, target: Target | str, kind: str, trace: str,
@@ -167,7 +171,7 @@ class TuningRecord:
                 "trace": self.trace, "decisions": self.decisions,
                 "run_times": list(self.run_times), "error": self.error,
                 "created": self.created, "features": list(self.features),
-                "paired": self.paired}
+                "paired": self.paired, "in_model": self.in_model}
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> TuningRecord:
@@ -180,16 +184,17 @@ class TuningRecord:
                 None if data.get("error") is None else str(data["error"]),
                 float(data.get("created", 0.0)),
                 tuple(float(x) for x in data.get("features", ())),
-                None if data.get("paired") is None else float(data["paired"]))
+                None if data.get("paired") is None else float(data["paired"]),
+                None if data.get("in_model") is None else float(data["in_model"]))
             json.loads(record.trace)
             Target.from_key(record.target)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"not a tuning record ({type(err).__name__}: {err})") from None
         if any(not math.isfinite(t) or t <= 0 for t in record.run_times):
             raise ValueError("a run time is not a positive number of seconds")
-        if record.paired is not None and not (math.isfinite(record.paired)
-                                              and record.paired > 0):
-            raise ValueError("a paired ratio is not a positive number")
+        if any(r is not None and not (math.isfinite(r) and r > 0)
+               for r in (record.paired, record.in_model)):
+            raise ValueError("a ratio is not a positive number")
         return record
 
 
@@ -239,12 +244,12 @@ class TuningDB:
         """Store records in one transaction (all or none); returns how many were new."""
         rows = [(r.workload, r.target, r.kind, r.trace, _canonical(r.decisions),
                  json.dumps(list(r.run_times)), json.dumps(list(r.features)), r.error,
-                 r.created or time.time(), r.paired) for r in records]
+                 r.created or time.time(), r.paired, r.in_model) for r in records]
         with self._connect() as conn:
             before = conn.total_changes
             conn.executemany("INSERT OR IGNORE INTO records (workload, target, kind, trace, "
-                             "decisions, run_times, features, error, created, paired) VALUES "
-                             "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+                             "decisions, run_times, features, error, created, paired, "
+                             "in_model) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
             return conn.total_changes - before
 
     def confirm(self, workload: str, target: Target | str,
@@ -306,6 +311,18 @@ class TuningDB:
             row = conn.execute("SELECT * FROM records WHERE id = ?",
                                (min(medians)[1],)).fetchone()
         return self._record(row)
+
+    def checked_in_model(self, workload: str, target: Target | str,
+                         decisions: Mapping[str, Any], ratio: float) -> bool:
+        """Store a model's time with this point over its time with the default schedule
+        (`kiln.tune.validate`); False where no such record ran."""
+        if not (math.isfinite(ratio) and ratio > 0):
+            raise ValueError("a ratio is not a positive number")
+        with self._connect() as conn:
+            return conn.execute("UPDATE records SET in_model = ? WHERE workload = ? AND "
+                                "target = ? AND decisions = ? AND error IS NULL",
+                                (float(ratio), workload, _target_key(target),
+                                 _canonical(dict(decisions)))).rowcount == 1
 
     def chosen(self, workload: str, target: Target | str) -> TuningRecord | None:
         """The record of the workload's latest confirmation with the lowest paired ratio to
@@ -422,18 +439,19 @@ class TuningDB:
 
     def _record(self, row: tuple) -> TuningRecord:
         (_, workload, target, kind, trace, decisions, run_times, features, error, created,
-         paired) = row
+         paired, in_model) = row
         try:
             return TuningRecord(workload, target, kind, trace, json.loads(decisions),
                                 tuple(json.loads(run_times)), error, created,
-                                tuple(json.loads(features)), paired)
+                                tuple(json.loads(features)), paired, in_model)
         except (TypeError, ValueError) as err:
             raise TuningDBError(f"{self.path}: a record cannot be read ({err}); the file is "
                                 "damaged") from None
 
 
 def _upgrade_from_1(conn: sqlite3.Connection) -> int:
-    """Version 2 added the records' paired column: the records stay, none of them confirmed.
+    """Version 2 added the records' paired and in_model columns: the records stay, none of
+    them confirmed.
     One transaction, the version read again inside it, so that two processes opening the
     same old file at once upgrade it once. Returns the version now."""
     conn.commit()
@@ -441,6 +459,7 @@ def _upgrade_from_1(conn: sqlite3.Connection) -> int:
     try:
         if conn.execute("PRAGMA user_version").fetchone()[0] == 1:
             conn.execute("ALTER TABLE records ADD COLUMN paired REAL")
+            conn.execute("ALTER TABLE records ADD COLUMN in_model REAL")
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         conn.commit()
     except BaseException:
