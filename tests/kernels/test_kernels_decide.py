@@ -46,9 +46,10 @@ def test_a_matrix_vector_product_over_large_weights_is_timed_cold(
     import torch
 
     from kiln.ir import parse_graph
-    from kiln.kernels import decide
+    from kiln.kernels import decide, streaming
     from kiln.kernels.contractions import build_contraction_kernels
-    from kiln.kernels.decide import Decisions, streams_weights
+    from kiln.kernels.decide import Decisions
+    from kiln.kernels.streaming import streams_weights
     from kiln.passes.partition import KernelGroup, gemms
 
     def graph(m: int, k: int, n: int):  # noqa: ANN202
@@ -71,7 +72,7 @@ def test_a_matrix_vector_product_over_large_weights_is_timed_cold(
 
     # the same many-row GEMM in a model whose weights overflow the last-level cache: every
     # call reads them from DRAM
-    monkeypatch.setattr(decide, "last_level_cache_bytes", lambda: 1 << 20)
+    monkeypatch.setattr(streaming, "last_level_cache_bytes", lambda: 1 << 20)
     assert [streams_weights(g, gemms(g)[0]) for g in (classifier, rows, small)] == \
         [True, True, False]
     monkeypatch.undo()

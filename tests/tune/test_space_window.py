@@ -178,3 +178,25 @@ def test_a_record_from_before_the_tail_tile_decision_is_not_used(tmp_path: Path)
     assert tuned_schedule(space, options) is None
     plan, decisions = tuned_or_default(space, options)
     assert decisions == space.default() and TUNED not in plan.notes
+
+
+def test_a_model_whose_weights_overflow_the_cache_has_streamed_workloads(
+        options: kiln.Options, monkeypatch) -> None:
+    """The tuner times a kernel as the compile's decision does (`kiln.kernels.streaming`):
+    where a model's weights overflow the last-level cache, every kernel with 1 MiB of
+    weights or more is timed cold, under a workload key of its own."""
+    from kiln.kernels import streaming
+    from kiln.tune.space import STREAMED
+
+    model = nn.Sequential(nn.Linear(512, 640), nn.ReLU(), nn.Linear(640, 64)).eval()
+    inputs = (torch.randn(8, 512),)  # weights: 1.25 MiB, then 0.16 MiB
+
+    def spaces() -> dict[str, object]:
+        return {w.label: w.space for w in model_workloads(model, inputs, options)}
+    before = spaces()
+    assert len(before) == 2 and not any(s.streamed for s in before.values())
+    monkeypatch.setattr(streaming, "last_level_cache_bytes", lambda: 1 << 20)
+    after = spaces()
+    streamed = [label for label, s in after.items() if s.streamed]
+    assert streamed == ["gemm 8x640x512 +bias, relu, B packed"]  # the small one stays hot
+    assert after[streamed[0]].workload() == before[streamed[0]].workload() + STREAMED

@@ -109,3 +109,28 @@ def test_the_timeout_counts_the_candidate_not_the_workers_start(options: Options
     with Runner(options, timeout_s=2, threads=1, budget_s=0.05) as runner:
         result = runner.run_one(good, good.default())
     assert result.ok, result.error
+
+
+def test_a_kernel_whose_weights_stream_is_timed_cold_and_filed_apart(options: Options,
+                                                                     monkeypatch) -> None:
+    """`GemmSpace.streamed` (`kiln.kernels.streaming`): one call per sample, the caches
+    evicted before each, as the compile's decision times it; its records get a key of their
+    own, so hot and cold times of one kernel never mix."""
+    import dataclasses
+
+    from kiln.cost import measure as cost_measure
+    from kiln.tune.measure import time_one, time_together
+    from kiln.tune.space import STREAMED
+
+    hot = GemmSpace.for_shape(33, 70, 129, b_prepacked=True, bias=True)
+    cold = dataclasses.replace(hot, streamed=True)
+    assert cold.workload() == hot.workload() + STREAMED
+    evictions: list[int] = []
+    monkeypatch.setattr(cost_measure, "evict_caches", lambda: evictions.append(1))
+    warm = time_one(hot, hot.default(), options, 1, 0.2)
+    assert warm.ok and not evictions
+    result = time_one(cold, cold.default(), options, 1, 0.2)
+    assert result.ok and len(evictions) == len(result.run_times) >= 5  # one per sample
+    evictions.clear()
+    times = time_together(cold, [cold.default(), cold.default()], options, 1, rounds=3)
+    assert [len(t) for t in times] == [3, 3] and len(evictions) == 6

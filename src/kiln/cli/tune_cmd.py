@@ -176,8 +176,11 @@ def _shows(bar, label: str, offset: int):  # noqa: ANN001, ANN202 - StepProgress
     return show
 
 
-def _ratio(ratio: float | None) -> str:
-    return "-" if ratio is None else f"{ratio:.3f}" + (" (dropped)" if ratio >= 1 else "")
+def _ratio(ratio: float | None, drop: bool = True) -> str:
+    """A ratio of times, "-" where there is none; ``drop``: a model's, marked where it
+    makes a compile drop the schedule."""
+    return "-" if ratio is None else f"{ratio:.3f}" + (" (dropped)" if drop and ratio >= 1
+                                                         else "")
 
 
 def _us(seconds: float) -> str:
@@ -206,8 +209,10 @@ def _db(args: argparse.Namespace) -> int:
             for s in found:
                 records = sorted(db.records(s.workload, s.target), key=lambda r: r.median_s)
                 print(f"{s.workload} ({s.kind}) on {Target.from_key(s.target)}")
-                print(markdown(["median us", "decisions", "error"],
-                               [[_us(r.median_s), str(r.decisions), r.error or ""]
+                print(markdown(["median us", "over default", "model with it", "decisions",
+                                "error"],
+                               [[_us(r.median_s), _ratio(r.paired, drop=False),
+                                 _ratio(r.in_model), str(r.decisions), r.error or ""]
                                 for r in records]))
         elif args.action == "export":
             print(f"{db.export_jsonl(args.argument)} records written to {args.argument}")

@@ -63,6 +63,7 @@ from kiln.kernels.depthwise import (
 )
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import KernelPlan
+from kiln.kernels.streaming import streams_weights
 from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.layout import channels_last_values
@@ -214,7 +215,8 @@ def group_space(graph: Graph, group: KernelGroup, options: Options) -> WindowSpa
     pad = group.nodes[0] if group.nodes[0].op is Op.PAD else None
     copied = any(n.op is Op.TO_LAYOUT for n in group.nodes)
     strides = source_strides(graph, group.nodes[0].inputs[0]) if copied else None
-    return conv_space(group.last, options, strides, pad)
+    return dataclasses.replace(conv_space(group.last, options, strides, pad),
+                               streamed=streams_weights(graph, group))
 
 
 def conv_space(node: Node, options: Options, x_strides: tuple[int, ...] | None = None,

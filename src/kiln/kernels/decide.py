@@ -19,7 +19,6 @@ import contextlib
 import dataclasses
 import functools
 import hashlib
-import math
 import os
 import platform
 import sqlite3
@@ -37,7 +36,6 @@ from kiln.cost.measure import (
     Timing,
     evict_caches,
     interleaved,
-    last_level_cache_bytes,
 )
 from kiln.ir import fused
 from kiln.ir.graph import Graph
@@ -45,9 +43,9 @@ from kiln.ir.interp import evaluate_node
 from kiln.ir.ops import Op
 from kiln.kernels.outcome import Built, Measured, Skipped, SkipReason
 from kiln.kernels.plan import Recipe
+from kiln.kernels.streaming import streams_weights
 from kiln.kernels.validate import empty_output, operand_strides, random_operands, runner
 from kiln.options import Options
-from kiln.passes.partition import KernelGroup
 
 __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library", "margin"]
 
@@ -65,7 +63,6 @@ __all__ = ["MARGIN", "Decisions", "fastest", "faster_than_library", "margin"]
 MARGIN = {Recipe.GEMM: 0.95, Recipe.DEPTHWISE: 0.95, Recipe.CONV: 0.97, Recipe.POOL: 0.95,
           Recipe.ROWS: 1.0, Recipe.LOOPS: 1.0, Recipe.LIBRARY: 0.85,
           Recipe.ATTENTION: 0.95}
-STREAMED_WEIGHT_BYTES = 1 << 20  # about a core's L2: larger weights stream (streams_weights)
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
 TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock
 _CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
@@ -238,31 +235,6 @@ def measure(graph: Graph, candidates: Sequence[Built], cold: bool = False
                                  before_sample=evict_caches if cold else None)
     steady = all(t.steady(STEADY) for t in (lib, *gens))
     return [Measured(lib.median_s, g.median_s) for g in gens], steady
-
-
-def streams_weights(graph: Graph, group: KernelGroup) -> bool:
-    """Whether a model call finds the group's constant weights in memory, not in the cache a
-    repeated call leaves them in, so that the group is timed with the caches evicted before
-    each call:
-
-    * one output row (a classifier's matrix-vector product) over at least
-      `STREAMED_WEIGHT_BYTES` of weights: the contenders differ there. MobileNetV2's
-      1x1280x1000 classifier took 64 us in oneDNN against 107 in ATen timed hot, but 237-277
-      us in the model, where kiln's GEMM took 113-144;
-    * any group with that much weight in a graph whose weights overflow the last-level
-      cache, so that every call reads them from DRAM (a transformer's layers). Timed hot,
-      kiln's GEMM and oneDNN's tied on GPT-2's 128x768 @ 768x3072 (2.81 ms); from DRAM,
-      kiln's, which prefetches its next panel, ran 201 GFLOP/s against 183 without."""
-    weights = sum(v.type.nbytes for v in group.inputs if v.node.op is Op.CONSTANT)
-    if weights < STREAMED_WEIGHT_BYTES:
-        return False
-    shape = group.last.outputs[0].type.shape  # (a max pool has its indices second)
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    return rows == 1 or _weight_bytes(graph) > last_level_cache_bytes()
-
-
-def _weight_bytes(graph: Graph) -> int:
-    return sum(n.types[0].nbytes for n in graph.nodes if n.op is Op.CONSTANT)
 
 
 def _settled(library: Timing, generated: Sequence[Timing], margins: Sequence[float]) -> bool:

@@ -32,6 +32,7 @@ from kiln.kernels.gemm_schedule import GemmConfig, default_gemm_config, pack_b
 from kiln.kernels.outcome import Built, Skipped, SkipReason
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.plan_store import stored_plan
+from kiln.kernels.streaming import streams_weights
 from kiln.kernels.strides import runtime_strides
 from kiln.options import Options
 from kiln.passes.partition import KernelGroup, residual_bias
@@ -73,7 +74,8 @@ def gemm_space(graph: Graph, group: KernelGroup, options: Options) -> GemmSpace 
     return GemmSpace(m, n, k, target_isa(options), torch.get_num_threads(),
                      full_rate_512=full_rate_512(options), bias=bias is not None,
                      b_prepacked=b.node.op is Op.CONSTANT, epilogue=epilogue,
-                     name=f"kiln_gemm_{m}x{n}x{k}{suffix}", bias_matrix=matrix, bias_row=row)
+                     name=f"kiln_gemm_{m}x{n}x{k}{suffix}", bias_matrix=matrix, bias_row=row,
+                     streamed=streams_weights(graph, group))
 
 
 def plan_gemm(graph: Graph, group: KernelGroup, options: Options) -> GemmPlanned | Skipped:

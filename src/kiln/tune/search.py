@@ -220,10 +220,11 @@ def _confirm(space: Space, session: Session, workload: str,
     the default: the median, over the rounds, of its time over the default's in the same
     round (`TuningDB.confirm`). A compile uses only that: each candidate was timed alone,
     minutes apart, and this machine's speed drifts by 10% and more within seconds, so the
-    fastest of 32 lone timings is often one taken in a fast moment. Confirmed with 7 rounds
-    and per-point medians instead, resnet18's tuned kernels ran 2.4% slower than the
-    defaults in the model (400 alternated calls). (A runner that cannot time points
-    together, as Ray's, confirms nothing, and a compile keeps the default schedules.)"""
+    fastest of 32 lone timings is often one taken in a fast moment. Chosen by those lone
+    timings, after a confirmation of 7 rounds that compared per-point medians, resnet18's
+    tuned kernels ran 2.4% slower than the defaults in the model (400 alternated calls).
+    (A runner without run_together confirms nothing: a compile keeps the default
+    schedules.)"""
     together = getattr(session.runner, "run_together", None)
     default = known.get(_key(space.default()))
     ran = sorted((r for r in known.values() if r.ok and r is not default),

@@ -117,6 +117,9 @@ def _nearest(options: tuple[Any, ...], value: Any) -> Any:
 
 # -- GEMM ------------------------------------------------------------------------------------------
 
+# the suffix of a workload key timed with the caches evicted (`GemmSpace.streamed`): its
+# records, timed so, never mix with those of the same kernel timed hot
+STREAMED = ":streamed"
 KC_CHOICES = (64, 128, 192, 256, 384, 512, 768, 1024)
 MAX_TILE_VECTORS = 6  # the widest register tile the tuner tries, in vectors (N = 96 on AVX-512)
 MC_TILES = (1, 2, 3, 4, 6, 8, 12, 16)  # MC as a multiple of MR
@@ -151,6 +154,9 @@ class GemmSpace:
     # whether 512-bit FMAs run at full rate here (`kiln.cost.machine.full_rate_512`): the
     # heuristic's register tile depends on it (`default_gemm_config`)
     full_rate_512: bool = False
+    # whether a model call finds its weights in memory (`kiln.kernels.streaming`): the tuner
+    # then times it with the caches evicted, and its records are filed apart
+    streamed: bool = False
 
     @staticmethod
     def for_shape(m: int, n: int, k: int, *, isa: Isa = Isa.AVX512, threads: int = 2,
@@ -278,7 +284,8 @@ class GemmSpace:
         return _gemm_workload(self.m, self.n, self.k, self.b_transposed, self.bias,
                               self.default()["nr"] if self.b_prepacked else 0,
                               repr(self.epilogue), self.bias_matrix, self.batch,
-                              self.a_strides, self.b_strides, self.bias_row)
+                              self.a_strides, self.b_strides, self.bias_row) \
+            + (STREAMED if self.streamed else "")
 
     def plan(self, decisions: Mapping[str, Any]) -> KernelPlan:
         return with_samples(self.plan_config(self.config(decisions)), self, decisions)

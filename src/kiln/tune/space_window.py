@@ -49,7 +49,7 @@ from kiln.kernels.depthwise_schedule import (
 from kiln.kernels.plan import Epilogue, KernelPlan
 from kiln.kernels.pool_schedule import PoolShape, pool_func, pool_plan
 from kiln.tune.db import workload_key
-from kiln.tune.space import Decisions, with_samples
+from kiln.tune.space import STREAMED, Decisions, with_samples
 
 __all__ = ["WindowSpace"]
 
@@ -71,6 +71,9 @@ class WindowSpace:
     # whether 512-bit FMAs run at full rate here (`kiln.cost.machine.full_rate_512`): the
     # convolution's heuristic then takes two rows a tile (`ConvConfig.default`)
     full_rate_512: bool = False
+    # whether a model call finds its weights in memory (`kiln.kernels.streaming`): the tuner
+    # then times it with the caches evicted, and its records are filed apart
+    streamed: bool = False
 
     @property
     def lanes(self) -> int:
@@ -172,7 +175,8 @@ class WindowSpace:
         """The structural hash of the unscheduled program (the default's weight layout), and
         of the epilogue, which runs as a post-pass."""
         nr = self.default()["nr"] if self.kind == "conv" else 0
-        return _window_workload(self.kind, self.shape, nr, repr(self.epilogue))
+        return _window_workload(self.kind, self.shape, nr, repr(self.epilogue)) \
+            + (STREAMED if self.streamed else "")
 
     def operands(self, decisions: Mapping[str, Any], gen: torch.Generator
                  ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
