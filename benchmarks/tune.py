@@ -25,8 +25,8 @@ With ``--transfer-to MODEL``, both arms use the cost model on MODEL's kernels; o
 from the comparison's records (other models' kernels, those MODEL shares left out), the
 other from nothing.
 
-With ``--from-db PATH`` nothing is tuned: for each kernel of each model, the default, the best
-record of ``PATH`` on this machine (what a compile with that database picks) and the
+With ``--from-db PATH`` nothing is tuned: for each kernel of each model, the default, what a
+compile with the database ``PATH`` picks on this machine (`kiln.tune.apply`) and the
 library's call are timed together, and the summary gives per model the geomean of the default
 over the tuned kernel (all kernels, and the row and elementwise ones) and of the library over
 the tuned kernel.
@@ -195,9 +195,10 @@ def duel(names: list[str], arms: dict[str, bool], kernels: int | None, trials: i
 
 
 def against_library(names: list[str], db_path: Path) -> list[dict]:
-    """Per kernel: the default, the schedule a compile with the database picks (its best on
-    this machine, where it beats the default's record by `apply.MARGIN`) and the library's
-    call, timed together (`remeasure`)."""
+    """Per kernel: the default, the schedule a compile with the database picks
+    (`apply.tuned_schedule`: the confirmation's choice on this machine, where it beat the
+    default by `apply.MARGIN` and did not slow its model) and the library's call, timed
+    together (`remeasure`)."""
     options = kiln.Options()
     with_db = kiln.Options(tuning_db=str(db_path))
     rows = []

@@ -42,6 +42,19 @@ def test_a_compile_uses_the_recorded_schedule(tmp_path: Path, options: kiln.Opti
     assert all("tuned" not in k.decision for k in others)  # no record: the heuristic
 
 
+def _confirmed(tmp_path: Path, space, target: Target, point: dict, default_s: float,  # noqa: ANN001
+               point_s: float, paired: float | None) -> TuningDB:
+    """A database holding the default's record and ``point``'s, as a confirmation leaves
+    them (``paired``: the point's ratio to the default; None: never confirmed)."""
+    db = TuningDB.open(tmp_path / "t.sqlite")
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
+                                 space.default(), [default_s], paired=1.0))
+    db.add(TuningRecord.measured(space_workload(space), target, "gemm",
+                                 space.plan(point).trace.to_json(), point, [point_s],
+                                 paired=paired))
+    return db
+
+
 @pytest.mark.parametrize("faster, paired, tuned", [(0.99, 0.99, False), (0.96, 0.96, True),
                                                    (0.5, None, False), (0.5, 1.02, False)])
 def test_a_record_replaces_the_default_only_where_it_was_confirmed_clearly_faster(
@@ -57,12 +70,7 @@ def test_a_record_replaces_the_default_only_where_it_was_confirmed_clearly_faste
     space = model_workloads(model, inputs, options)[0].space
     point = list(neighbours(space, space.default()))[-1]
     target = Target.here(options, torch.get_num_threads())
-    db = TuningDB.open(tmp_path / "t.sqlite")
-    db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
-                                 space.default(), [100e-6], paired=1.0))
-    db.add(TuningRecord.measured(space_workload(space), target, "gemm",
-                                 space.plan(point).trace.to_json(), point, [faster * 100e-6],
-                                 paired=paired))
+    _confirmed(tmp_path, space, target, point, 100e-6, faster * 100e-6, paired)
     chosen = tuned_schedule(space, kiln.Options(**{**options.__dict__,
                                                    "tuning_db": str(tmp_path / "t.sqlite")}))
     assert (chosen is not None) is tuned
@@ -125,11 +133,7 @@ def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
     space = workloads[0].space
     point = list(neighbours(space, space.default()))[-1]
     target = Target.here(options, torch.get_num_threads())
-    db = TuningDB.open(tmp_path / "t.sqlite")
-    db.add(TuningRecord.measured(space_workload(space), target, "gemm", "[]",
-                                 space.default(), [2e-6], paired=1.0))
-    db.add(TuningRecord.measured(space_workload(space), target, "gemm",
-                                 space.plan(point).trace.to_json(), point, [1e-6], paired=0.5))
+    db = _confirmed(tmp_path, space, target, point, 2e-6, 1e-6, 0.5)
     tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
     (check,) = check_in_model(model, inputs, workloads, db, target, tuned)  # the others:
     assert check.workload is workloads[0] and 0 < check.ratio < 10  # no record, unchecked
