@@ -133,7 +133,7 @@ def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
     space = workloads[0].space
     point = list(neighbours(space, space.default()))[-1]
     target = Target.here(options, torch.get_num_threads())
-    db = _confirmed(tmp_path, space, target, point, 2e-6, 1e-6, 0.5)
+    db = _confirmed(tmp_path, space, target, point, 1.0, 0.5, 0.5)  # (most of the model)
     tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
     (check,) = check_in_model(model, inputs, workloads, db, target, tuned)  # the others:
     assert check.workload is workloads[0] and 0 < check.ratio < 10  # no record, unchecked
@@ -142,4 +142,10 @@ def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
     db.checked_in_model(space_workload(space), target, point, 1.02)  # slower with it
     assert tuned_schedule(space, tuned) is None
     db.checked_in_model(space_workload(space), target, point, 0.98)  # faster with it
-    assert tuned_schedule(space, tuned) == (point, pytest.approx(1e-6))
+    assert tuned_schedule(space, tuned) == (point, pytest.approx(0.5))
+    small = _confirmed(tmp_path / "small", space, target, point, 1e-9, 0.5e-9, 0.5)
+    small.checked_in_model(space_workload(space), target, point, 1.05)  # an earlier check
+    assert check_in_model(model, inputs, workloads, small, target, tuned) == []  # too small
+    assert small.record(space_workload(space), target, point).in_model is None
+    assert tuned_schedule(space, kiln.Options(**{**options.__dict__, "tuning_db": str(
+        tmp_path / "small" / "t.sqlite")})) == (point, pytest.approx(0.5e-9))

@@ -82,7 +82,7 @@ def parse_duration(text: str) -> float:
 def _tune(args: argparse.Namespace) -> int:
     from kiln.tune.db import TuningDBError
     from kiln.tune.ray_runner import RayUnavailable
-    from kiln.tune.search import Session, TuneSettings, tune_kernel
+    from kiln.tune.search import Session, TuneSettings, refresh, tune_kernel
     from kiln.tune.validate import check_in_model
     from kiln.tune.workloads import model_workloads
 
@@ -149,12 +149,16 @@ def _tune(args: argparse.Namespace) -> int:
                 for check in check_in_model(model, inputs, workloads, session.db,
                                             session.target, options, checking):
                     in_model[(name, check.workload.space.workload())] = check.ratio
+            for row_name, w, result in rows:
+                if row_name == name:
+                    refresh(result, w.space, session)  # (what a compile now picks)
     finally:
         session.close()
     print(markdown(["model", "kernel", "uses", "default us", "tuned us", "speedup",
                     "model with it", "measured", "failed"],
                    [[name, w.label, str(len(w.nodes)), _us(r.default_s), _us(r.best_s),
-                     f"{r.speedup:.2f}x", _ratio(in_model.get((name, w.space.workload()))),
+                     f"{r.speedup:.2f}x", _checked(in_model.get((name, w.space.workload())),
+                                                   r.best != w.space.default()),
                      str(r.measured), str(r.failed)]
                     for name, w, r in rows]))
     if in_model:
@@ -174,6 +178,12 @@ def _shows(bar, label: str, offset: int):  # noqa: ANN001, ANN202 - StepProgress
                    key=(label, result.best_s))
 
     return show
+
+
+def _checked(ratio: float | None, chosen: bool) -> str:
+    """The check in the model of a kernel's schedule; a chosen schedule without one was too
+    small a share of the model to check (`kiln.tune.validate.MIN_SHARE`)."""
+    return "not checked: small" if ratio is None and chosen else _ratio(ratio)
 
 
 def _ratio(ratio: float | None, drop: bool = True) -> str:

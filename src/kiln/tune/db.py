@@ -313,15 +313,17 @@ class TuningDB:
         return self._record(row)
 
     def checked_in_model(self, workload: str, target: Target | str,
-                         decisions: Mapping[str, Any], ratio: float) -> bool:
+                         decisions: Mapping[str, Any], ratio: float | None) -> bool:
         """Store a model's time with this point over its time with the default schedule
-        (`kiln.tune.validate`); False where no such record ran."""
-        if not (math.isfinite(ratio) and ratio > 0):
+        (`kiln.tune.validate`; None: forget an earlier one); False where no such record
+        ran."""
+        if ratio is not None and not (math.isfinite(ratio) and ratio > 0):
             raise ValueError("a ratio is not a positive number")
         with self._connect() as conn:
             return conn.execute("UPDATE records SET in_model = ? WHERE workload = ? AND "
                                 "target = ? AND decisions = ? AND error IS NULL",
-                                (float(ratio), workload, _target_key(target),
+                                (None if ratio is None else float(ratio), workload,
+                                 _target_key(target),
                                  _canonical(dict(decisions)))).rowcount == 1
 
     def chosen(self, workload: str, target: Target | str) -> TuningRecord | None:

@@ -250,6 +250,12 @@ def _confirm(space: Space, session: Session, workload: str,
     _update(result, known, space)
 
 
+def refresh(result: TuneResult, space: Space, session: Session) -> None:
+    """``result``'s best as the database now says (after `kiln.tune.validate`'s checks)."""
+    records = session.db.records(result.workload, session.target)
+    _update(result, {_key(r.decisions): r for r in records}, space)
+
+
 def _update(result: TuneResult, known: Mapping[str, TuningRecord], space: Space) -> None:
     """The default's time, and the best: once confirmed, what a compile would choose
     (`apply.beats_default`), at the default's time times its paired ratio; before, the
