@@ -121,7 +121,8 @@ def test_row_kernels_share_one_workload_and_use_its_record(tmp_path: Path,
 
 
 def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
-                                                        options: kiln.Options) -> None:
+                                                        options: kiln.Options,
+                                                        monkeypatch) -> None:
     """`kiln.tune.validate`: a schedule faster alone is compiled into the model alone and
     the two builds' calls are alternated; the ratio is stored, and a compile keeps the
     schedule only where the model ran faster with it."""
@@ -141,6 +142,14 @@ def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
     assert db.record(space_workload(space), target, point).in_model == check.ratio
     db.checked_in_model(space_workload(space), target, point, 1.02)  # slower with it
     assert tuned_schedule(space, tuned) is None
+    compiled = []  # checked again, the schedule is in the model again, not left out
+    compile_ = kiln.compile
+    monkeypatch.setattr(kiln, "compile", lambda *a, **k: compiled.append(compile_(*a, **k))
+                        or compiled[-1])
+    check_in_model(model, inputs, workloads, db, target, tuned)
+    assert any("(tuned)" in k.decision for k in compiled[-1].report.kernels)
+    monkeypatch.undo()
+    db.checked_in_model(space_workload(space), target, point, 1.02)
     db.checked_in_model(space_workload(space), target, point, 0.98)  # faster with it
     assert tuned_schedule(space, tuned) == (point, pytest.approx(0.5))
     small = _confirmed(tmp_path / "small", space, target, point, 1e-9, 0.5e-9, 0.5)

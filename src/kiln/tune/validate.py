@@ -82,8 +82,11 @@ def check_in_model(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
         for i, (w, chosen) in enumerate(todo):
             if progress is not None:
                 progress(i, w.label)
-            alone = TuningDB.open(Path(tmp) / f"{i}.sqlite")  # this workload's records only
-            alone.add_many(db.records(w.space.workload(), target))
+            # this workload's records only, without an earlier check's verdict: a schedule
+            # dropped once must be in the model again to be checked again
+            alone = TuningDB.open(Path(tmp) / f"{i}.sqlite")
+            alone.add_many([dataclasses.replace(r, in_model=None)
+                            for r in db.records(w.space.workload(), target)])
             tuned = kiln.compile(model, inputs, options=dataclasses.replace(
                 options, tuning_db=str(alone.path)))
             ratios = alternated(lambda: base(*inputs), lambda f=tuned: f(*inputs), pairs)
