@@ -163,8 +163,9 @@ def _tune(args: argparse.Namespace) -> int:
                     for name, w, r in rows]))
     if in_model:
         kept = sum(r < 1 for r in in_model.values())
-        print(f"\n{kept} of {len(in_model)} tuned schedules made their model faster (its time "
-              "with the schedule over without, calls alternated); a compile uses only those")
+        print(f"\n{kept} of {len(in_model)} schedules checked made their model faster (its time "
+              "with the schedule over without, calls alternated); a compile drops the others. "
+              "A schedule under 2% of its model is not checked")
     print(f"\n{len(rows)} kernels in {time.perf_counter() - start:.0f} s; records in {args.db} "
           f"(compile with KILN_TUNING_DB={args.db} to use them)")
     return 0
