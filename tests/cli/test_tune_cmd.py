@@ -42,6 +42,23 @@ def test_tune_records_then_db_lists_shows_exports_imports(tmp_path: Path, capsys
     assert "6 new records" in capsys.readouterr().out
 
 
+def test_the_time_budget_keeps_time_for_the_checks(tmp_path: Path, capsys,
+                                                  monkeypatch) -> None:
+    """A kernel is tuned only where the budget left holds its check in the model too (and the
+    checks of the kernels before it that need one): with checks that would take longer than
+    the budget, nothing is tuned; without a budget, the same run tunes every kernel."""
+    from kiln.tune.validate import ModelCheck
+
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kernels"))
+    monkeypatch.setattr(ModelCheck, "cost_s", lambda self: 7200.0)
+    argv = ["tune", "mlp", "--quick", "--trials", "2", "--jobs", "1"]
+    assert main([*argv, "--time-budget", "1h", "--db", str(tmp_path / "a.sqlite")]) == 0
+    out = capsys.readouterr().out
+    assert "\n0 kernels in" in out and "3 kernels not tuned: the time budget ran out" in out
+    assert main([*argv, "--db", str(tmp_path / "b.sqlite")]) == 0
+    assert "\n3 kernels in" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv, code, says", [
     (["tune"], 2, "MODEL or --all"),
     (["tune", "no_such_model"], 2, "known models"),

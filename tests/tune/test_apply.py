@@ -4,6 +4,7 @@ this target, says so in the report, and never fails because of the database."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -158,3 +159,26 @@ def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
     assert small.record(space_workload(space), target, point).in_model is None
     assert tuned_schedule(space, kiln.Options(**{**options.__dict__, "tuning_db": str(
         tmp_path / "small" / "t.sqlite")})) == (point, pytest.approx(0.5e-9))
+
+
+def test_the_checks_share_the_time_left_before_a_deadline(tmp_path: Path,
+                                                         options: kiln.Options) -> None:
+    """`ModelCheck.run`: each check takes about `CHECK_S` of calls where time allows, fewer
+    where the deadline is near, and never fewer than `PAIRS`[0] pairs (a deadline passed
+    gets those); `wanted` and `cost_s` are what `kiln tune` keeps time for."""
+    from kiln.tune.validate import PAIRS, ModelCheck
+
+    model, inputs = models.build("mlp", quick=True)
+    workloads = model_workloads(model, inputs, options)
+    space = workloads[0].space
+    point = list(neighbours(space, space.default()))[-1]
+    target = Target.here(options, torch.get_num_threads())
+    db = _confirmed(tmp_path, space, target, point, 1.0, 0.5, 0.5)
+    tuned = kiln.Options(**{**options.__dict__, "tuning_db": str(tmp_path / "t.sqlite")})
+    check = ModelCheck(model, inputs, tuned)
+    assert [check.wanted(w, db, target) for w in workloads] == [True, False, False]
+    assert check.cost_s() > check.compile_s > 0
+    (late,) = check.run(workloads, db, target, deadline=time.perf_counter())
+    assert late.pairs == PAIRS[0]
+    (timely,) = check.run(workloads, db, target)  # (a call of the quick mlp: microseconds)
+    assert timely.pairs == PAIRS[1] == check.pairs()

@@ -43,8 +43,9 @@ def add_command(commands: argparse._SubParsersAction) -> None:
                    "counted (default 32): a stopped run goes on where it stopped, and a kernel "
                    "an earlier model shares is not tuned again")
     t.add_argument("--time-budget", default="", metavar="T",
-                   help="stop after T for the whole run: 90s, 10m, 1h (default: none); each "
-                   "model, then each kernel, gets an equal share of what is left")
+                   help="stop after T for the whole run, the checks in the model included: "
+                   "90s, 10m, 1h (default: none); each model, then each kernel, gets an equal "
+                   "share of what is left, less the time kept for the checks")
     t.add_argument("--patience", type=int, default=16, metavar="N",
                    help="move on to the next kernel once N candidates in a row found nothing "
                    "1%% faster than its best (default 16; 0: measure all --trials)")
@@ -83,7 +84,7 @@ def _tune(args: argparse.Namespace) -> int:
     from kiln.tune.db import TuningDBError
     from kiln.tune.ray_runner import RayUnavailable
     from kiln.tune.search import Session, TuneSettings, refresh, tune_kernel
-    from kiln.tune.validate import check_in_model
+    from kiln.tune.validate import ModelCheck
     from kiln.tune.workloads import model_workloads
 
     if (args.model is None) == (not args.all):
@@ -118,19 +119,25 @@ def _tune(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     rows = []
     in_model: dict[tuple[str, str], float] = {}  # (model, workload) -> time with / without
+    untuned = 0  # kernels the budget left no time for
     try:
         for m, name in enumerate(names):
             model_start = time.perf_counter()
-            model_budget = (budget - (model_start - start)) / (len(names) - m)
+            deadline = model_start + (budget - (model_start - start)) / (len(names) - m)
             model, inputs = models.build(name, quick=args.quick)
             workloads = model_workloads(model, inputs, options)
+            check = ModelCheck(model, inputs, options)
             print(f"{name}: {len(workloads)} tunable kernels", file=sys.stderr)
             with step_progress(sys.stderr, total=len(workloads) * args.trials) as bar:
+                waiting = 0  # kernels tuned whose chosen schedule awaits its check
                 for i, w in enumerate(workloads):
-                    # an equal share of what is left: a kernel that stops early (patience,
-                    # a small space) leaves its time to the ones after it
-                    left = model_budget - (time.perf_counter() - model_start)
+                    # an equal share of what is left, less the time the checks will take
+                    # (those of the kernels tuned and this one's): a kernel that stops early
+                    # (patience, a small space) leaves its time to the ones after it
+                    kept = (waiting + 1) * check.cost_s() if math.isfinite(budget) else 0.0
+                    left = deadline - time.perf_counter() - kept
                     if left <= 0:
+                        untuned += len(workloads) - i
                         break
 
                     show = _shows(bar, f"{name} {i + 1}/{len(workloads)} {w.label}",
@@ -142,13 +149,15 @@ def _tune(args: argparse.Namespace) -> int:
                                             trials_include_records=True)
                     result = tune_kernel(w.space, session, settings, show)
                     rows.append((name, w, result))
+                    if math.isfinite(budget):
+                        waiting += check.wanted(w, session.db, session.target)
             with step_progress(sys.stderr, total=len(workloads)) as bar:
                 def checking(i: int, label: str, bar=bar, name=name) -> None:  # noqa: ANN001
                     bar.update(i, f"{name}: checking in the model: {label}")
 
-                for check in check_in_model(model, inputs, workloads, session.db,
-                                            session.target, options, checking):
-                    in_model[(name, check.workload.space.workload())] = check.ratio
+                for done in check.run(workloads, session.db, session.target, deadline,
+                                      checking):
+                    in_model[(name, done.workload.space.workload())] = done.ratio
             for row_name, w, result in rows:
                 if row_name == name:
                     refresh(result, w.space, session)  # (what a compile now picks)
@@ -166,6 +175,9 @@ def _tune(args: argparse.Namespace) -> int:
         print(f"\n{kept} of {len(in_model)} schedules checked made their model faster (its time "
               "with the schedule over without, calls alternated); a compile drops the others. "
               "A schedule under 2% of its model is not checked")
+    if untuned:
+        print(f"\n{untuned} kernels not tuned: the time budget ran out (a run resumed with the "
+              "same database goes on with them)")
     print(f"\n{len(rows)} kernels in {time.perf_counter() - start:.0f} s; records in {args.db} "
           f"(compile with KILN_TUNING_DB={args.db} to use them)")
     return 0

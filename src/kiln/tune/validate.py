@@ -18,6 +18,7 @@ keeps a schedule only where it is below 1. A kernel too small for the check to s
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 import tempfile
 import time
@@ -33,7 +34,7 @@ from kiln.tune.apply import faster_alone
 from kiln.tune.db import Target, TuningDB
 from kiln.tune.workloads import KernelWorkload
 
-__all__ = ["InModel", "check_in_model"]
+__all__ = ["InModel", "ModelCheck", "check_in_model"]
 
 CHECK_S = 8.0  # the alternated calls' time per kernel checked, at most
 PAIRS = (40, 300)  # the fewest and the most pairs of calls per kernel checked
@@ -53,47 +54,117 @@ class InModel:
     faster_in: int  # pairs in which the model with it ran faster
 
 
+class ModelCheck:
+    """A model's untuned build, which each tuned schedule's build is timed against, and what
+    one check costs here: `kiln tune` keeps that time for the checks inside its budget.
+
+        check = ModelCheck(model, inputs, options)
+        check.cost_s()                      # a compile plus the calls of one check
+        check.wanted(w, db, target)         # whether w's chosen schedule needs a check
+        check.run(workloads, db, target, deadline=time.perf_counter() + 60)
+
+    The untuned build is compiled on first use (a model none of whose schedules needs a
+    check costs no compile)."""
+
+    def __init__(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+                 options: Options) -> None:
+        self.model, self.inputs, self.options = model, inputs, options
+        self._base: Callable[..., object] | None = None
+        # a check's compile: the untuned build's until a check's replaces it (that one finds
+        # the other kernels in the kernel cache, where the first may not have)
+        self.compile_s = 0.0
+        self.call_s = 0.0  # one call of the untuned build
+
+    def base(self) -> Callable[..., object]:
+        if self._base is None:
+            start = time.perf_counter()
+            with torch.no_grad():
+                base = _compile(self.model, self.inputs,
+                                dataclasses.replace(self.options, tuning_db=""))
+                self.compile_s = time.perf_counter() - start
+                self.call_s = _call_s(lambda: base(*self.inputs))
+            self._base = base
+        return self._base
+
+    def pairs(self, seconds: float = CHECK_S) -> int:
+        """Pairs of calls that take about ``seconds``, within `PAIRS`."""
+        self.base()
+        return int(min(max(seconds / (2 * self.call_s), PAIRS[0]), PAIRS[1]))
+
+    def cost_s(self) -> float:
+        """One check at its full size: the tuned build's compile and `CHECK_S` of calls (or
+        `PAIRS`' bounds on them)."""
+        return self.compile_s + 2 * self.pairs() * self.call_s
+
+    def share(self, w: KernelWorkload, db: TuningDB, target: Target) -> float:
+        """The share of a model call its uses of the kernel take, at the default's time."""
+        self.base()
+        default = db.record(w.space.workload(), target, w.space.default())
+        return len(w.nodes) * default.median_s / self.call_s if default is not None else 0.0
+
+    def wanted(self, w: KernelWorkload, db: TuningDB, target: Target) -> bool:
+        """Whether ``w``'s chosen schedule beat its default on its own (`apply.faster_alone`)
+        and its uses take `MIN_SHARE` of the model's time or more."""
+        chosen = db.chosen(w.space.workload(), target)
+        return chosen is not None and faster_alone(chosen, w.space.default()) \
+            and self.share(w, db, target) >= MIN_SHARE
+
+    def run(self, workloads: Sequence[KernelWorkload], db: TuningDB, target: Target,
+            deadline: float = math.inf,
+            progress: Callable[[int, str], None] | None = None) -> list[InModel]:
+        """Check each workload that is `wanted`, store the results and return them. The
+        checks share what is left until ``deadline`` (`time.perf_counter`) evenly, each
+        within `PAIRS`: a check never takes fewer than `PAIRS`[0] pairs, so a deadline too
+        near for that is passed."""
+        todo = []
+        for w in workloads:
+            chosen = db.chosen(w.space.workload(), target)
+            if chosen is not None and faster_alone(chosen, w.space.default()):
+                todo.append((w, chosen))
+        if not todo:
+            return []
+        base = self.base()
+        for w, chosen in todo:  # too small to see: an earlier check of it, if any, was noise
+            if self.share(w, db, target) < MIN_SHARE:
+                db.checked_in_model(w.space.workload(), target, chosen.decisions, None)
+        todo = [(w, c) for w, c in todo if self.share(w, db, target) >= MIN_SHARE]
+        checks = []
+        with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
+            for i, (w, chosen) in enumerate(todo):
+                if progress is not None:
+                    progress(i, w.label)
+                each_s = (deadline - time.perf_counter()) / (len(todo) - i) - self.compile_s
+                # this workload's records only, without an earlier check's verdict: a
+                # schedule dropped once must be in the model again to be checked again
+                alone = TuningDB.open(Path(tmp) / f"{i}.sqlite")
+                alone.add_many([dataclasses.replace(r, in_model=None)
+                                for r in db.records(w.space.workload(), target)])
+                start = time.perf_counter()
+                tuned = _compile(self.model, self.inputs, dataclasses.replace(
+                    self.options, tuning_db=str(alone.path)))
+                self.compile_s = time.perf_counter() - start
+                pairs = self.pairs(min(CHECK_S, each_s))
+                ratios = alternated(lambda: base(*self.inputs),
+                                    lambda f=tuned: f(*self.inputs), pairs)
+                check = InModel(w, statistics.median(ratios), pairs, sum(r < 1 for r in ratios))
+                db.checked_in_model(w.space.workload(), target, chosen.decisions, check.ratio)
+                checks.append(check)
+        return checks
+
+
 def check_in_model(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
                    workloads: Sequence[KernelWorkload], db: TuningDB, target: Target,
                    options: Options, progress: Callable[[int, str], None] | None = None
                    ) -> list[InModel]:
-    """Check each workload whose chosen schedule beat its default on its own
-    (`apply.faster_alone`) and whose uses take `MIN_SHARE` of the model's time or more, in
-    ``model``, and store the result; returns the checks."""
+    """`ModelCheck.run` without a deadline."""
+    return ModelCheck(model, inputs, options).run(workloads, db, target, progress=progress)
+
+
+def _compile(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
+             options: Options) -> Callable[..., object]:
     import kiln
 
-    todo = []
-    for w in workloads:
-        chosen = db.chosen(w.space.workload(), target)
-        if chosen is not None and faster_alone(chosen, w.space.default()):
-            todo.append((w, chosen))
-    if not todo:
-        return []
-    untuned = dataclasses.replace(options, tuning_db="")
-    checks = []
-    with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
-        base = kiln.compile(model, inputs, options=untuned)
-        call_s = _call_s(lambda: base(*inputs))
-        pairs = int(min(max(CHECK_S / (2 * call_s), PAIRS[0]), PAIRS[1]))
-        small = [(w, c) for w, c in todo if _share(w, db, target, call_s) < MIN_SHARE]
-        for w, chosen in small:  # (an earlier check of it, if any, was noise)
-            db.checked_in_model(w.space.workload(), target, chosen.decisions, None)
-        todo = [(w, c) for w, c in todo if (w, c) not in small]
-        for i, (w, chosen) in enumerate(todo):
-            if progress is not None:
-                progress(i, w.label)
-            # this workload's records only, without an earlier check's verdict: a schedule
-            # dropped once must be in the model again to be checked again
-            alone = TuningDB.open(Path(tmp) / f"{i}.sqlite")
-            alone.add_many([dataclasses.replace(r, in_model=None)
-                            for r in db.records(w.space.workload(), target)])
-            tuned = kiln.compile(model, inputs, options=dataclasses.replace(
-                options, tuning_db=str(alone.path)))
-            ratios = alternated(lambda: base(*inputs), lambda f=tuned: f(*inputs), pairs)
-            check = InModel(w, statistics.median(ratios), pairs, sum(r < 1 for r in ratios))
-            db.checked_in_model(w.space.workload(), target, chosen.decisions, check.ratio)
-            checks.append(check)
-    return checks
+    return kiln.compile(model, inputs, options=options)
 
 
 def _call_s(call: Callable[[], object]) -> float:
@@ -102,9 +173,3 @@ def _call_s(call: Callable[[], object]) -> float:
     start = time.perf_counter()
     call()
     return max(time.perf_counter() - start, 1e-6)
-
-
-def _share(w: KernelWorkload, db: TuningDB, target: Target, call_s: float) -> float:
-    """The share of a model call its uses of the kernel take, at the default's time."""
-    default = db.record(w.space.workload(), target, w.space.default())
-    return len(w.nodes) * default.median_s / call_s if default is not None else 0.0
