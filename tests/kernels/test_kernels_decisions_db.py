@@ -54,6 +54,25 @@ def _filled(path: Path) -> bytes:
     return path.read_bytes()
 
 
+def test_decisions_kept_by_an_earlier_version_are_forgotten(tmp_path: Path) -> None:
+    """`decide.VERSION`: a file an earlier kiln filled (its decisions kept without the
+    contention check) is emptied once; the checks' answers and later decisions stay."""
+    from kiln.kernels.decide import VERSION
+
+    path = tmp_path / "decisions.sqlite"
+    _filled(path)
+    Decisions(path).put_agreed("check-0", True)
+    with sqlite3.connect(path) as db:
+        db.execute("PRAGMA user_version = 0")  # as a kiln before the version wrote it
+    fresh = Decisions(path)
+    assert fresh.get("key-0") is None and fresh.agreed("check-0") is True
+    fresh.put("key-1", Measured(2.0, 1.0))
+    assert Decisions(path).get("key-1") == Measured(2.0, 1.0, cached=True)
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == VERSION
+        assert db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0] == 1
+
+
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "malformed"])
 def test_a_corrupt_database_is_moved_aside_and_started_again(tmp_path: Path,
                                                              damage: str) -> None:
