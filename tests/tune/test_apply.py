@@ -182,3 +182,13 @@ def test_the_checks_share_the_time_left_before_a_deadline(tmp_path: Path,
     assert late.pairs == PAIRS[0]
     (timely,) = check.run(workloads, db, target)  # (a call of the quick mlp: microseconds)
     assert timely.pairs == PAIRS[1] == check.pairs()
+    # a schedule another model (checked before, in the same run) ran slower with: the
+    # database keeps that model's verdict, and a compile drops the schedule for both
+    worst = {(space_workload(space), json.dumps(point, sort_keys=True)): 1.5}
+    (shared,) = check.run(workloads, db, target, worst=worst)
+    assert shared.ratio < 1.5 and db.record(space_workload(space), target, point).in_model == 1.5
+    assert list(worst.values()) == [1.5]
+    worst.clear()
+    (alone,) = check.run(workloads, db, target, worst=worst)
+    assert db.record(space_workload(space), target, point).in_model == alone.ratio
+    assert list(worst.values()) == [alone.ratio]

@@ -120,6 +120,7 @@ def _tune(args: argparse.Namespace) -> int:
     rows = []
     in_model: dict[tuple[str, str], float] = {}  # (model, workload) -> time with / without
     untuned = 0  # kernels the budget left no time for
+    worst: dict[tuple[str, str], float] = {}  # a schedule's highest ratio over the models
     try:
         for m, name in enumerate(names):
             model_start = time.perf_counter()
@@ -156,7 +157,7 @@ def _tune(args: argparse.Namespace) -> int:
                     bar.update(i, f"{name}: checking in the model: {label}")
 
                 for done in check.run(workloads, session.db, session.target, deadline,
-                                      checking):
+                                      checking, worst):
                     in_model[(name, done.workload.space.workload())] = done.ratio
             for row_name, w, result in rows:
                 if row_name == name:

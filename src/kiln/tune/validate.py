@@ -18,6 +18,7 @@ keeps a schedule only where it is below 1. A kernel too small for the check to s
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 import tempfile
@@ -111,11 +112,15 @@ class ModelCheck:
 
     def run(self, workloads: Sequence[KernelWorkload], db: TuningDB, target: Target,
             deadline: float = math.inf,
-            progress: Callable[[int, str], None] | None = None) -> list[InModel]:
+            progress: Callable[[int, str], None] | None = None,
+            worst: dict[tuple[str, str], float] | None = None) -> list[InModel]:
         """Check each workload that is `wanted`, store the results and return them. The
         checks share what is left until ``deadline`` (`time.perf_counter`) evenly, each
         within `PAIRS`: a check never takes fewer than `PAIRS`[0] pairs, so a deadline too
-        near for that is passed."""
+        near for that is passed. ``worst``: each schedule's highest ratio in the models
+        checked before (by workload and decisions), updated here; the database gets the
+        higher of that and this model's, so that a kernel two models share (BERT's and HF
+        BERT's) keeps a schedule only where it slowed neither."""
         todo = []
         for w in workloads:
             chosen = db.chosen(w.space.workload(), target)
@@ -147,7 +152,11 @@ class ModelCheck:
                 ratios = alternated(lambda: base(*self.inputs),
                                     lambda f=tuned: f(*self.inputs), pairs)
                 check = InModel(w, statistics.median(ratios), pairs, sum(r < 1 for r in ratios))
-                db.checked_in_model(w.space.workload(), target, chosen.decisions, check.ratio)
+                ratio = check.ratio
+                if worst is not None:  # (the schedule, whichever model checked it)
+                    key = (w.space.workload(), json.dumps(chosen.decisions, sort_keys=True))
+                    ratio = worst[key] = max(worst.get(key, 0.0), check.ratio)
+                db.checked_in_model(w.space.workload(), target, chosen.decisions, ratio)
                 checks.append(check)
         return checks
 
