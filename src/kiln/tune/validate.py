@@ -32,7 +32,7 @@ import torch
 from kiln.cost.measure import alternated
 from kiln.options import Options
 from kiln.tune.apply import faster_alone
-from kiln.tune.db import Target, TuningDB
+from kiln.tune.db import Target, TuningDB, TuningRecord
 from kiln.tune.workloads import KernelWorkload
 
 __all__ = ["InModel", "ModelCheck", "check_in_model"]
@@ -106,8 +106,7 @@ class ModelCheck:
     def wanted(self, w: KernelWorkload, db: TuningDB, target: Target) -> bool:
         """Whether ``w``'s chosen schedule beat its default on its own (`apply.faster_alone`)
         and its uses take `MIN_SHARE` of the model's time or more."""
-        chosen = db.chosen(w.space.workload(), target)
-        return chosen is not None and faster_alone(chosen, w.space.default()) \
+        return _faster_alone(w, db, target) is not None \
             and self.share(w, db, target) >= MIN_SHARE
 
     def run(self, workloads: Sequence[KernelWorkload], db: TuningDB, target: Target,
@@ -121,11 +120,8 @@ class ModelCheck:
         checked before (by workload and decisions), updated here; the database gets the
         higher of that and this model's, so that a kernel two models share (BERT's and HF
         BERT's) keeps a schedule only where it slowed neither."""
-        todo = []
-        for w in workloads:
-            chosen = db.chosen(w.space.workload(), target)
-            if chosen is not None and faster_alone(chosen, w.space.default()):
-                todo.append((w, chosen))
+        todo = [(w, chosen) for w in workloads
+                if (chosen := _faster_alone(w, db, target)) is not None]
         if not todo:
             return []
         base = self.base()
@@ -174,6 +170,12 @@ def _compile(model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
     import kiln
 
     return kiln.compile(model, inputs, options=options)
+
+
+def _faster_alone(w: KernelWorkload, db: TuningDB, target: Target) -> TuningRecord | None:
+    """``w``'s chosen record where it beat the default on its own (`apply.faster_alone`)."""
+    chosen = db.chosen(w.space.workload(), target)
+    return chosen if chosen is not None and faster_alone(chosen, w.space.default()) else None
 
 
 def _call_s(call: Callable[[], object]) -> float:
