@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import sqlite3
 
-from kiln.cost import measured
+from kiln.cost import measure, measured
 from kiln.cost.analytic import AnalyticCost, Roofline
 from kiln.cost.measured import MeasuredCost
 from kiln.ir import parse_graph
@@ -28,6 +28,7 @@ def _model(tmp_path, budget_s: float = 5.0) -> MeasuredCost:
 
 def test_an_op_is_timed_once_and_read_back_from_disk(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(measured, "STEADY", math.inf)  # keep it, however busy the machine
+    monkeypatch.setattr(measure, "WAITED_MAX", math.inf)
     model = _model(tmp_path)
     mm, add = model.node_seconds(NODES["mm"]), model.node_seconds(NODES["add"])
     assert model.sources["measured"] == 2
@@ -39,6 +40,32 @@ def test_an_op_is_timed_once_and_read_back_from_disk(tmp_path, monkeypatch) -> N
     rows = sqlite3.connect(tmp_path / "op_times.sqlite").execute(
         "SELECT COUNT(*) FROM op_times").fetchone()
     assert rows == (2,)
+
+
+def test_a_timing_whose_threads_waited_for_a_cpu_is_not_kept(tmp_path, monkeypatch) -> None:
+    """`kiln.cost.contention`: another process shared the cores while the op was timed."""
+    monkeypatch.setattr(measured, "STEADY", math.inf)
+    monkeypatch.setattr(measure, "WAITED_MAX", -1.0)  # every timing waited more than that
+    model = _model(tmp_path)
+    assert model.node_seconds(NODES["add"]) > 0 and model.sources["measured"] == 1
+    again = _model(tmp_path)
+    again.node_seconds(NODES["add"])
+    assert again.sources["measured"] == 1  # timed again, not read back
+
+
+def test_timings_an_older_kiln_kept_are_forgotten(tmp_path, monkeypatch) -> None:
+    """`kiln.cost.contention.CHECKED`: they were kept without the contention check."""
+    from kiln.cost.contention import CHECKED
+
+    monkeypatch.setattr(measured, "STEADY", math.inf)
+    monkeypatch.setattr(measure, "WAITED_MAX", math.inf)
+    _model(tmp_path).node_seconds(NODES["add"])
+    with sqlite3.connect(tmp_path / "op_times.sqlite") as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == CHECKED
+        db.execute("PRAGMA user_version = 0")  # as a kiln before the check wrote it
+    again = _model(tmp_path)
+    again.node_seconds(NODES["add"])
+    assert again.sources["measured"] == 1  # timed again, not read back
 
 
 def test_an_unsteady_timing_is_used_but_not_kept(tmp_path, monkeypatch) -> None:

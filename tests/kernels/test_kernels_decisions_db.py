@@ -55,9 +55,10 @@ def _filled(path: Path) -> bytes:
 
 
 def test_decisions_kept_by_an_earlier_version_are_forgotten(tmp_path: Path) -> None:
-    """`decide.VERSION`: a file an earlier kiln filled (its decisions kept without the
-    contention check) is emptied once; the checks' answers and later decisions stay."""
-    from kiln.kernels.decide import VERSION
+    """`kiln.cost.contention.CHECKED`: a file an earlier kiln filled (its decisions kept
+    without the contention check) is emptied once; the checks' answers and later decisions
+    stay."""
+    from kiln.cost.contention import CHECKED
 
     path = tmp_path / "decisions.sqlite"
     _filled(path)
@@ -69,7 +70,7 @@ def test_decisions_kept_by_an_earlier_version_are_forgotten(tmp_path: Path) -> N
     fresh.put("key-1", Measured(2.0, 1.0))
     assert Decisions(path).get("key-1") == Measured(2.0, 1.0, cached=True)
     with sqlite3.connect(path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == VERSION
+        assert db.execute("PRAGMA user_version").fetchone()[0] == CHECKED
         assert db.execute("SELECT COUNT(*) FROM decisions").fetchone()[0] == 1
 
 

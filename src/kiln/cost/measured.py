@@ -8,9 +8,10 @@ operands, and the median kept on disk in ``<kernel cache>/op_times.sqlite``.
 Measuring costs compile time, so a `MeasuredCost` has a budget: once it has spent
 ``budget_s`` seconds timing ops, new signatures get the analytic estimate (and say so in
 `sources`). An op that cannot run on random operands (an index out of range, a shape the
-library refuses) gets the estimate too. A timing whose samples spread widely (a busy machine,
-threads competing) is used for this compile but not kept. The database is a cache: a locked,
-read-only or corrupt file costs measurements, never a compile.
+library refuses) gets the estimate too. A timing whose samples spread widely, or whose threads
+waited for a CPU (`kiln.cost.contention`: a busy machine), is used for this compile but not
+kept; a file an older kiln filled, without that check, loses its timings once. The database is
+a cache: a locked, read-only or corrupt file costs measurements, never a compile.
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from typing import Any
 
 import torch
 
+from kiln.cost import measure
 from kiln.cost.analytic import AnalyticCost, signature
+from kiln.cost.contention import forget_unchecked
 from kiln.cost.measure import Budget, interleaved
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import evaluate_node
@@ -137,6 +140,7 @@ def _query(path: Path | None, sql: str, args: tuple) -> Any:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.closing(sqlite3.connect(path, timeout=TIMEOUT_S)) as db, db:
             db.execute(_SCHEMA)
+            forget_unchecked(db, "op_times")
             return db.execute(sql, args).fetchone()
     except (sqlite3.Error, OSError):
         return None  # the cache is lost, not the compile
@@ -169,4 +173,5 @@ def _time_node(node: Node, graph: Graph | None) -> tuple[float | None, bool]:
     if timing.error is not None or not timing.samples:
         return None, False
     median = timing.median_s
-    return median, timing.max_s <= (1 + STEADY) * median and timing.min_s >= median / (1 + STEADY)
+    close = timing.max_s <= (1 + STEADY) * median and timing.min_s >= median / (1 + STEADY)
+    return median, close and (timing.waited is None or timing.waited <= measure.WAITED_MAX)

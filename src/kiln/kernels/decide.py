@@ -31,6 +31,7 @@ import torch
 
 from kiln.codegen.build import cache_dir
 from kiln.codegen.kernel import CompiledKernel
+from kiln.cost.contention import forget_unchecked
 from kiln.cost.measure import (
     Budget,
     Timing,
@@ -65,14 +66,6 @@ MARGIN = {Recipe.GEMM: 0.95, Recipe.DEPTHWISE: 0.95, Recipe.CONV: 0.97, Recipe.P
           Recipe.ATTENTION: 0.95}
 STEADY = 0.5  # a decision is kept on disk only when every sample is within this of the median
 TIMEOUT_S = 10.0  # how long a statement waits for another process's write lock
-# what the kept decisions can be trusted with (sqlite's user_version; an older file's are
-# forgotten): 1, kept only from timings whose threads hardly waited for a CPU
-# (`kiln.cost.contention`). Before, a steady load beside a compile kept wrong decisions: a
-# database filled over weeks of this project's work held HF LeViT's 49x512x256 GEMM with its
-# hardswish as library 0.150 ms against generated 0.170 (measured quiet: 0.145 against
-# 0.079), and a compile with a new database ran HF LeViT 0.931 and mobilenet_v2 0.929 of its
-# time with the old one (300 alternated calls; resnet50, inception and bert 0.995-1.008)
-VERSION = 1
 _CORRUPT = (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB
 _SCHEMA = ("""CREATE TABLE IF NOT EXISTS decisions (
     key TEXT PRIMARY KEY, library_s REAL NOT NULL, generated_s REAL NOT NULL)""",
@@ -156,14 +149,12 @@ class Decisions:
 
 def _execute(path: Path, sql: str, args: tuple) -> tuple | None:
     """One statement in its own transaction, on a connection closed straight after. A file
-    of an earlier `VERSION` loses its decisions first."""
+    an older kiln wrote loses its decisions first (`kiln.cost.contention.forget_unchecked`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.closing(sqlite3.connect(path, timeout=TIMEOUT_S)) as db, db:
         for table in _SCHEMA:
             db.execute(table)
-        if db.execute("PRAGMA user_version").fetchone()[0] < VERSION:
-            db.execute("DELETE FROM decisions")  # (the checks' answers do not depend on load)
-            db.execute(f"PRAGMA user_version = {VERSION}")
+        forget_unchecked(db, "decisions")  # (the checks' answers do not depend on load)
         return db.execute(sql, args).fetchone()
 
 
