@@ -162,10 +162,12 @@ def test_a_schedule_that_slows_its_model_down_is_dropped(tmp_path: Path,
 
 
 def test_the_checks_share_the_time_left_before_a_deadline(tmp_path: Path,
-                                                         options: kiln.Options) -> None:
+                                                         options: kiln.Options,
+                                                         monkeypatch) -> None:
     """`ModelCheck.run`: each check takes about `CHECK_S` of calls where time allows, fewer
     where the deadline is near, and never fewer than `PAIRS`[0] pairs (a deadline passed
     gets those); `wanted` and `cost_s` are what `kiln tune` keeps time for."""
+    from kiln.tune import validate
     from kiln.tune.validate import PAIRS, ModelCheck
 
     model, inputs = models.build("mlp", quick=True)
@@ -178,8 +180,14 @@ def test_the_checks_share_the_time_left_before_a_deadline(tmp_path: Path,
     check = ModelCheck(model, inputs, tuned)
     assert [check.wanted(w, db, target) for w in workloads] == [True, False, False]
     assert check.cost_s() > check.compile_s > 0
+    compiled = []  # the untuned build the costs came from is not the one checked against:
+    compile_ = validate._compile  # the check builds it anew, beside the tuned one
+    monkeypatch.setattr(validate, "_compile", lambda *a: compiled.append(a[2].tuning_db)
+                        or compile_(*a))
     (late,) = check.run(workloads, db, target, deadline=time.perf_counter())
     assert late.pairs == PAIRS[0]
+    assert len(compiled) == 2 and compiled[0] == "" and compiled[1] != ""  # untuned, tuned
+    monkeypatch.undo()
     (timely,) = check.run(workloads, db, target)  # (a call of the quick mlp: microseconds)
     assert timely.pairs == PAIRS[1] == check.pairs()
     # a schedule another model (checked before, in the same run) ran slower with: the
