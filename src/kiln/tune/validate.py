@@ -66,7 +66,8 @@ class ModelCheck:
 
     The check compiles the untuned build anew, beside the tuned ones: one compiled before
     the tuning ran 1.14x slower than one compiled after it (the zoo's BERT, 60 alternated
-    calls; the tuning's runner processes had been forked from this one meanwhile), and the
+    calls; why is not known: 20 forks of this process between two builds changed nothing,
+    1.002), and the
     checks against it read 0.51-0.56 for three schedules with which, all together, the model
     ran 0.965 of its untuned time (200 alternated calls, both built anew). The costs come from a
     first untuned build, made on first use and not kept (a model none of whose schedules
