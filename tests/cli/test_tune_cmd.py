@@ -42,15 +42,24 @@ def test_tune_records_then_db_lists_shows_exports_imports(tmp_path: Path, capsys
     assert "6 new records" in capsys.readouterr().out
 
 
-def test_the_time_budget_keeps_time_for_the_checks(tmp_path: Path, capsys,
-                                                  monkeypatch) -> None:
-    """A kernel is tuned only where the budget left holds its check in the model too (and the
-    checks of the kernels before it that need one): with checks that would take longer than
-    the budget, nothing is tuned; without a budget, the same run tunes every kernel."""
+def _costs(check_s: float, compile_s: float):  # noqa: ANN202 - ModelCheck.cost_s
+    def cost_s(self) -> float:  # noqa: ANN001
+        self.compile_s = compile_s  # (the untuned build the checks compare with)
+        return check_s
+    return cost_s
+
+
+@pytest.mark.parametrize("check_s, compile_s", [(7200.0, 0.0), (0.0, 7200.0)])
+def test_the_time_budget_keeps_time_for_the_checks(tmp_path: Path, capsys, monkeypatch,
+                                                  check_s: float, compile_s: float) -> None:
+    """A kernel is tuned only where the budget left holds the checks in the model too (the
+    untuned build they compare with, its own check and those of the kernels before it that
+    need one): with checks that would take longer than the budget, nothing is tuned; without
+    a budget, the same run tunes every kernel."""
     from kiln.tune.validate import ModelCheck
 
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path / "kernels"))
-    monkeypatch.setattr(ModelCheck, "cost_s", lambda self: 7200.0)
+    monkeypatch.setattr(ModelCheck, "cost_s", _costs(check_s, compile_s))
     argv = ["tune", "mlp", "--quick", "--trials", "2", "--jobs", "1"]
     assert main([*argv, "--time-budget", "1h", "--db", str(tmp_path / "a.sqlite")]) == 0
     out = capsys.readouterr().out

@@ -133,9 +133,13 @@ def _tune(args: argparse.Namespace) -> int:
                 waiting = 0  # kernels tuned whose chosen schedule awaits its check
                 for i, w in enumerate(workloads):
                     # an equal share of what is left, less the time the checks will take
-                    # (those of the kernels tuned and this one's): a kernel that stops early
-                    # (patience, a small space) leaves its time to the ones after it
-                    kept = (waiting + 1) * check.cost_s() if math.isfinite(budget) else 0.0
+                    # (the untuned build they compare with, then those of the kernels tuned
+                    # and this one's): a kernel that stops early (patience, a small space)
+                    # leaves its time to the ones after it
+                    kept = 0.0
+                    if math.isfinite(budget):
+                        each = check.cost_s()  # (its first call measures compile_s)
+                        kept = check.compile_s + (waiting + 1) * each
                     left = deadline - time.perf_counter() - kept
                     if left <= 0:
                         untuned += len(workloads) - i
