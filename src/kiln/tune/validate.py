@@ -67,17 +67,16 @@ class ModelCheck:
     The check compiles the untuned build anew, beside the tuned ones: one compiled before
     the tuning ran 1.14x slower than one compiled after it (the zoo's BERT, 60 alternated
     calls; why is not known: 20 forks of this process between two builds changed nothing,
-    1.002), and the
-    checks against it read 0.51-0.56 for three schedules with which, all together, the model
-    ran 0.965 of its untuned time (200 alternated calls, both built anew). The costs come from a
-    first untuned build, made on first use and not kept (a model none of whose schedules
-    needs a check costs no compile)."""
+    1.002), and the checks against it read 0.51-0.56 for three schedules with which, all
+    together, the model ran 0.965 of its untuned time (200 alternated calls, both built
+    anew). The costs come from a first untuned build, made on first use and not kept (a
+    model none of whose schedules needs a check costs no compile)."""
 
     def __init__(self, model: torch.nn.Module, inputs: tuple[torch.Tensor, ...],
                  options: Options) -> None:
         self.model, self.inputs, self.options = model, inputs, options
-        # a check's compile: the untuned build's until a check's replaces it (that one finds
-        # the other kernels in the kernel cache, where the first may not have)
+        # a compile of the model: the last untuned build's, or the last check's (which finds
+        # the other kernels in the kernel cache, where the first build may not have)
         self.compile_s = 0.0
         self.call_s = 0.0  # one call of the untuned build
 
@@ -133,10 +132,10 @@ class ModelCheck:
         if not todo:
             return []
         base = self.untuned()
-        for w, chosen in todo:  # too small to see: an earlier check of it, if any, was noise
-            if self.share(w, db, target) < MIN_SHARE:
-                db.checked_in_model(w.space.workload(), target, chosen.decisions, None)
-        todo = [(w, c) for w, c in todo if self.share(w, db, target) >= MIN_SHARE]
+        small = [(w, c) for w, c in todo if self.share(w, db, target) < MIN_SHARE]
+        for w, chosen in small:  # too small to see: an earlier check of it, if any, was noise
+            db.checked_in_model(w.space.workload(), target, chosen.decisions, None)
+        todo = [wc for wc in todo if wc not in small]
         checks = []
         with torch.no_grad(), tempfile.TemporaryDirectory() as tmp:
             for i, (w, chosen) in enumerate(todo):
